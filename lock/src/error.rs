@@ -1,0 +1,45 @@
+//! The crate's one error type.
+
+use std::time::Duration;
+
+/// `Result` with this crate's [`enum@Error`] as the default error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong when taking or giving back a lock.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// [`try_acquire`](crate::Locker::try_acquire) found the lock held by another owner.
+    #[error("lock {key:?} is held by another owner")]
+    Held {
+        /// The contended key.
+        key: String,
+    },
+
+    /// [`acquire`](crate::Locker::acquire) did not get the lock before its deadline.
+    #[error("gave up waiting for lock {key:?} after {waited:?}")]
+    Timeout {
+        /// The contended key.
+        key: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+
+    /// [`LockOptionsBuilder::build`](crate::LockOptionsBuilder::build) refused the options.
+    #[error("invalid lock options: {0}")]
+    InvalidOptions(String),
+
+    /// The key cannot be used as a lock key (empty, or its fence key could not share its
+    /// Redis Cluster slot).
+    #[error("invalid lock key {key:?}: {reason}")]
+    InvalidKey {
+        /// The rejected key.
+        key: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// Redis could not be reached, or answered with an error.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}

@@ -1,0 +1,82 @@
+//! Lock key validation and the companion fence key.
+//!
+//! Both keys of one lock must live on the same Redis Cluster node, because the acquire
+//! script touches both atomically. Redis Cluster places a key by its *hash tag*: the part
+//! between the first `{` and the next `}` when that part is non-empty, else the whole key.
+
+use crate::error::{Error, Result};
+
+/// The key of the fence counter that belongs to lock `key`.
+///
+/// `lock_sale_1` hashes on `lock_sale_1`, and so does `{lock_sale_1}:fence`. A key that
+/// already carries a hash tag (`{user:7}:cart`) keeps it: its fence key is `{user:7}:cart:fence`.
+///
+/// # Errors
+/// [`Error::InvalidKey`] when the key is empty or when no fence key can share its slot (a key
+/// with a stray `}` and no hash tag of its own, such as `a}b`).
+pub fn fence_key(key: &str) -> Result<String> {
+    if key.is_empty() {
+        return Err(Error::InvalidKey {
+            key: key.to_owned(),
+            reason: "the key is empty",
+        });
+    }
+    let fence = if hash_tag(key) == key {
+        format!("{{{key}}}:fence")
+    } else {
+        format!("{key}:fence")
+    };
+    if hash_tag(&fence) != hash_tag(key) {
+        return Err(Error::InvalidKey {
+            key: key.to_owned(),
+            reason: "its fence key cannot share its cluster slot; use a hash tag such as {name}",
+        });
+    }
+    Ok(fence)
+}
+
+/// The part of `key` that Redis Cluster hashes to choose a slot.
+pub(crate) fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{')
+        && let Some(len) = key[open + 1..].find('}')
+        && len > 0
+    {
+        return &key[open + 1..open + 1 + len];
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_key_gets_its_fence_in_the_same_slot() {
+        let fence = fence_key("lock_sale_1").unwrap();
+        assert_eq!(fence, "{lock_sale_1}:fence");
+        assert_eq!(hash_tag(&fence), hash_tag("lock_sale_1"));
+    }
+
+    #[test]
+    fn a_key_with_a_hash_tag_keeps_it() {
+        let fence = fence_key("{user:7}:cart").unwrap();
+        assert_eq!(fence, "{user:7}:cart:fence");
+        assert_eq!(hash_tag(&fence), "user:7");
+    }
+
+    #[test]
+    fn keys_with_braces_but_no_tag_still_share_a_slot_or_are_refused() {
+        for key in ["a{b", "a{}b", "{}", "x{", "a}b"] {
+            match fence_key(key) {
+                Ok(fence) => assert_eq!(hash_tag(&fence), hash_tag(key), "{key}"),
+                Err(Error::InvalidKey { .. }) => assert!(key.contains('}'), "{key}"),
+                Err(other) => panic!("{key}: {other}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_empty_key_is_refused() {
+        assert!(matches!(fence_key(""), Err(Error::InvalidKey { .. })));
+    }
+}

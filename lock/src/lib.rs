@@ -1,0 +1,88 @@
+//! `distlock`: an async Redis distributed lock that is clear about what it guarantees.
+//!
+//! # Why a distributed lock
+//! A mutex protects memory inside one process. When several processes on several machines
+//! sell the same stock, they need a lock that lives outside all of them: here, a Redis key.
+//! A good lock has six properties: mutual exclusion, availability, speed, reentrancy,
+//! expiry (a crashed holder cannot block everyone forever) and a non-blocking try.
+//!
+//! # The three classic mistakes, and what this crate does instead
+//! 1. **`SETNX` then `EXPIRE` is not atomic.** A holder that dies between the two commands
+//!    leaves a key without a TTL: a lock nobody can ever take again. Here the key is set
+//!    with one `SET key token NX PX ttl`, so it never exists without a TTL.
+//! 2. **`DEL` removes someone else's lock.** A holder whose lease ran out, then deletes "its"
+//!    key, deletes the next holder's lock. Here the key holds a random 128-bit token, new for
+//!    every acquisition, and release is a Lua compare-and-delete: only the token's holder
+//!    can delete the key ([`LockGuard::release`] returns `false` when it was no longer ours).
+//! 3. **The work outlives the lease.** Here a watchdog task renews the lease (a Lua
+//!    compare-and-pexpire) every `ttl / 3` while the guard lives, and tells the holder when
+//!    renewal fails ([`LockGuard::is_held`], [`LockGuard::lost`]). Renewal cannot help a
+//!    process that is paused longer than the lease; for that, every acquisition carries a
+//!    [`Fence`], a number that only grows, which the store checks to refuse stale writes.
+//!
+//! # Layout
+//! - `locker`: [`Locker`], one atomic acquire attempt and the deadline-bounded wait.
+//! - `guard`: [`LockGuard`], release, and the drop fallback; [`Fence`].
+//! - `lease`: the watchdog task and the lost signal ([`LockLost`]).
+//! - `owner`: [`Owner`], the explicit identity behind reentrancy.
+//! - `options`: [`LockOptions`] and its builder, with the defaults.
+//! - `scripts`: the three Lua scripts. `keys`: the fence key and cluster hash tags.
+//! - `error`: [`enum@Error`].
+//!
+//! # Example
+//! ```no_run
+//! use std::time::Duration;
+//! use distlock::{LockOptions, Locker};
+//!
+//! # async fn run() -> anyhow::Result<()> {
+//! let client = redis::Client::open("redis://127.0.0.1:6379")?;
+//! let conn = redis::aio::ConnectionManager::new(client).await?;
+//! let options = LockOptions::builder()
+//!     .ttl(Duration::from_secs(5))
+//!     .wait_timeout(Duration::from_millis(500))
+//!     .build()?;
+//! let locker = Locker::new(conn, options);
+//!
+//! let guard = locker.acquire("lock_sale_1").await?;
+//! // ... read, check and write, sending guard.fence() with each write ...
+//! assert!(guard.is_held());
+//! let was_still_ours = guard.release().await?;
+//! assert!(was_still_ours);
+//! # Ok(()) }
+//! ```
+//!
+//! # Releasing
+//! Release explicitly with `guard.release().await`: it is the only way to learn whether the
+//! lock was still yours. A guard dropped unreleased (an early return, a panic, a cancelled
+//! request) stops its watchdog at once and releases the key in a spawned task, when a tokio
+//! runtime is running. Drop never blocks; outside a runtime the lease frees the key within
+//! one ttl.
+//!
+//! # Timing assumptions
+//! The lock is safe while these hold; each place in the code that depends on them says so.
+//! - The holder's local deadline is counted from when it *sent* the acquire or renew command,
+//!   so it expires before Redis's own expiry, provided clocks advance at the same rate.
+//! - A holder paused (stop-the-world, SIGSTOP, swapped out) for longer than what is left of
+//!   its lease may wake up believing it still holds the lock. No lock can prevent that; the
+//!   [`Fence`] lets the store refuse its writes.
+//! - A Redis that loses data (restart without persistence, failover to a lagging replica)
+//!   can hand the lock to two holders and restart fence counters. Redlock across several
+//!   masters reduces the first risk; see Martin Kleppmann's critique of its timing
+//!   assumptions before relying on it for correctness rather than efficiency.
+
+mod error;
+mod guard;
+mod keys;
+mod lease;
+mod locker;
+mod options;
+mod owner;
+mod scripts;
+
+pub use error::{Error, Result};
+pub use guard::{Fence, LockGuard};
+pub use keys::fence_key;
+pub use lease::LockLost;
+pub use locker::Locker;
+pub use options::{LockOptions, LockOptionsBuilder};
+pub use owner::Owner;

@@ -1,0 +1,228 @@
+//! Lock options and their builder.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// How a [`Locker`](crate::Locker) takes, keeps and waits for locks.
+///
+/// Build one with [`LockOptions::builder`]; [`LockOptions::default`] gives the defaults below.
+///
+/// | option | default | meaning |
+/// |---|---|---|
+/// | `ttl` | 10 s | lease: how long Redis keeps the key if the holder stops renewing it |
+/// | `renew_interval` | `ttl / 3` | how often the watchdog renews the lease; `None` turns it off |
+/// | `wait_timeout` | 5 s | how long [`acquire`](crate::Locker::acquire) waits before [`Error::Timeout`] |
+/// | `retry_delay` | 5 ms to 100 ms | backoff between attempts while waiting, doubled each time, with jitter |
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockOptions {
+    ttl: Duration,
+    renew_interval: Option<Duration>,
+    wait_timeout: Duration,
+    retry_min: Duration,
+    retry_max: Duration,
+}
+
+impl LockOptions {
+    /// Default lease.
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+    /// Default deadline for [`acquire`](crate::Locker::acquire).
+    pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// Default first backoff step.
+    pub const DEFAULT_RETRY_MIN: Duration = Duration::from_millis(5);
+    /// Default largest backoff step.
+    pub const DEFAULT_RETRY_MAX: Duration = Duration::from_millis(100);
+
+    /// A builder that starts from the defaults.
+    pub fn builder() -> LockOptionsBuilder {
+        LockOptionsBuilder::default()
+    }
+
+    /// The lease given to Redis with every acquire and renewal.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The watchdog's renewal period, or `None` when the watchdog is off.
+    pub fn renew_interval(&self) -> Option<Duration> {
+        self.renew_interval
+    }
+
+    /// How long [`acquire`](crate::Locker::acquire) waits.
+    pub fn wait_timeout(&self) -> Duration {
+        self.wait_timeout
+    }
+
+    /// The smallest and largest backoff step.
+    pub fn retry_delay(&self) -> (Duration, Duration) {
+        (self.retry_min, self.retry_max)
+    }
+
+    /// The ttl in whole milliseconds, as Redis takes it (`build` guarantees at least 1).
+    pub(crate) fn ttl_ms(&self) -> u64 {
+        self.ttl.as_millis() as u64
+    }
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptionsBuilder::default()
+            .build()
+            .expect("the default options are valid")
+    }
+}
+
+/// Builds [`LockOptions`], checking them in [`build`](Self::build).
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct LockOptionsBuilder {
+    ttl: Duration,
+    renewal: Renewal,
+    wait_timeout: Duration,
+    retry_min: Duration,
+    retry_max: Duration,
+}
+
+/// What the caller asked of the watchdog; the default period depends on the final ttl.
+#[derive(Debug, Clone, Copy)]
+enum Renewal {
+    ThirdOfTtl,
+    Every(Duration),
+    Off,
+}
+
+impl Default for LockOptionsBuilder {
+    fn default() -> Self {
+        Self {
+            ttl: LockOptions::DEFAULT_TTL,
+            renewal: Renewal::ThirdOfTtl,
+            wait_timeout: LockOptions::DEFAULT_WAIT_TIMEOUT,
+            retry_min: LockOptions::DEFAULT_RETRY_MIN,
+            retry_max: LockOptions::DEFAULT_RETRY_MAX,
+        }
+    }
+}
+
+impl LockOptionsBuilder {
+    /// The lease. At least 1 ms; whole milliseconds are used.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Renew the lease this often instead of every `ttl / 3`. Must be shorter than the ttl.
+    pub fn renew_interval(mut self, every: Duration) -> Self {
+        self.renewal = Renewal::Every(every);
+        self
+    }
+
+    /// Turn the watchdog off: the lock then lasts at most one ttl, whatever the holder does.
+    pub fn without_watchdog(mut self) -> Self {
+        self.renewal = Renewal::Off;
+        self
+    }
+
+    /// How long [`acquire`](crate::Locker::acquire) waits. Zero means a single attempt.
+    pub fn wait_timeout(mut self, wait: Duration) -> Self {
+        self.wait_timeout = wait;
+        self
+    }
+
+    /// The backoff between attempts: it starts at `min`, doubles up to `max`, and each sleep
+    /// is drawn at random from the upper half of the current step.
+    pub fn retry_delay(mut self, min: Duration, max: Duration) -> Self {
+        self.retry_min = min;
+        self.retry_max = max;
+        self
+    }
+
+    /// Check the options.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] when the ttl is under 1 ms or over `u64::MAX` ms, the renewal
+    /// interval is zero or not below the ttl, or the backoff is zero or has `min > max`.
+    pub fn build(self) -> Result<LockOptions> {
+        let invalid = |why: String| Err(Error::InvalidOptions(why));
+        if self.ttl < Duration::from_millis(1) {
+            return invalid(format!("ttl must be at least 1 ms, got {:?}", self.ttl));
+        }
+        if u64::try_from(self.ttl.as_millis()).is_err() {
+            return invalid(format!("ttl {:?} is too large", self.ttl));
+        }
+        let renew_interval = match self.renewal {
+            Renewal::ThirdOfTtl => Some(self.ttl / 3),
+            Renewal::Every(every) => Some(every),
+            Renewal::Off => None,
+        };
+        if let Some(every) = renew_interval {
+            if every.is_zero() {
+                return invalid("renew interval must be above zero".into());
+            }
+            if every >= self.ttl {
+                return invalid(format!(
+                    "renew interval {every:?} must be below the ttl {:?}, or the lease runs out before it is renewed",
+                    self.ttl
+                ));
+            }
+        }
+        if self.retry_min.is_zero() {
+            return invalid("retry delay must be above zero".into());
+        }
+        if self.retry_min > self.retry_max {
+            return invalid(format!(
+                "retry delay min {:?} is above max {:?}",
+                self.retry_min, self.retry_max
+            ));
+        }
+        Ok(LockOptions {
+            ttl: self.ttl,
+            renew_interval,
+            wait_timeout: self.wait_timeout,
+            retry_min: self.retry_min,
+            retry_max: self.retry_max,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(builder: LockOptionsBuilder) -> String {
+        match builder.build() {
+            Err(Error::InvalidOptions(why)) => why,
+            other => panic!("expected InvalidOptions, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_renew_every_third_of_the_ttl() {
+        let options = LockOptions::default();
+        assert_eq!(options.ttl(), Duration::from_secs(10));
+        assert_eq!(options.renew_interval(), Some(options.ttl() / 3));
+    }
+
+    #[test]
+    fn a_zero_ttl_is_refused() {
+        assert!(refused(LockOptions::builder().ttl(Duration::ZERO)).contains("ttl"));
+    }
+
+    #[test]
+    fn a_renew_interval_not_below_the_ttl_is_refused() {
+        let ttl = Duration::from_millis(300);
+        for every in [ttl, ttl * 2] {
+            let why = refused(LockOptions::builder().ttl(ttl).renew_interval(every));
+            assert!(why.contains("below the ttl"), "{why}");
+        }
+        assert!(
+            refused(LockOptions::builder().renew_interval(Duration::ZERO)).contains("above zero")
+        );
+    }
+
+    #[test]
+    fn a_bad_backoff_is_refused() {
+        let ms = Duration::from_millis;
+        assert!(refused(LockOptions::builder().retry_delay(ms(0), ms(5))).contains("above zero"));
+        assert!(refused(LockOptions::builder().retry_delay(ms(9), ms(5))).contains("above max"));
+    }
+}
