@@ -25,6 +25,13 @@ pub enum Error {
         waited: Duration,
     },
 
+    /// The caller no longer holds the lock it tried to act on (its lease ran out).
+    #[error("lock {key:?} is no longer held by this guard")]
+    NotHeld {
+        /// The key.
+        key: String,
+    },
+
     /// [`LockOptionsBuilder::build`](crate::LockOptionsBuilder::build) refused the options.
     #[error("invalid lock options: {0}")]
     InvalidOptions(String),

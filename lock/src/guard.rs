@@ -1,16 +1,17 @@
 //! The guard a holder keeps while it works, and the lock state behind it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use redis::aio::ConnectionLike;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::keys::fence_key;
 use crate::lease::{self, Lease, LockLost};
 use crate::owner::OwnerShared;
-use crate::scripts::RELEASE;
+use crate::scripts::{ADVANCE_FENCE, RELEASE};
 
 /// A fencing token: a number that grows with every successful acquisition of one key.
 ///
@@ -29,7 +30,8 @@ use crate::scripts::RELEASE;
 /// The counter is a Redis key without a TTL (`{key}:fence`, see [`fence_key`](crate::fence_key)).
 /// A Redis that loses its data (no persistence, a failover to a replica that had not yet
 /// received the last INCR) restarts the counter from 1, below fences that stores have already
-/// seen; a store must be ready for that (see the seckill app's recovery).
+/// seen. A store that refuses a holder's fence cannot tell that case from a stale holder by
+/// itself; the holder can, with [`LockGuard::advance_fence`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Fence(pub u64);
 
@@ -53,7 +55,8 @@ pub(crate) struct Hold<C: ConnectionLike + Clone + Send + Sync + 'static> {
     pub(crate) key: String,
     /// The random value stored in the key; only its holder can renew or delete the key.
     pub(crate) token: String,
-    pub(crate) fence: Fence,
+    /// The current fence; raised by `advance_fence`.
+    pub(crate) fence: AtomicU64,
     /// Written by the watchdog; read by `is_held` and `lost`.
     pub(crate) lease: watch::Receiver<Lease>,
     /// The sender when there is no watchdog, so the state stays readable; unused otherwise.
@@ -141,7 +144,41 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> LockGuard<C> {
 
     /// The fence of this acquisition (shared by all reentrant guards of it).
     pub fn fence(&self) -> Fence {
-        self.hold.fence
+        Fence(self.hold.fence.load(Ordering::Acquire))
+    }
+
+    /// Take a new fence above `seen`, the highest fence a store reports having accepted,
+    /// if and only if this guard still holds the lock.
+    ///
+    /// A store that refuses our fence means one of two things. Either a newer holder has
+    /// written (our lease ran out: we are stale and must stop), or Redis lost the counter
+    /// (a restart without persistence) and now hands out fences below what the store has
+    /// seen. The script tells them apart atomically: only the key's current token holder
+    /// gets a new fence, which is above `seen` and above every fence issued before. A stale
+    /// holder gets [`Error::NotHeld`].
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] when the key no longer holds this guard's token;
+    /// [`Error::Redis`] when Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: if dropped, the counter may have been raised, which only ever
+    /// invalidates older fences.
+    pub async fn advance_fence(&self, seen: Fence) -> Result<Fence> {
+        let fence: u64 = ADVANCE_FENCE
+            .key(&self.hold.key)
+            .key(fence_key(&self.hold.key)?)
+            .arg(&self.hold.token)
+            .arg(seen.get())
+            .invoke_async(&mut self.hold.conn.clone())
+            .await?;
+        if fence == 0 {
+            return Err(Error::NotHeld {
+                key: self.hold.key.clone(),
+            });
+        }
+        self.hold.fence.fetch_max(fence, Ordering::AcqRel);
+        Ok(Fence(fence))
     }
 
     /// The random token stored in the key.
@@ -211,7 +248,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> std::fmt::Debug for Lock
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockGuard")
             .field("key", &self.hold.key)
-            .field("fence", &self.hold.fence)
+            .field("fence", &self.fence())
             .field("held", &self.is_held())
             .finish_non_exhaustive()
     }

@@ -1,7 +1,7 @@
 //! Taking locks: one atomic attempt, and the bounded wait built on it.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
 
 use rand::Rng;
@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::error::{Error, Result};
-use crate::guard::{Fence, Hold, LockGuard};
+use crate::guard::{Hold, LockGuard};
 use crate::keys::fence_key;
 use crate::lease::{Lease, Watchdog};
 use crate::options::LockOptions;
@@ -145,7 +145,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Locker<C> {
             conn: self.conn.clone(),
             key: key.to_owned(),
             token,
-            fence: Fence(fence),
+            fence: AtomicU64::new(fence),
             lease,
             _lease_tx: lease_tx,
             watchdog,

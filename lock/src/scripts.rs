@@ -57,3 +57,24 @@ return 0
 ",
     )
 });
+
+/// Raise the fence counter past a fence some store has already seen, for the current holder
+/// only.
+///
+/// KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] the highest fence seen.
+/// Returns a new fence above both the counter and ARGV[2], or 0 when the caller no longer
+/// holds the lock (a stale holder cannot use this to get past a store's fence check).
+pub(crate) static ADVANCE_FENCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local current = tonumber(redis.call('GET', KEYS[2]) or '0')
+if current < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[2])
+end
+return redis.call('INCR', KEYS[2])
+",
+    )
+});

@@ -542,3 +542,49 @@ async fn a_dropped_reentrant_guard_counts_down_and_the_last_one_releases() {
         .await
         .expect("the last drop did not release");
 }
+
+#[tokio::test]
+async fn the_holder_can_advance_its_fence_past_a_counter_that_went_back() {
+    // Arrange: a store has seen fence 1000, but the counter was lost and restarts low.
+    let key = unique_key("advance");
+    let mut conn = shared_redis().await;
+    let locker = locker(conn.clone(), patient());
+    let guard = locker.try_acquire(&key).await.unwrap();
+    assert!(guard.fence().get() < 1000);
+
+    // Act
+    let fence = guard.advance_fence(distlock::Fence(1000)).await.unwrap();
+
+    // Assert: above what the store saw, kept by the guard, and the counter moved on.
+    assert_eq!(fence.get(), 1001);
+    assert_eq!(guard.fence(), fence);
+    guard.release().await.unwrap();
+    let next = locker.try_acquire(&key).await.unwrap();
+    assert_eq!(next.fence().get(), 1002);
+    next.release().await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(distlock::fence_key(&key).unwrap())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_stale_holder_cannot_advance_its_fence() {
+    let key = unique_key("advance-stale");
+    let short = LockOptions::builder()
+        .ttl(ms(200))
+        .without_watchdog()
+        .build()
+        .unwrap();
+    let locker = locker(shared_redis().await, short);
+    let stale = locker.try_acquire(&key).await.unwrap();
+    sleep(ms(400)).await;
+    let newer = locker.try_acquire(&key).await.unwrap();
+
+    let outcome = stale.advance_fence(newer.fence()).await;
+
+    assert!(matches!(outcome, Err(Error::NotHeld { .. })), "{outcome:?}");
+    assert!(stale.fence() < newer.fence());
+    newer.release().await.unwrap();
+}
