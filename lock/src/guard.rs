@@ -61,6 +61,8 @@ pub(crate) struct Hold<C: ConnectionLike + Clone + Send + Sync + 'static> {
     pub(crate) lease: watch::Receiver<Lease>,
     /// The sender when there is no watchdog, so the state stays readable; unused otherwise.
     pub(crate) _lease_tx: Option<watch::Sender<Lease>>,
+    /// Renewals done by the watchdog so far.
+    pub(crate) renewals: Arc<AtomicU64>,
     /// Aborted before release: no renewal after unlock.
     pub(crate) watchdog: Option<JoinHandle<()>>,
     /// Set once Redis has answered the release script, so `Drop` need not release again.
@@ -201,6 +203,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> LockGuard<C> {
     /// Cancel safe: dropping the future changes nothing.
     pub fn lost(&self) -> impl Future<Output = LockLost> + Send + 'static {
         lease::wait_lost(self.hold.lease.clone())
+    }
+
+    /// How many times the watchdog has renewed this lease.
+    pub fn renewals(&self) -> u64 {
+        self.hold.renewals.load(Ordering::Relaxed)
     }
 
     /// How many guards of this acquisition the owner holds (1 unless reentrant).

@@ -5,6 +5,8 @@
 //! script, so it can never extend a lock that another owner holds, and it is aborted before
 //! the release script runs, so it never renews after unlock.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
@@ -97,6 +99,8 @@ pub(crate) struct Watchdog<C> {
     pub(crate) token: String,
     pub(crate) ttl: Duration,
     pub(crate) every: Duration,
+    /// Successful renewals, shared with the guard.
+    pub(crate) renewals: Arc<AtomicU64>,
 }
 
 /// A failed renewal is retried this often until the lease runs out.
@@ -131,6 +135,7 @@ where
                 renew.arg(&self.token).arg(ttl_ms);
                 match timeout(until - sent, renew.invoke_async::<i64>(&mut self.conn)).await {
                     Ok(Ok(1)) => {
+                        self.renewals.fetch_add(1, Ordering::Relaxed);
                         state.send_replace(Lease::Held {
                             until: sent + self.ttl,
                         });

@@ -128,6 +128,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Locker<C> {
         let (lease_tx, lease) = watch::channel(Lease::Held {
             until: sent + self.options.ttl(),
         });
+        let renewals = Arc::new(AtomicU64::new(0));
         let (watchdog, lease_tx) = match self.options.renew_interval() {
             Some(every) => {
                 let watchdog = Watchdog {
@@ -136,6 +137,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Locker<C> {
                     token: token.clone(),
                     ttl: self.options.ttl(),
                     every,
+                    renewals: Arc::clone(&renewals),
                 };
                 (Some(watchdog.spawn(lease_tx)), None)
             }
@@ -148,6 +150,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Locker<C> {
             fence: AtomicU64::new(fence),
             lease,
             _lease_tx: lease_tx,
+            renewals,
             watchdog,
             released: AtomicBool::new(false),
         }))

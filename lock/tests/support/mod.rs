@@ -1,10 +1,7 @@
-//! What the lock tests share: a connection to the shared Redis, unique keys, and throwaway
-//! `redis-server` processes for tests that must kill one.
+//! What the lock tests share: a connection to the shared Redis and unique keys.
 
 #![allow(dead_code)]
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use distlock::{LockOptions, Locker};
@@ -48,59 +45,4 @@ pub async fn pttl(conn: &mut ConnectionManager, key: &str) -> i64 {
 
 pub async fn get(conn: &mut ConnectionManager, key: &str) -> Option<String> {
     redis::cmd("GET").arg(key).query_async(conn).await.unwrap()
-}
-
-/// A private `redis-server` on a free port, killed (by its pid) when dropped.
-pub struct RedisServer {
-    child: Child,
-    pub port: u16,
-}
-
-impl RedisServer {
-    pub fn start() -> Self {
-        let port = free_port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server on the PATH");
-        let server = Self { child, port };
-        server.wait_ready();
-        server
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn wait_ready(&self) {
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        panic!("redis-server on port {} did not start", self.port);
-    }
-
-    /// Kill the server now (SIGKILL) and reap it.
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }

@@ -1,0 +1,174 @@
+//! `ApiError`: every error answer of the API, as `{"error": code, "message": text}`.
+
+use actix_web::error::JsonPayloadError;
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::{HttpRequest, HttpResponse, ResponseError};
+use serde::Serialize;
+
+use crate::sale::PurchaseError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Input that is well-formed but not acceptable (a zero quantity, an empty name).
+    #[error("{0}")]
+    InvalidInput(String),
+    /// A body that is not the JSON this route takes.
+    #[error("{0}")]
+    MalformedBody(String),
+    #[error("send the body as application/json")]
+    UnsupportedMediaType,
+    #[error("the body is larger than {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("this route needs `Authorization: Bearer <ADMIN_TOKEN>`")]
+    Unauthorized,
+    #[error("admin routes are disabled: the service was started without ADMIN_TOKEN")]
+    AdminDisabled,
+    #[error("{0}")]
+    NotFound(String),
+    #[error("sold out")]
+    SoldOut,
+    #[error("this user already bought this product")]
+    AlreadyPurchased,
+    #[error("too many buyers at once; retry shortly")]
+    Busy,
+    #[error("the purchase lost its lock before writing; nothing was recorded, retry")]
+    LockLost,
+    #[error("the lock service (Redis) is unreachable")]
+    RedisUnavailable,
+    #[error("the database is unreachable")]
+    DatabaseUnavailable,
+    /// Anything unexpected: logged with its cause, answered as a plain 500.
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+    message: String,
+}
+
+impl ApiError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::InvalidInput(_) => "invalid_input",
+            ApiError::MalformedBody(_) => "malformed_body",
+            ApiError::UnsupportedMediaType => "unsupported_media_type",
+            ApiError::PayloadTooLarge { .. } => "payload_too_large",
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::AdminDisabled => "admin_disabled",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::SoldOut => "sold_out",
+            ApiError::AlreadyPurchased => "already_purchased",
+            ApiError::Busy => "busy",
+            ApiError::LockLost => "lock_lost",
+            ApiError::RedisUnavailable => "redis_unavailable",
+            ApiError::DatabaseUnavailable => "database_unavailable",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    /// Map a database error: lost connections are 503 (retry), anything else is a bug.
+    pub fn from_db(error: sqlx::Error) -> Self {
+        if is_unavailable(&error) {
+            tracing::warn!(%error, "database unavailable");
+            ApiError::DatabaseUnavailable
+        } else {
+            ApiError::Internal(error.into())
+        }
+    }
+
+    /// The handler for every JSON body extractor.
+    pub fn from_json(error: JsonPayloadError, _req: &HttpRequest) -> actix_web::Error {
+        let api = match error {
+            JsonPayloadError::ContentType => ApiError::UnsupportedMediaType,
+            JsonPayloadError::Overflow { limit }
+            | JsonPayloadError::OverflowKnownLength { limit, .. } => {
+                ApiError::PayloadTooLarge { limit }
+            }
+            JsonPayloadError::Deserialize(e) => {
+                ApiError::MalformedBody(format!("invalid JSON body: {e}"))
+            }
+            other => ApiError::MalformedBody(format!("unreadable body: {other}")),
+        };
+        api.into()
+    }
+}
+
+/// Errors that mean "PostgreSQL is not there right now", as opposed to a bad query.
+fn is_unavailable(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            // 08: connection exception; 57P01-03: admin shutdown, crash shutdown, cannot
+            // connect now (pg_terminate_backend, a restart).
+            code.starts_with("08") || matches!(code.as_ref(), "57P01" | "57P02" | "57P03")
+        }),
+        _ => false,
+    }
+}
+
+impl From<PurchaseError> for ApiError {
+    fn from(error: PurchaseError) -> Self {
+        match error {
+            PurchaseError::NotFound => ApiError::NotFound("no such product".into()),
+            PurchaseError::SoldOut(_) => ApiError::SoldOut,
+            PurchaseError::AlreadyPurchased => ApiError::AlreadyPurchased,
+            PurchaseError::Busy => ApiError::Busy,
+            PurchaseError::LockLost => ApiError::LockLost,
+            PurchaseError::Redis(error) => {
+                tracing::warn!(%error, "redis unavailable");
+                ApiError::RedisUnavailable
+            }
+            PurchaseError::Database(error) => ApiError::from_db(error),
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::InvalidInput(_) | ApiError::MalformedBody(_) => StatusCode::BAD_REQUEST,
+            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::AdminDisabled => StatusCode::FORBIDDEN,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::SoldOut | ApiError::AlreadyPurchased => StatusCode::CONFLICT,
+            ApiError::Busy
+            | ApiError::LockLost
+            | ApiError::RedisUnavailable
+            | ApiError::DatabaseUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        if let ApiError::Internal(cause) = self {
+            tracing::error!(error = ?cause, "internal error");
+        }
+        let mut response = HttpResponse::build(self.status_code());
+        match self {
+            ApiError::Busy | ApiError::LockLost => {
+                response.insert_header((header::RETRY_AFTER, HeaderValue::from_static("1")));
+            }
+            ApiError::RedisUnavailable | ApiError::DatabaseUnavailable => {
+                response.insert_header((header::RETRY_AFTER, HeaderValue::from_static("2")));
+            }
+            ApiError::Unauthorized => {
+                response
+                    .insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
+            }
+            _ => {}
+        }
+        response.json(ErrorBody {
+            error: self.code(),
+            message: self.to_string(),
+        })
+    }
+}

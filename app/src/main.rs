@@ -1,0 +1,6 @@
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    seckill::run(seckill::Settings::parse()).await
+}

@@ -1,0 +1,108 @@
+//! Prometheus metrics, served at `/metrics`.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// The service's metrics; cheap to clone (every field is a handle on shared state).
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// Purchases by outcome (`created`, `sold_out`, `already_purchased`, `busy`, ...).
+    pub purchases: IntCounterVec,
+    /// Time from request to answer, by strategy.
+    pub purchase_seconds: HistogramVec,
+    /// Time spent waiting for the Redis lock.
+    pub lock_wait_seconds: Histogram,
+    pub lock_acquisitions: IntCounter,
+    pub lock_timeouts: IntCounter,
+    /// Lease renewals done by the watchdog for purchases that have finished.
+    pub lock_renewals: IntCounter,
+    /// Purchases whose lock was lost (lease ran out, fence refused).
+    pub locks_lost: IntCounter,
+    /// Fence counters raised past the stored fence after Redis lost them.
+    pub fence_resyncs: IntCounter,
+    /// Purchases answered `sold_out` by the fast path, without lock or database.
+    pub sold_out_fast_path: IntCounter,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new_custom(Some("seckill".into()), None).expect("valid prefix");
+        let purchases = IntCounterVec::new(
+            Opts::new("purchases_total", "Purchases by outcome"),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let latency_buckets = vec![
+            0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+        ];
+        let purchase_seconds = HistogramVec::new(
+            HistogramOpts::new("purchase_duration_seconds", "Purchase latency")
+                .buckets(latency_buckets.clone()),
+            &["strategy"],
+        )
+        .expect("valid metric");
+        let lock_wait_seconds = Histogram::with_opts(
+            HistogramOpts::new("lock_wait_seconds", "Wait for the Redis lock")
+                .buckets(latency_buckets),
+        )
+        .expect("valid metric");
+        let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("valid metric");
+        let metrics = Self {
+            purchases,
+            purchase_seconds,
+            lock_wait_seconds,
+            lock_acquisitions: counter("lock_acquisitions_total", "Redis locks acquired"),
+            lock_timeouts: counter(
+                "lock_timeouts_total",
+                "Redis lock waits that hit LOCK_WAIT_MS",
+            ),
+            lock_renewals: counter("lock_renewals_total", "Lease renewals by the watchdog"),
+            locks_lost: counter("locks_lost_total", "Purchases whose lock was lost mid-way"),
+            fence_resyncs: counter(
+                "fence_resyncs_total",
+                "Fence counters raised after Redis lost them",
+            ),
+            sold_out_fast_path: counter(
+                "sold_out_fast_path_total",
+                "Sold-out answers given without lock or database",
+            ),
+            registry,
+        };
+        let collectors: [Box<dyn prometheus::core::Collector>; 9] = [
+            Box::new(metrics.purchases.clone()),
+            Box::new(metrics.purchase_seconds.clone()),
+            Box::new(metrics.lock_wait_seconds.clone()),
+            Box::new(metrics.lock_acquisitions.clone()),
+            Box::new(metrics.lock_timeouts.clone()),
+            Box::new(metrics.lock_renewals.clone()),
+            Box::new(metrics.locks_lost.clone()),
+            Box::new(metrics.fence_resyncs.clone()),
+            Box::new(metrics.sold_out_fast_path.clone()),
+        ];
+        for collector in collectors {
+            metrics
+                .registry
+                .register(collector)
+                .expect("unique metric names");
+        }
+        metrics
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("encoding to a Vec cannot fail");
+        String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,38 @@
+//! HTTP routes, one file per group. Handlers parse input into `domain` types, call the
+//! repository or the sale, and map errors to `ApiError`; they hold no SQL.
+
+pub(crate) mod admin;
+mod health;
+mod metrics;
+mod products;
+pub(crate) mod purchase;
+
+use actix_web::{HttpResponse, web};
+
+use crate::error::ApiError;
+
+/// The largest JSON body any route accepts.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.app_data(
+        web::JsonConfig::default()
+            .limit(MAX_BODY_BYTES)
+            .error_handler(ApiError::from_json),
+    )
+    .route("/healthz", web::get().to(health::healthz))
+    .route("/readyz", web::get().to(health::readyz))
+    .route("/metrics", web::get().to(metrics::metrics))
+    .route("/api/products", web::post().to(products::create))
+    .route("/api/products/{id}", web::get().to(products::show))
+    .route("/api/products/{id}/stock", web::put().to(products::restock))
+    .route(
+        "/api/products/{id}/purchase",
+        web::post().to(purchase::purchase),
+    );
+}
+
+/// Unknown routes (and known paths with the wrong method) answer in the API's error format.
+pub async fn not_found() -> Result<HttpResponse, ApiError> {
+    Err(ApiError::NotFound("no such route".into()))
+}

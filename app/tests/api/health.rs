@@ -1,0 +1,58 @@
+use sqlx::PgPool;
+
+use crate::helpers::spawn_app;
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn healthz_answers_while_the_process_is_up(pool: PgPool) {
+    let app = spawn_app(pool).await;
+    let (status, body) = app.get_json("/healthz").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["status"], "ok");
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn readyz_reports_both_backends_reachable(pool: PgPool) {
+    let app = spawn_app(pool).await;
+    let (status, body) = app.get_json("/readyz").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["postgres"], true);
+    assert_eq!(body["redis"], true);
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn metrics_are_served_in_prometheus_format(pool: PgPool) {
+    let app = spawn_app(pool).await;
+    let id = app.create_product("Metered", 1).await;
+    assert_eq!(app.purchase(id, 1, 1).await.status(), 201);
+
+    let text = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+
+    for name in [
+        "seckill_purchases_total{outcome=\"created\"} 1",
+        "seckill_purchase_duration_seconds_bucket",
+        "seckill_lock_wait_seconds_bucket",
+        "seckill_lock_acquisitions_total 1",
+        "seckill_lock_timeouts_total",
+        "seckill_lock_renewals_total",
+        "seckill_locks_lost_total",
+        "seckill_sold_out_fast_path_total",
+    ] {
+        assert!(text.contains(name), "missing {name} in\n{text}");
+    }
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn unknown_routes_answer_404_in_the_error_format(pool: PgPool) {
+    let app = spawn_app(pool).await;
+    let response = app.client.get(app.url("/nope")).send().await.unwrap();
+    let (status, code) = crate::helpers::error_code(response).await;
+    assert_eq!((status, code.as_str()), (404, "not_found"));
+}

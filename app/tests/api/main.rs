@@ -1,0 +1,13 @@
+//! The service over HTTP, against a fresh PostgreSQL database per test (`#[sqlx::test]`)
+//! and a real Redis (the shared one under a unique key prefix, or a private `redis-server`
+//! for tests that kill it).
+
+mod concurrency;
+mod fencing;
+mod health;
+mod helpers;
+mod products;
+mod purchase;
+mod redis_faults;
+mod sold_out;
+mod startup;

@@ -1,0 +1,80 @@
+//! Redis going away, and coming back empty.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use testkit::RedisServer;
+
+use crate::helpers::{books, error_code, settings, spawn_with};
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn with_redis_down_purchases_answer_503_and_write_nothing(pool: PgPool) {
+    // Arrange
+    let mut redis = RedisServer::start();
+    let app = spawn_with(settings(&redis.url(), ""), pool.clone()).await;
+    let id = app.create_product("Phone", 10).await;
+    assert_eq!(app.purchase(id, 1, 1).await.status(), 201);
+
+    // Act
+    redis.kill();
+    let response = app.purchase(id, 2, 1).await;
+
+    // Assert
+    assert_eq!(
+        error_code(response).await,
+        (503, "redis_unavailable".to_owned())
+    );
+    let books = books(&pool, id).await;
+    assert_eq!((books.stock, books.orders), (9, 1));
+    let (status, body) = app.get_json("/readyz").await;
+    assert_eq!(status, 503);
+    assert_eq!(body["redis"], false);
+    assert_eq!(body["postgres"], true);
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn after_redis_restarts_empty_purchases_succeed_again(pool: PgPool) {
+    // Arrange: sales under fences 1..=5 are stored; then Redis loses everything.
+    let mut redis = RedisServer::start();
+    let app = spawn_with(settings(&redis.url(), ""), pool.clone()).await;
+    let id = app.create_product("Phone", 100).await;
+    for user in 1..=5 {
+        assert_eq!(app.purchase(id, user, 1).await.status(), 201);
+    }
+    let fence_before: i64 = stored_fence(&pool, id).await;
+    redis.restart_empty();
+
+    // Act: the first purchases may meet the reconnect (503); sales must resume promptly.
+    let mut created_after = None;
+    for attempt in 0..50 {
+        let response = app.purchase(id, 100 + attempt, 1).await;
+        match response.status().as_u16() {
+            201 => {
+                created_after = Some(attempt);
+                break;
+            }
+            503 => tokio::time::sleep(Duration::from_millis(100)).await,
+            other => panic!("unexpected {other}: {}", response.text().await.unwrap()),
+        }
+    }
+
+    // Assert: it sold, with a fence above the one stored before the restart, after a resync.
+    assert!(
+        created_after.is_some(),
+        "purchases never resumed after the Redis restart"
+    );
+    assert!(stored_fence(&pool, id).await > fence_before);
+    assert!(app.metric("seckill_fence_resyncs_total").await >= 1.0);
+    assert_eq!(app.purchase(id, 999, 1).await.status(), 201);
+    let books = books(&pool, id).await;
+    assert_eq!(books.stock, 100 - books.sold);
+    assert_eq!(books.orders, 7);
+}
+
+async fn stored_fence(pool: &PgPool, id: i64) -> i64 {
+    sqlx::query_scalar("SELECT fence FROM products WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}

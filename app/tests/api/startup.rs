@@ -1,0 +1,79 @@
+//! Start-up fails fast, with a message that names the problem.
+
+use sqlx::PgPool;
+
+use crate::helpers::{settings, shared_redis_url};
+
+async fn build_error(settings: seckill::Settings, pool: Option<PgPool>) -> String {
+    let built = match pool {
+        Some(pool) => seckill::Application::build_with_pool(settings, pool).await,
+        None => seckill::Application::build(settings).await,
+    };
+    match built {
+        Ok(_) => panic!("the app started with bad settings"),
+        Err(error) => format!("{error:#}"),
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_postgres_stops_start_up_with_a_clear_message() {
+    let mut settings = settings(&shared_redis_url(), "");
+    settings.database_url = format!(
+        "postgres://postgres@127.0.0.1:{}/nowhere",
+        testkit::free_port()
+    );
+    let message = build_error(settings, None).await;
+    assert!(
+        message.contains("cannot connect to PostgreSQL"),
+        "{message}"
+    );
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn an_unreachable_redis_stops_start_up_with_a_clear_message(pool: PgPool) {
+    let url = format!("redis://127.0.0.1:{}", testkit::free_port());
+    let message = build_error(settings(&url, ""), Some(pool)).await;
+    assert!(message.contains("cannot connect to Redis"), "{message}");
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_zero_lock_ttl_is_refused_at_start_up(pool: PgPool) {
+    let mut settings = settings(&shared_redis_url(), "");
+    settings.lock_ttl_ms = 0;
+    let message = build_error(settings, Some(pool)).await;
+    assert!(message.contains("LOCK_TTL_MS"), "{message}");
+}
+
+#[test]
+fn the_command_line_refuses_invalid_settings() {
+    use clap::Parser;
+    for args in [
+        vec!["seckill"], // DATABASE_URL missing
+        vec!["seckill", "--database-url", "x", "--lock-ttl-ms", "0"],
+        vec!["seckill", "--database-url", "x", "--max-quantity", "0"],
+        vec![
+            "seckill",
+            "--database-url",
+            "x",
+            "--lock-strategy",
+            "zookeeper",
+        ],
+        vec![
+            "seckill",
+            "--database-url",
+            "x",
+            "--bind-addr",
+            "not-an-address",
+        ],
+        vec!["seckill", "--database-url", "x", "--work-ms", "-5"],
+    ] {
+        // The environment must not supply what a case leaves out.
+        if std::env::var_os("DATABASE_URL").is_some() && args.len() == 1 {
+            continue;
+        }
+        assert!(
+            seckill::Settings::try_parse_from(&args).is_err(),
+            "{args:?}"
+        );
+    }
+}
