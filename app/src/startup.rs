@@ -22,7 +22,7 @@ use crate::settings::{LockStrategy, Settings};
 /// The waiting buyer's backoff between lock attempts: short, since a purchase holds the lock
 /// for about one transaction.
 const LOCK_RETRY_MIN: Duration = Duration::from_millis(2);
-const LOCK_RETRY_MAX: Duration = Duration::from_millis(50);
+const LOCK_RETRY_MAX: Duration = Duration::from_millis(10);
 
 /// A bound, listening, not yet running service.
 pub struct Application {

@@ -24,8 +24,10 @@ pub struct Tally {
     pub other_5xx: AtomicU64,
     /// Requests that got no HTTP answer at all.
     pub transport_errors: AtomicU64,
-    /// Latency of each purchase, in µs.
+    /// Latency of each purchase attempt, in µs.
     latencies_us: Mutex<Vec<u64>>,
+    /// Latency of each successful (201) purchase, in µs: what a buyer who got the item waited.
+    created_latencies_us: Mutex<Vec<u64>>,
     /// When the last 201 came, for the sell rate.
     last_created: Mutex<Option<Instant>>,
 }
@@ -35,19 +37,28 @@ impl Tally {
         counter.load(Ordering::Relaxed)
     }
 
-    /// The `p`-th percentile of purchase latency (0.0..=1.0).
+    /// The `p`-th percentile (0.0..=1.0) of all purchase attempts' latency.
     pub fn latency(&self, p: f64) -> Duration {
-        let mut all = self.latencies_us.lock().unwrap().clone();
-        if all.is_empty() {
-            return Duration::ZERO;
-        }
-        all.sort_unstable();
-        Duration::from_micros(all[((all.len() - 1) as f64 * p).round() as usize])
+        percentile(&self.latencies_us, p)
+    }
+
+    /// The `p`-th percentile (0.0..=1.0) of successful purchases' latency.
+    pub fn created_latency(&self, p: f64) -> Duration {
+        percentile(&self.created_latencies_us, p)
     }
 
     pub fn requests(&self) -> usize {
         self.latencies_us.lock().unwrap().len()
     }
+}
+
+fn percentile(samples: &Mutex<Vec<u64>>, p: f64) -> Duration {
+    let mut all = samples.lock().unwrap().clone();
+    if all.is_empty() {
+        return Duration::ZERO;
+    }
+    all.sort_unstable();
+    Duration::from_micros(all[((all.len() - 1) as f64 * p).round() as usize])
 }
 
 /// What one attack did.
@@ -192,6 +203,7 @@ async fn purchase(user: &mut GooseUser, plan: &Plan) -> TransactionResult {
         (Some(201), _) => {
             tally.created.fetch_add(1, Ordering::Relaxed);
             tally.created_quantity.fetch_add(1, Ordering::Relaxed);
+            tally.created_latencies_us.lock().unwrap().push(elapsed.as_micros() as u64);
             *tally.last_created.lock().unwrap() = Some(Instant::now());
             None
         }

@@ -122,10 +122,12 @@ impl Verdict {
         );
         let _ = writeln!(
             out,
-            "rate: {:.0} orders/s until sell-out; purchase latency p50 {:?}, p99 {:?}",
+            "rate: {:.0} orders/s until sell-out; latency of all attempts p50 {:?}, p99 {:?}; of 201s p50 {:?}, p99 {:?}",
             report.orders_per_sec(),
             t.latency(0.50),
-            t.latency(0.99)
+            t.latency(0.99),
+            t.created_latency(0.50),
+            t.created_latency(0.99),
         );
         let _ = writeln!(out, "{:<22} {:<6} detail", "check", "result");
         for check in &self.checks {

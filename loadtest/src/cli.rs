@@ -106,6 +106,6 @@ pub struct DemoArgs {
 
     /// WORK_MS for the instances: time inside the critical section, which widens the
     /// window in which `none` races.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub work_ms: u64,
 }

@@ -1,0 +1,26 @@
+# Multi-stage build: cargo-chef caches the dependency build in its own layer, so a change to
+# the project's code rebuilds only the project. The runtime image is Debian slim with the two
+# binaries, curl for health checks, and a non-root user.
+
+FROM lukemathwalker/cargo-chef:latest-rust-1 AS chef
+WORKDIR /src
+
+FROM chef AS planner
+COPY . .
+RUN cargo chef prepare --recipe-path recipe.json
+
+FROM chef AS builder
+COPY --from=planner /src/recipe.json recipe.json
+RUN cargo chef cook --release --recipe-path recipe.json
+COPY . .
+RUN cargo build --release --locked -p seckill -p loadtest
+
+FROM debian:bookworm-slim AS runtime
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates curl \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --no-create-home seckill
+COPY --from=builder /src/target/release/seckill /src/target/release/loadtest /usr/local/bin/
+USER seckill
+EXPOSE 8080
+CMD ["seckill"]

@@ -1,0 +1,185 @@
+//! There is no Docker engine here, so `docker-compose.yml` is checked against reality instead:
+//! every setting it gives an app is a real `seckill` setting, its health checks hit routes
+//! that answer, its URLs name services it defines, and the load test's flags and targets exist.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use clap::{CommandFactory, Parser as _};
+use serde_norway::Value;
+use sqlx::PgPool;
+
+fn compose() -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docker-compose.yml");
+    let text = std::fs::read_to_string(&path).expect("docker-compose.yml at the top of the repo");
+    let mut value: Value = serde_norway::from_str(&text).expect("valid YAML");
+    value.apply_merge().expect("valid merge keys");
+    value
+}
+
+fn services(compose: &Value) -> &serde_norway::Mapping {
+    compose["services"].as_mapping().expect("a services map")
+}
+
+/// The services that run the seckill binary.
+fn app_services(compose: &Value) -> Vec<(String, &Value)> {
+    services(compose)
+        .iter()
+        .filter(|(_, s)| s["command"][0].as_str() == Some("seckill"))
+        .map(|(name, s)| (name.as_str().unwrap().to_owned(), s))
+        .collect()
+}
+
+fn seckill_env_settings() -> BTreeSet<String> {
+    seckill::Settings::command()
+        .get_arguments()
+        .filter_map(|arg| arg.get_env().map(|env| env.to_string_lossy().into_owned()))
+        .collect()
+}
+
+#[test]
+fn the_stack_runs_three_app_instances() {
+    let compose = compose();
+    assert_eq!(app_services(&compose).len(), 3);
+}
+
+#[test]
+fn every_app_environment_variable_is_a_real_seckill_setting() {
+    let compose = compose();
+    let known = seckill_env_settings();
+    for (name, service) in app_services(&compose) {
+        let env = service["environment"]
+            .as_mapping()
+            .expect("an environment map");
+        for key in env.keys() {
+            let key = key.as_str().unwrap();
+            assert!(
+                known.contains(key) || key == "RUST_LOG",
+                "{name} sets {key}, which `seckill --help` does not know (known: {known:?})"
+            );
+        }
+        assert!(
+            env.contains_key("DATABASE_URL"),
+            "{name}: DATABASE_URL is required"
+        );
+    }
+}
+
+#[test]
+fn urls_in_the_stack_name_services_it_defines() {
+    let compose = compose();
+    let defined: BTreeSet<String> = services(&compose)
+        .keys()
+        .map(|k| k.as_str().unwrap().to_owned())
+        .collect();
+    let host_of = |url: &str| {
+        let rest = url.split("://").nth(1).expect("a URL");
+        let authority = rest.split('/').next().unwrap();
+        let host_port = authority.rsplit('@').next().unwrap();
+        host_port.split(':').next().unwrap().to_owned()
+    };
+    for (name, service) in services(&compose) {
+        let Some(env) = service["environment"].as_mapping() else {
+            continue;
+        };
+        for (key, value) in env {
+            let (key, value) = (key.as_str().unwrap(), value.as_str().unwrap_or_default());
+            if key.ends_with("_URL") {
+                let host = host_of(value);
+                assert!(
+                    defined.contains(&host),
+                    "{name:?}: {key} points at undefined service {host}"
+                );
+            }
+        }
+        for dependency in service["depends_on"].as_mapping().into_iter().flatten() {
+            let (dep, how) = dependency;
+            assert!(
+                defined.contains(dep.as_str().unwrap()),
+                "{name:?} depends on an undefined service"
+            );
+            assert_eq!(
+                how["condition"].as_str(),
+                Some("service_healthy"),
+                "{name:?} -> {dep:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_load_test_targets_every_app_and_uses_real_flags() {
+    let compose = compose();
+    let loadtest = &services(&compose)["loadtest"];
+    let command: Vec<&str> = loadtest["command"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(command[0], "loadtest");
+
+    // Every flag it passes is one the binary parses.
+    let parsed = loadtest::cli::Cli::try_parse_from(&command);
+    assert!(parsed.is_ok(), "{:?}", parsed.err());
+
+    // It attacks exactly the app services, on their container port.
+    let hosts_at = command.iter().position(|a| *a == "--hosts").unwrap() + 1;
+    let mut targets: Vec<String> = command[hosts_at]
+        .split(',')
+        .map(|url| {
+            url.trim_start_matches("http://")
+                .trim_end_matches(":8080")
+                .to_owned()
+        })
+        .collect();
+    let mut apps: Vec<String> = app_services(&compose).into_iter().map(|(n, _)| n).collect();
+    targets.sort();
+    apps.sort();
+    assert_eq!(targets, apps);
+    for app in &apps {
+        let bind = services(&compose)[app.as_str()]["environment"]["BIND_ADDR"]
+            .as_str()
+            .unwrap();
+        assert!(bind.ends_with(":8080"), "{app} listens on {bind}");
+    }
+    let env = loadtest["environment"].as_mapping().unwrap();
+    assert!(env.contains_key("ADMIN_TOKEN") && env.contains_key("DATABASE_URL"));
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn the_health_check_paths_answer_on_a_real_instance(pool: PgPool) {
+    let compose = compose();
+    let mut settings =
+        seckill::Settings::try_parse_from(["seckill", "--database-url", "unused"]).unwrap();
+    settings.bind_addr = "127.0.0.1:0".parse().unwrap();
+    settings.redis_key_prefix = testkit::unique_prefix("compose");
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        settings.redis_url = url;
+    }
+    let app = seckill::Application::build_with_pool(settings, pool)
+        .await
+        .unwrap();
+    let port = app.port();
+    tokio::spawn(app.run_until_stopped());
+
+    for (name, service) in app_services(&compose) {
+        let test: Vec<&str> = service["healthcheck"]["test"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let url = test
+            .iter()
+            .find(|a| a.starts_with("http://"))
+            .expect("a URL in the check");
+        assert!(url.starts_with("http://127.0.0.1:8080/"), "{name}: {url}");
+        let path = &url["http://127.0.0.1:8080".len()..];
+        let status = reqwest::get(format!("http://127.0.0.1:{port}{path}"))
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, 200, "{name}: health check {path}");
+    }
+}
