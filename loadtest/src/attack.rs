@@ -203,7 +203,11 @@ async fn purchase(user: &mut GooseUser, plan: &Plan) -> TransactionResult {
         (Some(201), _) => {
             tally.created.fetch_add(1, Ordering::Relaxed);
             tally.created_quantity.fetch_add(1, Ordering::Relaxed);
-            tally.created_latencies_us.lock().unwrap().push(elapsed.as_micros() as u64);
+            tally
+                .created_latencies_us
+                .lock()
+                .unwrap()
+                .push(elapsed.as_micros() as u64);
             *tally.last_created.lock().unwrap() = Some(Instant::now());
             None
         }

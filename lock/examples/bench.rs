@@ -37,12 +37,19 @@ struct Args {
     /// Seconds per measured run.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// Tokio worker threads for the benchmark. On a small machine that also runs Redis,
+    /// one leaves Redis a core of its own; both crates get the same runtime either way.
+    #[arg(long, default_value_t = 1)]
+    worker_threads: usize,
     /// Uncontended runs per crate; the median is reported.
     #[arg(long, default_value_t = 5)]
     rounds: usize,
     /// Turn the watchdog off in the uncontended loop (to see what it costs).
     #[arg(long)]
     no_watchdog: bool,
+    /// Use a plain `MultiplexedConnection` (as rslock does) instead of a `ConnectionManager`.
+    #[arg(long)]
+    multiplexed: bool,
     /// What to measure.
     #[arg(long, value_enum, default_value_t = Mode::All)]
     mode: Mode,
@@ -50,23 +57,38 @@ struct Args {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Mode {
+    /// distlock, uncontended.
     Uncontended,
+    /// rslock, uncontended.
     Rslock,
+    /// distlock, one key.
     Contended,
+    /// Contended, then alternating rounds of both uncontended loops.
     All,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    anyhow::ensure!(
+        args.worker_threads > 0,
+        "--worker-threads must be at least 1"
+    );
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.worker_threads)
+        .enable_all()
+        .build()?
+        .block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.concurrency > 0, "--concurrency must be at least 1");
     anyhow::ensure!(args.seconds > 0.0, "--seconds must be above zero");
     anyhow::ensure!(args.rounds > 0, "--rounds must be at least 1");
     let run_for = Duration::from_secs_f64(args.seconds);
     let prefix = format!("distlock-bench:{}", std::process::id());
     println!(
-        "redis={} concurrency={} seconds={} rounds={}",
-        args.redis_url, args.concurrency, args.seconds, args.rounds
+        "redis={} concurrency={} seconds={} rounds={} worker_threads={}",
+        args.redis_url, args.concurrency, args.seconds, args.rounds, args.worker_threads
     );
     let conn = ConnectionManager::new(redis::Client::open(args.redis_url.as_str())?).await?;
 
@@ -81,35 +103,95 @@ async fn main() -> anyhow::Result<()> {
         LockOptions::default()
     };
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    let (mut our_cpu, mut their_cpu) = (Vec::new(), Vec::new());
     for round in 1..=args.rounds {
-        if matches!(args.mode, Mode::Rslock | Mode::All) {
-            let rate = rslock_cycles(&args.redis_url, args.concurrency, run_for, &prefix).await?;
-            println!("round {round}: rslock cycles/s {rate:.0}");
-            theirs.push(rate);
-        }
-        if matches!(args.mode, Mode::Uncontended | Mode::All) {
-            let locker = Locker::new(conn.clone(), options.clone());
-            let rate = uncontended(locker, args.concurrency, run_for, &prefix).await?;
-            println!("round {round}: distlock cycles/s {rate:.0}");
-            ours.push(rate);
+        // Alternate which crate goes first, so neither always inherits the other's wake.
+        let order = if round % 2 == 1 {
+            [Mode::Rslock, Mode::Uncontended]
+        } else {
+            [Mode::Uncontended, Mode::Rslock]
+        };
+        for mode in order {
+            if !matches!(args.mode, Mode::All) && args.mode != mode {
+                continue;
+            }
+            let cpu_before = process_cpu();
+            let (rate, cycles_in) = if mode == Mode::Rslock {
+                rslock_cycles(&args.redis_url, args.concurrency, run_for, &prefix).await?
+            } else if args.multiplexed {
+                let client = redis::Client::open(args.redis_url.as_str())?;
+                let conn = client.get_multiplexed_async_connection().await?;
+                uncontended(
+                    Locker::new(conn, options.clone()),
+                    args.concurrency,
+                    run_for,
+                    &prefix,
+                )
+                .await?
+            } else {
+                let locker = Locker::new(conn.clone(), options.clone());
+                uncontended(locker, args.concurrency, run_for, &prefix).await?
+            };
+            let cpu_us = (process_cpu() - cpu_before).as_secs_f64() * 1e6 / cycles_in as f64;
+            let name = if mode == Mode::Rslock {
+                "rslock"
+            } else {
+                "distlock"
+            };
+            println!("round {round}: {name} cycles/s {rate:.0}, client cpu {cpu_us:.1} us/cycle");
+            if mode == Mode::Rslock {
+                theirs.push(rate);
+                their_cpu.push(cpu_us);
+            } else {
+                ours.push(rate);
+                our_cpu.push(cpu_us);
+            }
         }
     }
     if !theirs.is_empty() {
         println!(
-            "rslock 0.10 uncontended (no watchdog, no fence): median cycles_per_sec={:.0}",
-            median(&mut theirs)
+            "rslock 0.10 uncontended (no watchdog, no fence): median {:.0} cycles/s, {:.1} us client cpu/cycle",
+            median(&mut theirs),
+            median(&mut their_cpu)
         );
     }
     if !ours.is_empty() {
         let watchdog = if args.no_watchdog { "off" } else { "on" };
-        let ours = median(&mut ours);
+        let rate = median(&mut ours);
+        println!(
+            "distlock uncontended (watchdog {watchdog}, fence on): median {rate:.0} cycles/s, {:.1} us client cpu/cycle",
+            median(&mut our_cpu)
+        );
         if !theirs.is_empty() {
-            println!("distlock / rslock = {:.2}", ours / median(&mut theirs));
+            println!(
+                "distlock / rslock: throughput {:.2}, client cpu per cycle {:.2}",
+                rate / median(&mut theirs),
+                median(&mut our_cpu) / median(&mut their_cpu)
+            );
         }
-        println!("distlock uncontended (watchdog {watchdog}, fence on): median");
-        println!("cycles_per_sec={ours:.0}");
+        println!("cycles_per_sec={rate:.0}");
     }
     Ok(())
+}
+
+/// CPU time (user + system) this process has used so far, from `/proc/self/stat` (Linux).
+fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may contain spaces) start after the last ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
+    // Linux reports them in USER_HZ, which is 100 on every mainstream build.
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
 fn median(rates: &mut [f64]) -> f64 {
@@ -118,12 +200,15 @@ fn median(rates: &mut [f64]) -> f64 {
 }
 
 /// Acquire + release cycles per second, each task on its own key.
-async fn uncontended(
-    locker: Locker<ConnectionManager>,
+async fn uncontended<C>(
+    locker: Locker<C>,
     concurrency: usize,
     run_for: Duration,
     prefix: &str,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(f64, u64)>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
     let cycles = Arc::new(AtomicU64::new(0));
     let end = Instant::now() + run_for;
     let mut tasks = Vec::new();
@@ -143,7 +228,8 @@ async fn uncontended(
     for t in tasks {
         t.await??;
     }
-    Ok(cycles.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+    let cycles = cycles.load(Ordering::Relaxed);
+    Ok((cycles as f64 / started.elapsed().as_secs_f64(), cycles))
 }
 
 /// The same loop with rslock, on the same Redis.
@@ -152,7 +238,7 @@ async fn rslock_cycles(
     concurrency: usize,
     run_for: Duration,
     prefix: &str,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(f64, u64)> {
     let manager = Arc::new(rslock::LockManager::new(vec![url.to_owned()]));
     let cycles = Arc::new(AtomicU64::new(0));
     let end = Instant::now() + run_for;
@@ -176,7 +262,8 @@ async fn rslock_cycles(
     for t in tasks {
         t.await??;
     }
-    Ok(cycles.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+    let cycles = cycles.load(Ordering::Relaxed);
+    Ok((cycles as f64 / started.elapsed().as_secs_f64(), cycles))
 }
 
 /// Tasks fighting over one key: handoffs per second and the wait for the lock.

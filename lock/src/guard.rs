@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use redis::aio::ConnectionLike;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::error::{Error, Result};
@@ -58,11 +57,7 @@ pub(crate) struct Hold<C: ConnectionLike + Clone + Send + Sync + 'static> {
     /// The current fence; raised by `advance_fence`.
     pub(crate) fence: AtomicU64,
     /// Written by the watchdog; read by `is_held` and `lost`.
-    pub(crate) lease: watch::Receiver<Lease>,
-    /// The sender when there is no watchdog, so the state stays readable; unused otherwise.
-    pub(crate) _lease_tx: Option<watch::Sender<Lease>>,
-    /// Renewals done by the watchdog so far.
-    pub(crate) renewals: Arc<AtomicU64>,
+    pub(crate) lease: Arc<Lease>,
     /// Aborted before release: no renewal after unlock.
     pub(crate) watchdog: Option<JoinHandle<()>>,
     /// Set once Redis has answered the release script, so `Drop` need not release again.
@@ -89,7 +84,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Hold<C> {
     }
 
     pub(crate) fn is_held(&self) -> bool {
-        self.lease.borrow().is_held()
+        self.lease.is_held()
     }
 }
 
@@ -202,12 +197,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> LockGuard<C> {
     /// # Cancel safety
     /// Cancel safe: dropping the future changes nothing.
     pub fn lost(&self) -> impl Future<Output = LockLost> + Send + 'static {
-        lease::wait_lost(self.hold.lease.clone())
+        lease::wait_lost(Arc::clone(&self.hold.lease))
     }
 
     /// How many times the watchdog has renewed this lease.
     pub fn renewals(&self) -> u64 {
-        self.hold.renewals.load(Ordering::Relaxed)
+        self.hold.lease.renewals()
     }
 
     /// How many guards of this acquisition the owner holds (1 unless reentrant).

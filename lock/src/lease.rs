@@ -1,16 +1,17 @@
 //! What the holder knows about its lease, and the watchdog that keeps it alive.
 //!
-//! The watchdog is one tokio task per held lock. It owns the only [`watch::Sender`] of the
-//! lease state; guards read the state through a receiver. It renews with a compare-and-pexpire
-//! script, so it can never extend a lock that another owner holds, and it is aborted before
-//! the release script runs, so it never renews after unlock.
+//! The [`Lease`] is shared by the guard and the watchdog: the deadline until which the lock
+//! is known to be ours, whether it has been lost and why, and how often it was renewed.
+//! The watchdog is one tokio task per held lock. It renews with a compare-and-pexpire script,
+//! so it can never extend a lock another owner holds, and it is aborted before the release
+//! script runs, so it never renews after unlock.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
@@ -40,52 +41,109 @@ impl std::fmt::Display for LockLost {
     }
 }
 
-/// The lease as the holder sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Lease {
-    /// Ours until `until`, unless renewed.
-    ///
-    // SAFETY(timing): `until` is counted from the moment the acquire or renew command was
-    // *sent*. Redis starts the key's TTL when it *runs* the command, later, so the local
-    // deadline falls before the real expiry as long as the two clocks run at the same rate
-    // (monotonic clocks on one host; a drift of a few ms per ttl between hosts).
-    Held { until: Instant },
-    /// Lost before release; final.
-    Lost(LockLost),
-}
+impl LockLost {
+    fn code(self) -> u8 {
+        match self {
+            LockLost::Expired => 1,
+            LockLost::Taken => 2,
+            LockLost::Unreachable => 3,
+        }
+    }
 
-impl Lease {
-    pub(crate) fn is_held(&self) -> bool {
-        matches!(self, Lease::Held { until } if Instant::now() < *until)
+    fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(LockLost::Expired),
+            2 => Some(LockLost::Taken),
+            3 => Some(LockLost::Unreachable),
+            _ => None,
+        }
     }
 }
 
-/// Wait until the lease in `state` is lost, whether the watchdog says so or the local
-/// deadline passes without a renewal.
-pub(crate) async fn wait_lost(mut state: watch::Receiver<Lease>) -> LockLost {
+/// The lease as the holder sees it.
+pub(crate) struct Lease {
+    /// When the acquire command was sent; deadlines are stored relative to it.
+    base: Instant,
+    /// The lease is ours until `base + until_ns`, unless renewed.
+    ///
+    // SAFETY(timing): the deadline is counted from the moment the acquire or renew command
+    // was *sent*. Redis starts the key's TTL when it *runs* the command, later, so the local
+    // deadline falls before the real expiry as long as the two clocks run at the same rate
+    // (monotonic clocks on one host; a drift of a few ms per ttl between hosts).
+    until_ns: AtomicU64,
+    /// 0 while not lost, else a `LockLost` code; final once set.
+    lost: AtomicU8,
+    /// Whether a watchdog renews this lease (if not, running out means plain expiry).
+    watched: bool,
+    /// Successful renewals.
+    renewals: AtomicU64,
+    /// Woken when the lease is renewed or lost, for `wait_lost`.
+    changed: Notify,
+}
+
+impl Lease {
+    pub(crate) fn new(sent: Instant, ttl: Duration, watched: bool) -> Self {
+        Self {
+            base: sent,
+            until_ns: AtomicU64::new(ttl.as_nanos() as u64),
+            lost: AtomicU8::new(0),
+            watched,
+            renewals: AtomicU64::new(0),
+            changed: Notify::new(),
+        }
+    }
+
+    pub(crate) fn until(&self) -> Instant {
+        self.base + Duration::from_nanos(self.until_ns.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn lost(&self) -> Option<LockLost> {
+        LockLost::from_code(self.lost.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        self.lost().is_none() && Instant::now() < self.until()
+    }
+
+    pub(crate) fn renewals(&self) -> u64 {
+        self.renewals.load(Ordering::Relaxed)
+    }
+
+    fn renewed(&self, sent: Instant, ttl: Duration) {
+        let until = (sent + ttl).saturating_duration_since(self.base).as_nanos() as u64;
+        self.until_ns.fetch_max(until, Ordering::AcqRel);
+        self.renewals.fetch_add(1, Ordering::Relaxed);
+        self.changed.notify_waiters();
+    }
+
+    fn lose(&self, why: LockLost) {
+        let _ = self
+            .lost
+            .compare_exchange(0, why.code(), Ordering::AcqRel, Ordering::Acquire);
+        self.changed.notify_waiters();
+    }
+}
+
+/// Wait until the lease is lost, whether the watchdog says so or the deadline passes
+/// without a renewal.
+pub(crate) async fn wait_lost(lease: Arc<Lease>) -> LockLost {
     loop {
-        let lease = *state.borrow_and_update();
-        match lease {
-            Lease::Lost(why) => return why,
-            Lease::Held { until } => {
-                tokio::select! {
-                    changed = state.changed() => {
-                        if changed.is_err() {
-                            // No watchdog (off, or stopped): nothing will renew the lease.
-                            sleep_until(until).await;
-                            return LockLost::Expired;
-                        }
-                    }
-                    () = sleep_until(until) => {
-                        // The deadline may have just been pushed forward: look again
-                        // before calling it lost.
-                        if !state.borrow().is_held() {
-                            return match *state.borrow() {
-                                Lease::Lost(why) => why,
-                                Lease::Held { .. } => LockLost::Unreachable,
-                            };
-                        }
-                    }
+        // Register for a change before looking, so a change in between is not missed.
+        let changed = lease.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if let Some(why) = lease.lost() {
+            return why;
+        }
+        let until = lease.until();
+        tokio::select! {
+            () = changed => {}
+            () = sleep_until(until) => {
+                if let Some(why) = lease.lost() {
+                    return why;
+                }
+                if lease.until() <= Instant::now() {
+                    return if lease.watched { LockLost::Unreachable } else { LockLost::Expired };
                 }
             }
         }
@@ -99,8 +157,7 @@ pub(crate) struct Watchdog<C> {
     pub(crate) token: String,
     pub(crate) ttl: Duration,
     pub(crate) every: Duration,
-    /// Successful renewals, shared with the guard.
-    pub(crate) renewals: Arc<AtomicU64>,
+    pub(crate) lease: Arc<Lease>,
 }
 
 /// A failed renewal is retried this often until the lease runs out.
@@ -110,11 +167,11 @@ impl<C> Watchdog<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    pub(crate) fn spawn(self, state: watch::Sender<Lease>) -> JoinHandle<()> {
-        tokio::spawn(self.run(state))
+    pub(crate) fn spawn(self) -> JoinHandle<()> {
+        tokio::spawn(self.run())
     }
 
-    async fn run(mut self, state: watch::Sender<Lease>) {
+    async fn run(mut self) {
         let ttl_ms = self.ttl.as_millis() as u64;
         loop {
             // SAFETY(timing): renewing every `ttl / 3` leaves two thirds of a lease for a
@@ -123,30 +180,25 @@ where
             // lock; fencing, not this task, protects the data then.
             sleep(self.every).await;
             loop {
-                let Lease::Held { until } = *state.borrow() else {
-                    return;
-                };
+                let until = self.lease.until();
                 let sent = Instant::now();
                 if sent >= until {
-                    state.send_replace(Lease::Lost(LockLost::Unreachable));
+                    self.lease.lose(LockLost::Unreachable);
                     return;
                 }
                 let mut renew = RENEW.key(&self.key);
                 renew.arg(&self.token).arg(ttl_ms);
                 match timeout(until - sent, renew.invoke_async::<i64>(&mut self.conn)).await {
                     Ok(Ok(1)) => {
-                        self.renewals.fetch_add(1, Ordering::Relaxed);
-                        state.send_replace(Lease::Held {
-                            until: sent + self.ttl,
-                        });
+                        self.lease.renewed(sent, self.ttl);
                         break;
                     }
                     Ok(Ok(0)) => {
-                        state.send_replace(Lease::Lost(LockLost::Expired));
+                        self.lease.lose(LockLost::Expired);
                         return;
                     }
                     Ok(Ok(_)) => {
-                        state.send_replace(Lease::Lost(LockLost::Taken));
+                        self.lease.lose(LockLost::Taken);
                         return;
                     }
                     Ok(Err(error)) => {

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use rand::Rng;
 use redis::aio::ConnectionLike;
-use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::error::{Error, Result};
@@ -125,32 +124,25 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Locker<C> {
         if fence == 0 {
             return Ok(None);
         }
-        let (lease_tx, lease) = watch::channel(Lease::Held {
-            until: sent + self.options.ttl(),
-        });
-        let renewals = Arc::new(AtomicU64::new(0));
-        let (watchdog, lease_tx) = match self.options.renew_interval() {
-            Some(every) => {
-                let watchdog = Watchdog {
-                    conn: self.conn.clone(),
-                    key: key.to_owned(),
-                    token: token.clone(),
-                    ttl: self.options.ttl(),
-                    every,
-                    renewals: Arc::clone(&renewals),
-                };
-                (Some(watchdog.spawn(lease_tx)), None)
+        let watched = self.options.renew_interval().is_some();
+        let lease = Arc::new(Lease::new(sent, self.options.ttl(), watched));
+        let watchdog = self.options.renew_interval().map(|every| {
+            Watchdog {
+                conn: self.conn.clone(),
+                key: key.to_owned(),
+                token: token.clone(),
+                ttl: self.options.ttl(),
+                every,
+                lease: Arc::clone(&lease),
             }
-            None => (None, Some(lease_tx)),
-        };
+            .spawn()
+        });
         Ok(Some(Hold {
             conn: self.conn.clone(),
             key: key.to_owned(),
             token,
             fence: AtomicU64::new(fence),
             lease,
-            _lease_tx: lease_tx,
-            renewals,
             watchdog,
             released: AtomicBool::new(false),
         }))
