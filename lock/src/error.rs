@@ -25,6 +25,17 @@ pub enum Error {
         waited: Duration,
     },
 
+    /// Too few Redlock nodes answered to form a majority.
+    #[error("lock {key:?}: only {reachable} Redis nodes reachable, a majority needs {needed}")]
+    NoQuorum {
+        /// The key.
+        key: String,
+        /// Nodes that answered.
+        reachable: usize,
+        /// The majority.
+        needed: usize,
+    },
+
     /// The caller no longer holds the lock it tried to act on (its lease ran out).
     #[error("lock {key:?} is no longer held by this guard")]
     NotHeld {

@@ -255,3 +255,31 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> std::fmt::Debug for Lock
             .finish_non_exhaustive()
     }
 }
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> crate::fenced::FencedGuard
+    for LockGuard<C>
+{
+    fn key(&self) -> &str {
+        LockGuard::key(self)
+    }
+
+    fn fence(&self) -> Fence {
+        LockGuard::fence(self)
+    }
+
+    fn is_held(&self) -> bool {
+        LockGuard::is_held(self)
+    }
+
+    fn renewals(&self) -> u64 {
+        LockGuard::renewals(self)
+    }
+
+    async fn advance_fence(&self, seen: Fence) -> Result<Fence> {
+        LockGuard::advance_fence(self, seen).await
+    }
+
+    async fn release(self) -> Result<bool> {
+        LockGuard::release(self).await
+    }
+}

@@ -109,14 +109,14 @@ impl Lease {
         self.renewals.load(Ordering::Relaxed)
     }
 
-    fn renewed(&self, sent: Instant, ttl: Duration) {
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
         let until = (sent + ttl).saturating_duration_since(self.base).as_nanos() as u64;
         self.until_ns.fetch_max(until, Ordering::AcqRel);
         self.renewals.fetch_add(1, Ordering::Relaxed);
         self.changed.notify_waiters();
     }
 
-    fn lose(&self, why: LockLost) {
+    pub(crate) fn lose(&self, why: LockLost) {
         let _ = self
             .lost
             .compare_exchange(0, why.code(), Ordering::AcqRel, Ordering::Acquire);
@@ -161,7 +161,7 @@ pub(crate) struct Watchdog<C> {
 }
 
 /// A failed renewal is retried this often until the lease runs out.
-const RETRY_AFTER_ERROR: Duration = Duration::from_millis(50);
+pub(crate) const RETRY_AFTER_ERROR: Duration = Duration::from_millis(50);
 
 impl<C> Watchdog<C>
 where

@@ -25,6 +25,8 @@
 //! - `guard`: [`LockGuard`], release, and the drop fallback; [`Fence`].
 //! - `lease`: the watchdog task and the lost signal ([`LockLost`]).
 //! - `owner`: [`Owner`], the explicit identity behind reentrancy.
+//! - `redlock`: [`Redlock`], one lock over a majority of independent masters, and its
+//!   fencing across the set. `fenced`: [`FencedGuard`], what both guards offer a writer.
 //! - `options`: [`LockOptions`] and its builder, with the defaults.
 //! - `scripts`: the three Lua scripts. `keys`: the fence key and cluster hash tags.
 //! - `error`: [`enum@Error`].
@@ -66,23 +68,27 @@
 //!   its lease may wake up believing it still holds the lock. No lock can prevent that; the
 //!   [`Fence`] lets the store refuse its writes.
 //! - A Redis that loses data (restart without persistence, failover to a lagging replica)
-//!   can hand the lock to two holders and restart fence counters. Redlock across several
+//!   can hand the lock to two holders and restart fence counters. [`Redlock`] across several
 //!   masters reduces the first risk; see Martin Kleppmann's critique of its timing
 //!   assumptions before relying on it for correctness rather than efficiency.
 
 mod error;
+mod fenced;
 mod guard;
 mod keys;
 mod lease;
 mod locker;
 mod options;
 mod owner;
+mod redlock;
 mod scripts;
 
 pub use error::{Error, Result};
+pub use fenced::FencedGuard;
 pub use guard::{Fence, LockGuard};
 pub use keys::fence_key;
 pub use lease::LockLost;
 pub use locker::Locker;
 pub use options::{LockOptions, LockOptionsBuilder};
 pub use owner::Owner;
+pub use redlock::{Redlock, RedlockGuard, RedlockOptions};

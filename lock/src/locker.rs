@@ -88,7 +88,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Locker<C> {
     /// As [`try_acquire`](Self::try_acquire): at worst a key set by an abandoned attempt
     /// lives out its ttl.
     pub async fn acquire(&self, key: &str) -> Result<LockGuard<C>> {
-        self.wait_for(key, || async {
+        wait_for(&self.options, key, || async {
             Ok(self.attempt(key).await?.map(|hold| LockGuard {
                 hold: Arc::new(hold),
                 owner: None,
@@ -147,55 +147,60 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Locker<C> {
             released: AtomicBool::new(false),
         }))
     }
+}
 
-    /// Run `attempt` until it yields a guard or the wait deadline passes.
-    pub(crate) async fn wait_for<F, Fut>(&self, key: &str, mut attempt: F) -> Result<LockGuard<C>>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<Option<LockGuard<C>>>>,
-    {
-        let started = Instant::now();
-        let deadline = started + self.options.wait_timeout();
-        let (min, max) = self.options.retry_delay();
-        let mut step = min;
-        let timed_out = || Error::Timeout {
-            key: key.to_owned(),
-            waited: started.elapsed(),
+/// Run `attempt` until it yields a guard or `options.wait_timeout()` passes, sleeping a
+/// jittered, doubling backoff between attempts. Shared by the single-node lock and Redlock.
+pub(crate) async fn wait_for<T, F, Fut>(
+    options: &LockOptions,
+    key: &str,
+    mut attempt: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    let started = Instant::now();
+    let deadline = started + options.wait_timeout();
+    let (min, max) = options.retry_delay();
+    let mut step = min;
+    let timed_out = || Error::Timeout {
+        key: key.to_owned(),
+        waited: started.elapsed(),
+    };
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        // An attempt is bounded by what is left of the wait, except that a zero wait
+        // still makes one (unbounded) attempt: `wait_timeout(0)` means "try once".
+        let outcome = if left.is_zero() {
+            attempt().await
+        } else {
+            timeout(left, attempt()).await.map_err(|_| timed_out())?
         };
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            // An attempt is bounded by what is left of the wait, except that a zero wait
-            // still makes one (unbounded) attempt: `wait_timeout(0)` means "try once".
-            let outcome = if left.is_zero() {
-                attempt().await
-            } else {
-                timeout(left, attempt()).await.map_err(|_| timed_out())?
-            };
-            if let Some(guard) = outcome? {
-                return Ok(guard);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(timed_out());
-            }
-            sleep(jittered(step).min(left)).await;
-            if Instant::now() >= deadline {
-                return Err(timed_out());
-            }
-            step = (step * 2).min(max);
+        if let Some(guard) = outcome? {
+            return Ok(guard);
         }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timed_out());
+        }
+        sleep(jittered(step).min(left)).await;
+        if Instant::now() >= deadline {
+            return Err(timed_out());
+        }
+        step = (step * 2).min(max);
     }
 }
 
 /// A sleep drawn from the upper half of `step`, so waiters spread out but never spin.
-fn jittered(step: Duration) -> Duration {
+pub(crate) fn jittered(step: Duration) -> Duration {
     let half = step / 2;
     half + rand::rng().random_range(Duration::ZERO..=half)
 }
 
 /// 128 random bits from a CSPRNG, hex-encoded: new for every acquisition, so no two
 /// acquisitions, even of the same owner, share a token.
-fn new_token() -> String {
+pub(crate) fn new_token() -> String {
     hex::encode(rand::random::<[u8; 16]>())
 }
 

@@ -13,7 +13,7 @@ use redis::aio::ConnectionLike;
 
 use crate::error::Result;
 use crate::guard::{Hold, LockGuard};
-use crate::locker::Locker;
+use crate::locker::{Locker, wait_for};
 
 /// A lock owner that may re-enter the locks it holds.
 ///
@@ -71,15 +71,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Owner<C> {
     /// # Cancel safety
     /// As [`Locker::acquire`].
     pub async fn acquire(&self, key: &str) -> Result<LockGuard<C>> {
-        self.locker
-            .wait_for(key, || async {
-                if let Some(guard) = self.reenter(key) {
-                    return Ok(Some(guard));
-                }
-                let hold = self.locker.attempt(key).await?;
-                Ok(hold.map(|hold| self.enter_new(hold)))
-            })
-            .await
+        wait_for(self.locker.options(), key, || async {
+            if let Some(guard) = self.reenter(key) {
+                return Ok(Some(guard));
+            }
+            let hold = self.locker.attempt(key).await?;
+            Ok(hold.map(|hold| self.enter_new(hold)))
+        })
+        .await
     }
 
     fn reenter(&self, key: &str) -> Option<LockGuard<C>> {

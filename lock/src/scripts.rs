@@ -78,3 +78,23 @@ return redis.call('INCR', KEYS[2])
 ",
     )
 });
+
+/// Raise the fence counter to at least a floor, for the current holder only (Redlock's second
+/// round: every node of the majority learns the fence the holder will use).
+///
+/// KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] floor.
+/// Returns 1 when done, 0 when the caller does not hold the key on this node.
+pub(crate) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local current = tonumber(redis.call('GET', KEYS[2]) or '0')
+if current < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[2])
+end
+return 1
+",
+    )
+});
