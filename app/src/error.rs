@@ -125,6 +125,10 @@ impl From<PurchaseError> for ApiError {
                 tracing::warn!(%error, "redis unavailable");
                 ApiError::RedisUnavailable
             }
+            PurchaseError::LockService(error) => {
+                tracing::warn!(%error, "lock service unavailable");
+                ApiError::RedisUnavailable
+            }
             PurchaseError::Database(error) => ApiError::from_db(error),
         }
     }

@@ -22,6 +22,10 @@ pub struct Settings {
     #[arg(long, env = "REDIS_KEY_PREFIX", default_value = "")]
     pub redis_key_prefix: String,
 
+    /// Independent Redis masters for LOCK_STRATEGY=redlock, comma-separated (3 or 5 is usual).
+    #[arg(long, env = "REDLOCK_URLS", value_delimiter = ',')]
+    pub redlock_urls: Vec<String>,
+
     /// Address to listen on. Port 0 picks a free port.
     #[arg(long, env = "BIND_ADDR", default_value = "127.0.0.1:8080")]
     pub bind_addr: SocketAddr,
@@ -81,6 +85,8 @@ impl Settings {
 pub enum LockStrategy {
     /// Redis lock `lock_sale_<id>` with watchdog and fencing, then one transaction.
     Redis,
+    /// The same lock on a majority of the masters in REDLOCK_URLS (Redlock), same fencing.
+    Redlock,
     /// `SELECT ... FOR UPDATE` on the product row.
     PgRow,
     /// Optimistic: compare-and-set on a version column, with bounded retries.
@@ -96,6 +102,7 @@ impl LockStrategy {
     pub fn name(self) -> &'static str {
         match self {
             LockStrategy::Redis => "redis",
+            LockStrategy::Redlock => "redlock",
             LockStrategy::PgRow => "pg-row",
             LockStrategy::PgOptimistic => "pg-optimistic",
             LockStrategy::PgAtomic => "pg-atomic",
@@ -103,8 +110,9 @@ impl LockStrategy {
         }
     }
 
-    pub const ALL: [LockStrategy; 5] = [
+    pub const ALL: [LockStrategy; 6] = [
         LockStrategy::Redis,
+        LockStrategy::Redlock,
         LockStrategy::PgRow,
         LockStrategy::PgOptimistic,
         LockStrategy::PgAtomic,

@@ -6,7 +6,7 @@ use std::time::Duration;
 use actix_web::dev::Server;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context;
-use distlock::{LockOptions, Locker};
+use distlock::{LockOptions, Locker, Redlock, RedlockOptions};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -68,8 +68,15 @@ impl Application {
                  Concurrent buyers WILL lose updates and oversell. Use only to demonstrate the race."
             );
         }
+        let redlock = match settings.lock_strategy {
+            LockStrategy::Redlock => {
+                Some(connect_redlock(&settings.redlock_urls, lock_options.clone()).await?)
+            }
+            _ => None,
+        };
         let sale = Sale {
             locker: Locker::new(redis.clone(), lock_options),
+            redlock,
             pool,
             redis,
             key_prefix: settings.redis_key_prefix.clone(),
@@ -127,4 +134,24 @@ async fn connect_redis(url: &str) -> anyhow::Result<ConnectionManager> {
     ConnectionManager::new_with_config(client, config)
         .await
         .context("cannot connect to Redis (REDIS_URL)")
+}
+
+/// One connection per Redlock master; all must answer at start-up.
+async fn connect_redlock(
+    urls: &[String],
+    lock_options: LockOptions,
+) -> anyhow::Result<Redlock<ConnectionManager>> {
+    anyhow::ensure!(
+        !urls.is_empty(),
+        "LOCK_STRATEGY=redlock needs REDLOCK_URLS (comma-separated Redis masters)"
+    );
+    let mut nodes = Vec::new();
+    for url in urls {
+        nodes.push(
+            connect_redis(url)
+                .await
+                .with_context(|| format!("REDLOCK_URLS: cannot connect to {url}"))?,
+        );
+    }
+    Redlock::new(nodes, RedlockOptions::new(lock_options)).context("invalid Redlock settings")
 }

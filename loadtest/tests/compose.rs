@@ -183,3 +183,38 @@ async fn the_health_check_paths_answer_on_a_real_instance(pool: PgPool) {
         assert_eq!(status, 200, "{name}: health check {path}");
     }
 }
+
+#[test]
+fn the_redlock_profile_has_three_masters_that_the_apps_name() {
+    let compose = compose();
+    let masters: Vec<String> = services(&compose)
+        .iter()
+        .filter(|(_, s)| {
+            s["profiles"]
+                .as_sequence()
+                .is_some_and(|p| p.iter().any(|v| v.as_str() == Some("redlock")))
+        })
+        .map(|(name, _)| name.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(masters.len(), 3, "{masters:?}");
+    for (name, service) in app_services(&compose) {
+        let urls = service["environment"]["REDLOCK_URLS"].as_str().unwrap();
+        for master in &masters {
+            assert!(
+                urls.contains(&format!("redis://{master}:6379")),
+                "{name} misses {master}"
+            );
+        }
+        let parsed = seckill::Settings::try_parse_from([
+            "seckill",
+            "--database-url",
+            "x",
+            "--lock-strategy",
+            "redlock",
+            "--redlock-urls",
+            urls,
+        ])
+        .unwrap();
+        assert_eq!(parsed.redlock_urls.len(), 3);
+    }
+}

@@ -3,22 +3,25 @@
 //!
 //! | strategy | module | what keeps two purchases of one product apart |
 //! |---|---|---|
-//! | `redis` | [`redis_lock`] | the Redis lock `lock_sale_<id>`, plus a fence checked by PostgreSQL |
+//! | `redis` | [`redis_lock`] | the Redis lock `lock_sale_<id>`, plus a fence checked by PostgreSQL ([`fenced`]) |
+//! | `redlock` | [`redlock`] | the same lock on a majority of independent Redis masters, same fence |
 //! | `pg-row` | [`pg_row`] | `SELECT ... FOR UPDATE` on the product row |
 //! | `pg-optimistic` | [`pg_optimistic`] | a version compare-and-set, retried a bounded number of times |
 //! | `pg-atomic` | [`pg_atomic`] | one guarded `UPDATE ... WHERE stock >= quantity` |
 //! | `none` | [`no_lock`] | nothing: unsafe on purpose, to show the lost update |
 
+pub mod fenced;
 pub mod no_lock;
 pub mod pg_atomic;
 pub mod pg_optimistic;
 pub mod pg_row;
 pub mod redis_lock;
+pub mod redlock;
 pub mod sold_out;
 
 use std::time::Duration;
 
-use distlock::Locker;
+use distlock::{Locker, Redlock};
 use redis::aio::ConnectionManager;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::time::Instant;
@@ -60,6 +63,9 @@ pub enum PurchaseError {
     LockLost,
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The lock service could not decide (a Redlock majority unreachable).
+    #[error("lock service: {0}")]
+    LockService(distlock::Error),
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
 }
@@ -73,7 +79,7 @@ impl PurchaseError {
             PurchaseError::AlreadyPurchased => "already_purchased",
             PurchaseError::Busy => "busy",
             PurchaseError::LockLost => "lock_lost",
-            PurchaseError::Redis(_) => "redis_unavailable",
+            PurchaseError::Redis(_) | PurchaseError::LockService(_) => "redis_unavailable",
             PurchaseError::Database(_) => "database_error",
         }
     }
@@ -86,6 +92,8 @@ pub struct Sale {
     /// For the sold-out marks (and, through `locker`, the lock).
     pub redis: ConnectionManager,
     pub locker: Locker<ConnectionManager>,
+    /// The masters of `REDLOCK_URLS`, for `LOCK_STRATEGY=redlock`.
+    pub redlock: Option<Redlock<ConnectionManager>>,
     /// `REDIS_KEY_PREFIX`, put before every Redis key.
     pub key_prefix: String,
     pub strategy: LockStrategy,
@@ -127,6 +135,7 @@ impl Sale {
         }
         let outcome = match self.strategy {
             LockStrategy::Redis => redis_lock::purchase(self, request).await,
+            LockStrategy::Redlock => redlock::purchase(self, request).await,
             LockStrategy::PgRow => pg_row::purchase(self, request).await,
             LockStrategy::PgOptimistic => pg_optimistic::purchase(self, request).await,
             LockStrategy::PgAtomic => pg_atomic::purchase(self, request).await,

@@ -113,3 +113,37 @@ async fn without_a_lock_concurrent_buyers_lose_updates(o: PgPoolOptions, c: PgCo
         books.sold
     );
 }
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn redlock_sells_the_stock_exactly_across_instances(o: PgPoolOptions, c: PgConnectOptions) {
+    let masters: Vec<testkit::RedisServer> =
+        (0..3).map(|_| testkit::RedisServer::start()).collect();
+    let mut settings = settings(
+        &shared_redis_url(),
+        &testkit::unique_prefix("flood-redlock"),
+    );
+    settings.lock_strategy = LockStrategy::Redlock;
+    settings.redlock_urls = masters.iter().map(testkit::RedisServer::url).collect();
+    settings.work_ms = 2;
+    let apps = spawn_instances(3, &o, &c, &settings).await;
+    let id = apps[0].create_product("Phone", STOCK).await;
+
+    let answers = join_all((1..=BUYERS).map(|user| {
+        let app = &apps[user as usize % apps.len()];
+        async move { app.purchase(id, user, 1).await.status().as_u16() }
+    }))
+    .await;
+
+    let created = answers.iter().filter(|&&s| s == 201).count() as i64;
+    assert_eq!(created, STOCK, "{answers:?}");
+    let books = books(&apps[0].pool, id).await;
+    assert_eq!(
+        (
+            books.stock,
+            books.orders,
+            books.sold,
+            books.users_with_two_orders
+        ),
+        (0, STOCK, STOCK, 0)
+    );
+}

@@ -6,7 +6,7 @@ use distlock::{LockOptions, Locker};
 use redis::aio::ConnectionManager;
 use seckill::domain::{ProductId, Quantity, UserId};
 use seckill::metrics::Metrics;
-use seckill::sale::{PurchaseError, PurchaseRequest, Sale, redis_lock};
+use seckill::sale::{PurchaseError, PurchaseRequest, Sale, fenced};
 use sqlx::PgPool;
 
 use crate::helpers::{books, settings, shared_redis_url, spawn_with};
@@ -30,6 +30,7 @@ async fn a_stale_holder_is_fenced_off_and_writes_nothing(pool: PgPool) {
         pool: pool.clone(),
         redis: redis.clone(),
         locker: Locker::new(redis, short_lease),
+        redlock: None,
         key_prefix: prefix.clone(),
         strategy: seckill::LockStrategy::Redis,
         work: Duration::ZERO,
@@ -38,7 +39,7 @@ async fn a_stale_holder_is_fenced_off_and_writes_nothing(pool: PgPool) {
     let product_id = ProductId::parse(&id.to_string()).unwrap();
     let guard = stale
         .locker
-        .try_acquire(&redis_lock::lock_key(&stale, product_id))
+        .try_acquire(&fenced::lock_key(&stale, product_id))
         .await
         .unwrap();
 
@@ -52,7 +53,7 @@ async fn a_stale_holder_is_fenced_off_and_writes_nothing(pool: PgPool) {
         user_id: UserId::parse(2).unwrap(),
         quantity: Quantity::parse(1, 5).unwrap(),
     };
-    let outcome = redis_lock::purchase_holding(&stale, &guard, request).await;
+    let outcome = fenced::purchase_holding(&stale, &guard, request).await;
 
     // Assert
     assert!(

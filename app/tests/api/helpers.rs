@@ -16,6 +16,7 @@ pub fn settings(redis_url: &str, prefix: &str) -> Settings {
         database_url: "unused: the test hands in its pool".into(),
         redis_url: redis_url.into(),
         redis_key_prefix: prefix.into(),
+        redlock_urls: Vec::new(),
         bind_addr: "127.0.0.1:0".parse().unwrap(),
         admin_token: Some(ADMIN_TOKEN.into()),
         lock_strategy: LockStrategy::Redis,

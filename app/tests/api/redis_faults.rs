@@ -78,3 +78,47 @@ async fn stored_fence(pool: &PgPool, id: i64) -> i64 {
         .await
         .unwrap()
 }
+
+/// Three private masters and an instance locking with Redlock across them.
+async fn redlock_app(pool: PgPool) -> (Vec<RedisServer>, crate::helpers::TestApp) {
+    let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let mut settings = settings(
+        &crate::helpers::shared_redis_url(),
+        &testkit::unique_prefix("redlock"),
+    );
+    settings.lock_strategy = seckill::LockStrategy::Redlock;
+    settings.redlock_urls = masters.iter().map(RedisServer::url).collect();
+    settings.lock_wait_ms = 3_000;
+    let app = spawn_with(settings, pool).await;
+    (masters, app)
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn redlock_sells_with_one_master_of_three_down(pool: PgPool) {
+    let (mut masters, app) = redlock_app(pool.clone()).await;
+    let id = app.create_product("Phone", 10).await;
+    assert_eq!(app.purchase(id, 1, 1).await.status(), 201);
+
+    masters[1].kill();
+
+    assert_eq!(app.purchase(id, 2, 1).await.status(), 201);
+    let books = books(&pool, id).await;
+    assert_eq!((books.stock, books.orders), (8, 2));
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn redlock_with_a_majority_down_answers_503_and_writes_nothing(pool: PgPool) {
+    let (mut masters, app) = redlock_app(pool.clone()).await;
+    let id = app.create_product("Phone", 10).await;
+
+    masters[0].kill();
+    masters[2].kill();
+    let response = app.purchase(id, 1, 1).await;
+
+    assert_eq!(
+        error_code(response).await,
+        (503, "redis_unavailable".to_owned())
+    );
+    let books = books(&pool, id).await;
+    assert_eq!((books.stock, books.orders), (10, 0));
+}

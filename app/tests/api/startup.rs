@@ -77,3 +77,11 @@ fn the_command_line_refuses_invalid_settings() {
         );
     }
 }
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn redlock_without_masters_stops_start_up_with_a_clear_message(pool: PgPool) {
+    let mut settings = settings(&shared_redis_url(), "");
+    settings.lock_strategy = seckill::LockStrategy::Redlock;
+    let message = build_error(settings, Some(pool)).await;
+    assert!(message.contains("REDLOCK_URLS"), "{message}");
+}
