@@ -53,6 +53,12 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Redis Cluster
+//! [`Locker`] is generic over the connection, so a `redis::cluster_async::ClusterConnection`
+//! works as is. Every script touches only the lock key and its fence key, and
+//! [`fence_key`] names the fence so that it hashes to the lock key's slot: each lock lives on
+//! one node. (Tested against a real three-master cluster in `tests/cluster.rs`.)
+//!
 //! # Releasing
 //! Release explicitly with `guard.release().await`: it is the only way to learn whether the
 //! lock was still yours. A guard dropped unreleased (an early return, a panic, a cancelled

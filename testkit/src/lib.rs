@@ -2,6 +2,7 @@
 //!
 //! - [`RedisServer`]: a private `redis-server` on a free port, for tests that kill, pause or
 //!   restart Redis. It is stopped by the pid it was started with, never by name.
+//! - [`RedisCluster`]: a real Redis Cluster of private nodes, joined with `redis-cli`.
 //! - [`unique_prefix`]: a key prefix no other test or run uses, for tests on the shared Redis.
 //! - [`free_port`].
 
@@ -60,13 +61,7 @@ impl RedisServer {
     }
 
     fn wait_ready(&self) {
-        for _ in 0..400 {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        panic!("redis-server on port {} did not start", self.port);
+        wait_for_port(self.port);
     }
 
     /// SIGKILL the server (its data is gone: it keeps nothing on disk) and reap it.
@@ -88,4 +83,105 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A real Redis Cluster of `n` masters (no replicas) on free ports, joined with
+/// `redis-cli --cluster create`; every node is killed by its pid when dropped, and its
+/// working directory removed.
+pub struct RedisCluster {
+    nodes: Vec<Child>,
+    ports: Vec<u16>,
+    dir: std::path::PathBuf,
+}
+
+impl RedisCluster {
+    pub fn start(n: usize) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "redis-cluster-{}",
+            unique_prefix("c").replace(':', "-")
+        ));
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let mut nodes = Vec::new();
+        for &port in &ports {
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--cluster-enabled", "yes"])
+                .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server on the PATH");
+            nodes.push(child);
+        }
+        let cluster = Self { nodes, ports, dir };
+        for &port in &cluster.ports {
+            wait_for_port(port);
+        }
+        let addresses: Vec<String> = cluster
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli on the PATH");
+        assert!(created.success(), "redis-cli --cluster create failed");
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// `redis://127.0.0.1:<port>` for every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect()
+    }
+
+    /// Wait until every node reports `cluster_state:ok`.
+    fn wait_ok(&self) {
+        for _ in 0..400 {
+            let all_ok = self.ports.iter().all(|port| {
+                Command::new("redis-cli")
+                    .args(["-p", &port.to_string(), "cluster", "info"])
+                    .output()
+                    .map(|out| String::from_utf8_lossy(&out.stdout).contains("cluster_state:ok"))
+                    .unwrap_or(false)
+            });
+            if all_ok {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the cluster did not reach cluster_state:ok");
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for child in &mut self.nodes {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn wait_for_port(port: u16) {
+    for _ in 0..400 {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("redis-server on port {port} did not start");
 }
