@@ -76,7 +76,11 @@ pub struct DemoArgs {
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
 
-    /// Strategies to compare, comma-separated.
+    /// Independent Redis masters for the `redlock` strategy, comma-separated.
+    #[arg(long, env = "REDLOCK_URLS", value_delimiter = ',')]
+    pub redlock_urls: Vec<String>,
+
+    /// Strategies to compare, comma-separated (`redlock` too, with --redlock-urls).
     #[arg(
         long,
         value_delimiter = ',',

@@ -40,6 +40,10 @@ impl Row {
 
 /// Run the demo; `Ok(true)` when every strategy behaved as expected.
 pub async fn run(args: DemoArgs) -> anyhow::Result<bool> {
+    anyhow::ensure!(
+        !args.strategies.contains(&LockStrategy::Redlock) || !args.redlock_urls.is_empty(),
+        "--strategies redlock needs --redlock-urls (independent Redis masters)"
+    );
     let mut rows = Vec::new();
     for &strategy in &args.strategies {
         println!("--- {} ---", strategy.name());
@@ -61,6 +65,8 @@ async fn run_one(args: &DemoArgs, strategy: LockStrategy) -> anyhow::Result<Row>
         strategy,
         work_ms: args.work_ms,
         lock_wait_ms: 10_000,
+        lock_ttl_ms: 5_000,
+        redlock_urls: &args.redlock_urls.join(","),
     };
     let me = std::env::current_exe().context("finding this binary to start instances")?;
     let mut instances = Vec::new();

@@ -18,6 +18,10 @@ pub struct InstanceConfig<'a> {
     pub work_ms: u64,
     /// `LOCK_WAIT_MS`.
     pub lock_wait_ms: u64,
+    /// `LOCK_TTL_MS`.
+    pub lock_ttl_ms: u64,
+    /// `REDLOCK_URLS` (comma-separated), for `LOCK_STRATEGY=redlock`; empty otherwise.
+    pub redlock_urls: &'a str,
 }
 
 /// One running instance, killed when dropped.
@@ -48,6 +52,8 @@ impl Instance {
             .env("LOCK_STRATEGY", config.strategy.name())
             .env("WORK_MS", config.work_ms.to_string())
             .env("LOCK_WAIT_MS", config.lock_wait_ms.to_string())
+            .env("LOCK_TTL_MS", config.lock_ttl_ms.to_string())
+            .env("REDLOCK_URLS", config.redlock_urls)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(log_file.try_clone()?)
@@ -61,6 +67,17 @@ impl Instance {
         };
         instance.wait_ready().await?;
         Ok(instance)
+    }
+
+    /// The child's process id, for fault injection (SIGSTOP, SIGKILL) by pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL the instance now and reap it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {

@@ -40,6 +40,8 @@ async fn start_instances(
         strategy,
         work_ms,
         lock_wait_ms: 30_000,
+        lock_ttl_ms: 5_000,
+        redlock_urls: "",
     };
     let mut instances = Vec::new();
     for i in 0..3 {
