@@ -2,6 +2,8 @@
 //! past their lease, cut off from Redis or from PostgreSQL mid-sale; every test then checks
 //! the books in PostgreSQL as the load test does. Every process is stopped by its own pid.
 
+mod support;
+
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -12,25 +14,11 @@ use loadtest::instances::{Instance, InstanceConfig};
 use seckill::LockStrategy;
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use support::{LOADTEST, database_url, shared_redis_url};
 use testkit::RedisServer;
 use tokio::time::Instant;
 
-const LOADTEST: &str = env!("CARGO_BIN_EXE_loadtest");
 const ADMIN_TOKEN: &str = "faults-admin-token";
-
-fn database_url(connect: &PgConnectOptions) -> String {
-    format!(
-        "postgres://{}@{}:{}/{}",
-        connect.get_username(),
-        connect.get_host(),
-        connect.get_port(),
-        connect.get_database().expect("a test database")
-    )
-}
-
-fn shared_redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
 
 struct Setup<'a> {
     database_url: &'a str,

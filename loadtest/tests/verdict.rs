@@ -1,29 +1,17 @@
 //! The load test against real instances (child processes of the `loadtest` binary) on a
 //! fresh database: it must PASS on the Redis lock and FAIL without a lock.
 
+mod support;
+
 use std::path::Path;
 use std::process::Command;
 
 use loadtest::instances::{Instance, InstanceConfig};
 use seckill::LockStrategy;
 use sqlx::postgres::PgConnectOptions;
+use support::{LOADTEST, database_url, shared_redis_url};
 
-const LOADTEST: &str = env!("CARGO_BIN_EXE_loadtest");
 const ADMIN_TOKEN: &str = "loadtest-test-token";
-
-fn database_url(connect: &PgConnectOptions) -> String {
-    format!(
-        "postgres://{}@{}:{}/{}",
-        connect.get_username(),
-        connect.get_host(),
-        connect.get_port(),
-        connect.get_database().expect("a test database")
-    )
-}
-
-fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
 
 async fn start_instances(
     database_url: &str,
@@ -31,7 +19,7 @@ async fn start_instances(
     work_ms: u64,
 ) -> Vec<Instance> {
     let prefix = testkit::unique_prefix("loadtest");
-    let redis = redis_url();
+    let redis = shared_redis_url();
     let config = InstanceConfig {
         database_url,
         redis_url: &redis,
@@ -121,7 +109,12 @@ fn the_demo_compares_strategies_and_marks_the_unlocked_race_as_expected() {
             "--seconds",
             "3",
         ])
-        .args(["--database-url", &database_url, "--redis-url", &redis_url()])
+        .args([
+            "--database-url",
+            &database_url,
+            "--redis-url",
+            &shared_redis_url(),
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -175,15 +175,7 @@ pub(crate) async fn finish(
     if seen.stock < quantity {
         return Err(PurchaseError::SoldOut(Some(seen)));
     }
-    let order_id = repository::insert_order(
-        &mut tx,
-        request.product_id,
-        request.user_id,
-        request.quantity,
-        fence,
-    )
-    .await?
-    .ok_or(PurchaseError::AlreadyPurchased)?;
+    let order_id = record_order(&mut tx, request, fence).await?;
     let left = StockSeen {
         stock: seen.stock - quantity,
         restock_gen: seen.restock_gen,
@@ -191,4 +183,21 @@ pub(crate) async fn finish(
     repository::write_stock(&mut tx, request.product_id, left.stock).await?;
     tx.commit().await?;
     Ok(Bought { order_id, left })
+}
+
+/// Insert the order; [`PurchaseError::AlreadyPurchased`] when this user already has one.
+pub(crate) async fn record_order(
+    tx: &mut Transaction<'_, Postgres>,
+    request: PurchaseRequest,
+    fence: Option<i64>,
+) -> Result<i64, PurchaseError> {
+    repository::insert_order(
+        tx,
+        request.product_id,
+        request.user_id,
+        request.quantity,
+        fence,
+    )
+    .await?
+    .ok_or(PurchaseError::AlreadyPurchased)
 }

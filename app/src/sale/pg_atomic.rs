@@ -5,7 +5,7 @@
 //! This is what a lock is measured against: it cannot oversell or lose an update. What a
 //! lock adds is the power to guard logic that cannot be one statement.
 
-use super::{Bought, PurchaseError, PurchaseRequest, Sale};
+use super::{Bought, PurchaseError, PurchaseRequest, Sale, record_order};
 use crate::repository;
 
 pub async fn purchase(sale: &Sale, request: PurchaseRequest) -> Result<Bought, PurchaseError> {
@@ -18,15 +18,7 @@ pub async fn purchase(sale: &Sale, request: PurchaseRequest) -> Result<Bought, P
         return Err(PurchaseError::SoldOut(Some(seen)));
     };
     sale.work().await;
-    let order_id = repository::insert_order(
-        &mut tx,
-        request.product_id,
-        request.user_id,
-        request.quantity,
-        None,
-    )
-    .await?
-    .ok_or(PurchaseError::AlreadyPurchased)?;
+    let order_id = record_order(&mut tx, request, None).await?;
     tx.commit().await?;
     Ok(Bought { order_id, left })
 }

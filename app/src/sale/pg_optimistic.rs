@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use super::{Bought, PurchaseError, PurchaseRequest, Sale};
+use super::{Bought, PurchaseError, PurchaseRequest, Sale, record_order};
 use crate::repository::{self, StockSeen};
 
 /// Attempts before answering busy.
@@ -36,15 +36,7 @@ pub async fn purchase(sale: &Sale, request: PurchaseRequest) -> Result<Bought, P
             tokio::time::sleep(Duration::from_millis(pause)).await;
             continue;
         }
-        let order_id = repository::insert_order(
-            &mut tx,
-            request.product_id,
-            request.user_id,
-            request.quantity,
-            None,
-        )
-        .await?
-        .ok_or(PurchaseError::AlreadyPurchased)?;
+        let order_id = record_order(&mut tx, request, None).await?;
         tx.commit().await?;
         return Ok(Bought {
             order_id,

@@ -25,15 +25,7 @@ async fn metrics_are_served_in_prometheus_format(pool: PgPool) {
     let id = app.create_product("Metered", 1).await;
     assert_eq!(app.purchase(id, 1, 1).await.status(), 201);
 
-    let text = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics_text().await;
 
     for name in [
         "seckill_purchases_total{outcome=\"created\"} 1",

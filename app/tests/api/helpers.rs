@@ -127,18 +127,17 @@ impl TestApp {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
+    /// The `/metrics` page.
+    pub async fn metrics_text(&self) -> String {
+        let response = self.client.get(self.url("/metrics")).send().await.unwrap();
+        response.text().await.unwrap()
+    }
+
     /// The value of one metric line (without labels, or with its exact label set).
     pub async fn metric(&self, name: &str) -> f64 {
-        let text = self
-            .client
-            .get(self.url("/metrics"))
-            .send()
+        self.metrics_text()
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
+            .lines()
             .find_map(|line| {
                 let (key, value) = line.rsplit_once(' ')?;
                 (key == name).then(|| value.parse().unwrap())
