@@ -85,7 +85,7 @@ pub async fn purchase_holding<G: FencedGuard>(
     sale.work().await;
     let mut tx = sale.pool.begin().await?;
     let mut fence = guard.fence();
-    for _ in 0..=MAX_RESYNCS {
+    for resync in 0..=MAX_RESYNCS {
         let stored =
             match repository::claim_fence(&mut tx, request.product_id, fence.get() as i64).await? {
                 FenceClaim::Claimed(seen) => {
@@ -94,6 +94,9 @@ pub async fn purchase_holding<G: FencedGuard>(
                 FenceClaim::NoSuchProduct => return Err(PurchaseError::NotFound),
                 FenceClaim::Refused { stored } => stored,
             };
+        if resync == MAX_RESYNCS {
+            break;
+        }
         fence = match guard.advance_fence(Fence(stored as u64)).await {
             Ok(fence) => fence,
             Err(LockError::NotHeld { .. }) => {
