@@ -174,6 +174,17 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Redlock<C> {
         self.nodes.len() / 2 + 1
     }
 
+    /// How many nodes answer a `PING` within the node timeout (for readiness checks).
+    pub async fn reachable_nodes(&self) -> usize {
+        self.on_every_node(|mut conn| async move {
+            redis::cmd("PING").query_async::<String>(&mut conn).await
+        })
+        .await
+        .iter()
+        .filter(|a| matches!(a, Some(Ok(_))))
+        .count()
+    }
+
     /// Take the lock if a majority grants it now; never wait.
     ///
     /// # Errors

@@ -11,7 +11,8 @@ pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
 }
 
-/// PostgreSQL and Redis both answer within a second.
+/// PostgreSQL and Redis answer within a second (with `LOCK_STRATEGY=redlock`, also a
+/// majority of the Redlock masters).
 pub async fn readyz(sale: web::Data<Sale>) -> HttpResponse {
     let limit = Duration::from_secs(1);
     let postgres = matches!(
@@ -24,16 +25,26 @@ pub async fn readyz(sale: web::Data<Sale>) -> HttpResponse {
             .await
     };
     let redis = matches!(tokio::time::timeout(limit, ping).await, Ok(Ok(_)));
-    let body = json!({"postgres": postgres, "redis": redis});
-    if postgres && redis {
-        HttpResponse::Ok().json(body)
-    } else {
-        let down = if postgres { "redis" } else { "postgres" };
-        HttpResponse::ServiceUnavailable().json(json!({
-            "error": "not_ready",
-            "message": format!("{down} is unreachable"),
-            "postgres": postgres,
-            "redis": redis,
-        }))
+    let redlock = match &sale.redlock {
+        Some(redlock) => Some((redlock.reachable_nodes().await, redlock.quorum())),
+        None => None,
+    };
+    let redlock_ok = redlock.is_none_or(|(reachable, quorum)| reachable >= quorum);
+    let mut body = json!({"postgres": postgres, "redis": redis});
+    if let Some((reachable, quorum)) = redlock {
+        body["redlock"] = json!({"reachable": reachable, "needed": quorum});
     }
+    if postgres && redis && redlock_ok {
+        return HttpResponse::Ok().json(body);
+    }
+    let down = if !postgres {
+        "postgres is unreachable"
+    } else if !redis {
+        "redis is unreachable"
+    } else {
+        "a majority of the Redlock masters is unreachable"
+    };
+    body["error"] = json!("not_ready");
+    body["message"] = json!(down);
+    HttpResponse::ServiceUnavailable().json(body)
 }
