@@ -109,19 +109,23 @@ impl LockStrategy {
             LockStrategy::None => "none",
         }
     }
-
-    pub const ALL: [LockStrategy; 6] = [
-        LockStrategy::Redis,
-        LockStrategy::Redlock,
-        LockStrategy::PgRow,
-        LockStrategy::PgOptimistic,
-        LockStrategy::PgAtomic,
-        LockStrategy::None,
-    ];
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
     Json,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_strategy_name_is_what_lock_strategy_accepts() {
+        for strategy in LockStrategy::value_variants() {
+            let accepted = strategy.to_possible_value().expect("not hidden");
+            assert_eq!(accepted.get_name(), strategy.name());
+        }
+    }
 }
