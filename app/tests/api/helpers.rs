@@ -121,6 +121,24 @@ impl TestApp {
             .unwrap()
     }
 
+    /// POST a raw body with a content type, as an admin or not; for bad-input tests.
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: String,
+        admin: bool,
+    ) -> Response {
+        let mut request = self
+            .client
+            .post(self.url(path))
+            .header("content-type", content_type);
+        if admin {
+            request = request.bearer_auth(ADMIN_TOKEN);
+        }
+        request.body(body).send().await.unwrap()
+    }
+
     pub async fn get_json(&self, path: &str) -> (u16, Value) {
         let response = self.client.get(self.url(path)).send().await.unwrap();
         let status = response.status().as_u16();

@@ -205,14 +205,8 @@ async fn bad_product_input_gets_a_4xx_and_changes_nothing(pool: PgPool) {
     ];
     for (what, body, content_type, status, code) in cases {
         let response = app
-            .client
-            .post(app.url("/api/products"))
-            .bearer_auth(crate::helpers::ADMIN_TOKEN)
-            .header("content-type", content_type)
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+            .post_raw("/api/products", content_type, body, true)
+            .await;
         assert_eq!(
             error_code(response).await,
             (status, code.to_owned()),

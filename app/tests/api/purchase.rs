@@ -216,14 +216,7 @@ async fn bad_purchase_input_gets_a_4xx_and_changes_nothing(pool: PgPool) {
         ),
     ];
     for (what, path, body, content_type, status, code) in cases {
-        let response = app
-            .client
-            .post(app.url(&path))
-            .header("content-type", content_type)
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+        let response = app.post_raw(&path, content_type, body, false).await;
         assert_eq!(
             error_code(response).await,
             (status, code.to_owned()),
