@@ -26,6 +26,11 @@ use crate::scripts::{ADVANCE_FENCE, RELEASE};
 ///
 /// Zero rows updated means a newer holder has written: the stale holder must stop.
 ///
+/// For a read-modify-write, claim before reading: set the fence and read the row in one
+/// statement inside the transaction (`UPDATE ... SET fence = $f WHERE id = $id AND fence < $f
+/// RETURNING stock`), so that the value read is the one after every write with a lower fence,
+/// and the row stays locked until commit.
+///
 /// The counter is a Redis key without a TTL (`{key}:fence`, see [`fence_key`](crate::fence_key)).
 /// A Redis that loses its data (no persistence, a failover to a replica that had not yet
 /// received the last INCR) restarts the counter from 1, below fences that stores have already
