@@ -42,8 +42,9 @@ async fn start_instances(
     instances
 }
 
-/// Run a short attack; returns (exit code, last line of stdout).
-fn attack(instances: &[Instance], database_url: &str) -> (i32, String) {
+/// Run a short attack, writing a Markdown report to `report`; returns (exit code, last line
+/// of stdout).
+fn attack(instances: &[Instance], database_url: &str, report: &Path) -> (i32, String) {
     let hosts: Vec<&str> = instances.iter().map(|i| i.url.as_str()).collect();
     let output = Command::new(LOADTEST)
         .args(["--hosts", &hosts.join(",")])
@@ -51,6 +52,8 @@ fn attack(instances: &[Instance], database_url: &str) -> (i32, String) {
         .args(["--admin-token", ADMIN_TOKEN, "--database-url", database_url])
         .args(["--users", "30", "--increase-rate", "30", "--run-time", "4"])
         .args(["--quiet", "--no-print-metrics"])
+        .arg("--report-file")
+        .arg(report)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout).to_string();
@@ -66,14 +69,26 @@ async fn a_short_attack_on_three_redis_locked_instances_passes(
 ) {
     let url = database_url(&connect);
     let instances = start_instances(&url, LockStrategy::Redis, 0).await;
+    let report = std::env::temp_dir().join(format!("loadtest-report-{}.md", std::process::id()));
 
-    let (code, verdict) = attack(&instances, &url);
+    let (code, verdict) = attack(&instances, &url, &report);
 
     assert!(verdict.starts_with("VERDICT PASS"), "{verdict}");
     assert_eq!(code, 0);
     assert!(
         verdict.contains("initial=60 final=0 orders=60"),
         "did not sell out: {verdict}"
+    );
+    // goose's report counts the 409s as answers, not as errors.
+    let markdown = std::fs::read_to_string(&report).expect("goose wrote the report");
+    let _ = std::fs::remove_file(&report);
+    assert!(
+        markdown.contains("[409]"),
+        "no 409s in the report:\n{markdown}"
+    );
+    assert!(
+        !markdown.contains("## Error Metrics"),
+        "expected outcomes listed as errors:\n{markdown}"
     );
 }
 
@@ -86,8 +101,11 @@ async fn the_verifier_fails_instances_without_a_lock(
     // caught, or a PASS above would mean nothing.
     let url = database_url(&connect);
     let instances = start_instances(&url, LockStrategy::None, 20).await;
+    let report =
+        std::env::temp_dir().join(format!("loadtest-report-none-{}.md", std::process::id()));
 
-    let (code, verdict) = attack(&instances, &url);
+    let (code, verdict) = attack(&instances, &url, &report);
+    let _ = std::fs::remove_file(&report);
 
     assert!(verdict.starts_with("VERDICT FAIL"), "{verdict}");
     assert_eq!(code, 1);
