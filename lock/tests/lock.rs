@@ -595,3 +595,43 @@ async fn a_stale_holder_cannot_advance_its_fence() {
     assert!(stale.fence() < newer.fence());
     newer.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_dropped_guard_stops_its_watchdog() {
+    // Arrange: a lease renewed every 300 ms, dropped without release.
+    let key = unique_key("drop-watchdog");
+    let mut conn = shared_redis().await;
+    let locker = locker(
+        conn.clone(),
+        LockOptions::builder().ttl(ms(900)).build().unwrap(),
+    );
+    let guard = locker.try_acquire(&key).await.unwrap();
+    let token = guard.token().to_owned();
+
+    // Act
+    drop(guard);
+    let freed = async {
+        while get(&mut conn, &key).await.is_some() {
+            sleep(ms(10)).await;
+        }
+    };
+    timeout(Duration::from_secs(3), freed)
+        .await
+        .expect("the drop fallback did not release");
+
+    // Assert: a key with the old token is left to expire; a live watchdog would renew it.
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(&token)
+        .arg("PX")
+        .arg(400)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    sleep(ms(1_500)).await;
+    assert_eq!(
+        get(&mut conn, &key).await,
+        None,
+        "something renewed after the drop"
+    );
+}
