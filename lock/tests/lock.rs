@@ -195,20 +195,7 @@ async fn the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_releas
 
     // Assert: put a key with the old token back; a watchdog still running would keep it
     // alive (it renews every 500 ms to 1.5 s), a stopped one lets it expire.
-    let _: () = redis::cmd("SET")
-        .arg(&key)
-        .arg(&token)
-        .arg("PX")
-        .arg(400)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    sleep(ms(1_500)).await;
-    assert_eq!(
-        get(&mut conn, &key).await,
-        None,
-        "something renewed after release"
-    );
+    assert_nothing_renews(&mut conn, &key, &token).await;
 }
 
 #[tokio::test]
@@ -509,14 +496,7 @@ async fn dropping_an_unreleased_guard_releases_the_lock() {
 
     drop(guard);
 
-    let freed = async {
-        while get(&mut conn, &key).await.is_some() {
-            sleep(ms(10)).await;
-        }
-    };
-    timeout(Duration::from_secs(3), freed)
-        .await
-        .expect("the drop fallback did not release");
+    wait_until_gone(&mut conn, &key, "the drop fallback did not release").await;
     locker
         .try_acquire(&key)
         .await
@@ -540,14 +520,7 @@ async fn a_dropped_reentrant_guard_counts_down_and_the_last_one_releases() {
     assert!(get(&mut conn, &key).await.is_some());
     drop(outer);
 
-    let freed = async {
-        while get(&mut conn, &key).await.is_some() {
-            sleep(ms(10)).await;
-        }
-    };
-    timeout(Duration::from_secs(3), freed)
-        .await
-        .expect("the last drop did not release");
+    wait_until_gone(&mut conn, &key, "the last drop did not release").await;
 }
 
 #[tokio::test]
@@ -610,28 +583,8 @@ async fn a_dropped_guard_stops_its_watchdog() {
 
     // Act
     drop(guard);
-    let freed = async {
-        while get(&mut conn, &key).await.is_some() {
-            sleep(ms(10)).await;
-        }
-    };
-    timeout(Duration::from_secs(3), freed)
-        .await
-        .expect("the drop fallback did not release");
+    wait_until_gone(&mut conn, &key, "the drop fallback did not release").await;
 
     // Assert: a key with the old token is left to expire; a live watchdog would renew it.
-    let _: () = redis::cmd("SET")
-        .arg(&key)
-        .arg(&token)
-        .arg("PX")
-        .arg(400)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    sleep(ms(1_500)).await;
-    assert_eq!(
-        get(&mut conn, &key).await,
-        None,
-        "something renewed after the drop"
-    );
+    assert_nothing_renews(&mut conn, &key, &token).await;
 }

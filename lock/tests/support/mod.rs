@@ -46,3 +46,34 @@ pub async fn pttl(conn: &mut ConnectionManager, key: &str) -> i64 {
 pub async fn get(conn: &mut ConnectionManager, key: &str) -> Option<String> {
     redis::cmd("GET").arg(key).query_async(conn).await.unwrap()
 }
+
+/// Wait (up to 3 s) until `key` is gone; `why` names what should have deleted it.
+pub async fn wait_until_gone(conn: &mut ConnectionManager, key: &str, why: &str) {
+    let gone = async {
+        while get(conn, key).await.is_some() {
+            tokio::time::sleep(ms(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(3), gone)
+        .await
+        .unwrap_or_else(|_| panic!("{why}"));
+}
+
+/// Put `token` back in `key` with a 400 ms lease and check that nothing renews it: a
+/// watchdog still running for that token would keep it alive.
+pub async fn assert_nothing_renews(conn: &mut ConnectionManager, key: &str, token: &str) {
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(token)
+        .arg("PX")
+        .arg(400)
+        .query_async(conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(ms(1_500)).await;
+    assert_eq!(
+        get(conn, key).await,
+        None,
+        "something renewed the old token"
+    );
+}
