@@ -24,6 +24,12 @@ use crate::locker::{Locker, wait_for};
 ///
 /// A non-reentrant caller does not need an `Owner`: every [`Locker::try_acquire`] and
 /// [`Locker::acquire`] is its own owner.
+///
+/// Once the count reaches zero the key is deleted in Redis; until that delete has landed, a
+/// new `try_acquire` by the same owner sees the key still set and gets [`Error::Held`]
+/// (`acquire` simply waits for it), exactly as another owner would.
+///
+/// [`Error::Held`]: crate::Error::Held
 pub struct Owner<C: ConnectionLike + Clone + Send + Sync + 'static> {
     locker: Locker<C>,
     shared: Arc<OwnerShared<C>>,
