@@ -2,7 +2,10 @@
 # the project's code rebuilds only the project. The runtime image is Debian slim with the two
 # binaries, curl for health checks, and a non-root user.
 
-FROM lukemathwalker/cargo-chef:latest-rust-1 AS chef
+# The builder and the runtime are both Debian bookworm, so the binaries find the glibc they
+# were linked against.
+FROM rust:1-bookworm AS chef
+RUN cargo install cargo-chef --locked
 WORKDIR /src
 
 FROM chef AS planner
