@@ -218,3 +218,31 @@ fn the_redlock_profile_has_three_masters_that_the_apps_name() {
         assert_eq!(parsed.redlock_urls.len(), 3);
     }
 }
+
+#[test]
+fn the_image_holds_every_binary_the_stack_runs_and_runs_as_a_non_root_user() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Dockerfile");
+    let dockerfile = std::fs::read_to_string(path).expect("a Dockerfile at the top of the repo");
+    let runtime = dockerfile.rsplit("\nFROM ").next().expect("a final stage");
+    let compose = compose();
+    for (name, service) in services(&compose) {
+        let image = service["image"].as_str().unwrap_or_default();
+        if image != "seckill:local" {
+            continue;
+        }
+        let binary = service["command"][0].as_str().expect("a command");
+        assert!(
+            dockerfile.contains(&format!("-p {binary}")),
+            "{name:?}: the image does not build {binary}"
+        );
+        assert!(
+            runtime.contains(&format!("target/release/{binary}")),
+            "{name:?}: the runtime stage does not copy {binary}"
+        );
+    }
+    let user = runtime
+        .lines()
+        .find_map(|line| line.strip_prefix("USER "))
+        .expect("a USER in the runtime stage");
+    assert_ne!(user.trim(), "root");
+}
