@@ -88,6 +88,7 @@ async fn run_one(args: &DemoArgs, strategy: LockStrategy) -> anyhow::Result<Row>
     println!("{}", verdict.render(&report));
     drop(instances);
     database.drop().await?;
+    forget_keys(&args.redis_url, &prefix).await?;
 
     let tally = &report.tally;
     Ok(Row {
@@ -179,4 +180,39 @@ impl ThrowawayDatabase {
             .await?;
         Ok(())
     }
+}
+
+/// Delete the run's keys from Redis: the lock's fence counter has no TTL by design.
+async fn forget_keys(redis_url: &str, prefix: &str) -> anyhow::Result<()> {
+    let mut conn = redis::Client::open(redis_url)?
+        .get_multiplexed_async_connection()
+        .await
+        .context("cannot reach Redis to clean up the demo's keys")?;
+    // The fence key wraps the lock key in a hash tag: `{<prefix>lock_sale_1}:fence`.
+    for pattern in [format!("{prefix}*"), format!("{{{prefix}*")] {
+        let mut keys: Vec<String> = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await?;
+            keys.extend(batch);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        if !keys.is_empty() {
+            redis::cmd("DEL")
+                .arg(&keys)
+                .query_async::<()>(&mut conn)
+                .await?;
+        }
+    }
+    Ok(())
 }

@@ -157,6 +157,7 @@ async fn the_health_check_paths_answer_on_a_real_instance(pool: PgPool) {
     if let Ok(url) = std::env::var("REDIS_URL") {
         settings.redis_url = url;
     }
+    let _cleanup = testkit::PrefixCleanup::new(&settings.redis_url, &settings.redis_key_prefix);
     let app = seckill::Application::build_with_pool(settings, pool)
         .await
         .unwrap();

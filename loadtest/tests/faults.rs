@@ -128,6 +128,7 @@ async fn an_instance_killed_while_holding_the_lock_holds_up_the_others_at_most_o
     let url = database_url(&connect);
     let redis = shared_redis_url();
     let prefix = testkit::unique_prefix("sigkill");
+    let _cleanup = testkit::PrefixCleanup::new(&redis, &prefix);
     let setup = Setup {
         database_url: &url,
         redis_url: &redis,
@@ -182,6 +183,7 @@ async fn an_instance_paused_past_its_lease_is_fenced_off_when_it_resumes(
     let url = database_url(&connect);
     let redis = shared_redis_url();
     let prefix = testkit::unique_prefix("sigstop");
+    let _cleanup = testkit::PrefixCleanup::new(&redis, &prefix);
     let setup = Setup {
         database_url: &url,
         redis_url: &redis,
@@ -310,6 +312,7 @@ async fn terminate_backends_during_a_flood(strategy: LockStrategy, connect: PgCo
     let url = database_url(&connect);
     let redis = shared_redis_url();
     let prefix = testkit::unique_prefix("pg-terminate");
+    let _cleanup = testkit::PrefixCleanup::new(&redis, &prefix);
     let setup = Setup {
         database_url: &url,
         redis_url: &redis,

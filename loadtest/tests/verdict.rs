@@ -17,9 +17,10 @@ async fn start_instances(
     database_url: &str,
     strategy: LockStrategy,
     work_ms: u64,
-) -> Vec<Instance> {
+) -> (Vec<Instance>, testkit::PrefixCleanup) {
     let prefix = testkit::unique_prefix("loadtest");
     let redis = shared_redis_url();
+    let cleanup = testkit::PrefixCleanup::new(&redis, &prefix);
     let config = InstanceConfig {
         database_url,
         redis_url: &redis,
@@ -39,7 +40,7 @@ async fn start_instances(
                 .unwrap(),
         );
     }
-    instances
+    (instances, cleanup)
 }
 
 /// Run a short attack, writing a Markdown report to `report`; returns (exit code, last line
@@ -68,7 +69,7 @@ async fn a_short_attack_on_three_redis_locked_instances_passes(
     connect: PgConnectOptions,
 ) {
     let url = database_url(&connect);
-    let instances = start_instances(&url, LockStrategy::Redis, 0).await;
+    let (instances, _cleanup) = start_instances(&url, LockStrategy::Redis, 0).await;
     let report = std::env::temp_dir().join(format!("loadtest-report-{}.md", std::process::id()));
 
     let (code, verdict) = attack(&instances, &url, &report);
@@ -100,7 +101,7 @@ async fn the_verifier_fails_instances_without_a_lock(
     // The negative control: the same attack on LOCK_STRATEGY=none with WORK_MS > 0 must be
     // caught, or a PASS above would mean nothing.
     let url = database_url(&connect);
-    let instances = start_instances(&url, LockStrategy::None, 20).await;
+    let (instances, _cleanup) = start_instances(&url, LockStrategy::None, 20).await;
     let report =
         std::env::temp_dir().join(format!("loadtest-report-none-{}.md", std::process::id()));
 

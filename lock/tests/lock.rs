@@ -24,7 +24,7 @@ fn patient() -> LockOptions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_exclusion_keeps_a_racy_counter_exact_under_contention() {
     // Arrange: 4 connections, 32 tasks, each doing a non-atomic read-increment-write.
-    let key = unique_key("mutex");
+    let (key, _cleanup) = unique_key("mutex");
     let counter = format!("{key}:counter");
     let mut lockers = Vec::new();
     for _ in 0..4 {
@@ -76,7 +76,7 @@ async fn mutual_exclusion_keeps_a_racy_counter_exact_under_contention() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_key_never_exists_without_a_ttl() {
     // Arrange: holders take and give back the lock in a loop while a probe watches the key.
-    let key = unique_key("ttl");
+    let (key, _cleanup) = unique_key("ttl");
     let locker = locker(shared_redis().await, patient());
     let mut holders = Vec::new();
     for _ in 0..4 {
@@ -114,7 +114,7 @@ async fn a_lock_key_never_exists_without_a_ttl() {
 #[tokio::test]
 async fn a_stale_guards_release_does_not_delete_the_next_holders_lock() {
     // Arrange: A's lease (no watchdog) runs out and B takes the lock.
-    let key = unique_key("stale");
+    let (key, _cleanup) = unique_key("stale");
     let short = LockOptions::builder()
         .ttl(ms(200))
         .without_watchdog()
@@ -140,7 +140,7 @@ async fn a_stale_guards_release_does_not_delete_the_next_holders_lock() {
 #[tokio::test]
 async fn the_lease_frees_a_lock_whose_holder_vanished() {
     // Arrange: a holder that disappears without releasing (no Drop runs, no watchdog).
-    let key = unique_key("vanish");
+    let (key, _cleanup) = unique_key("vanish");
     let options = LockOptions::builder()
         .ttl(ms(500))
         .without_watchdog()
@@ -173,7 +173,7 @@ async fn the_lease_frees_a_lock_whose_holder_vanished() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_release() {
     // Arrange: ttl 1.5 s, renewed every 500 ms.
-    let key = unique_key("watchdog");
+    let (key, _cleanup) = unique_key("watchdog");
     let options = LockOptions::builder().ttl(ms(1_500)).build().unwrap();
     let mut conn = shared_redis().await;
     let locker = locker(conn.clone(), options);
@@ -200,7 +200,7 @@ async fn the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_releas
 
 #[tokio::test]
 async fn the_lost_signal_fires_when_the_key_is_deleted_behind_the_holder() {
-    let key = unique_key("lost-del");
+    let (key, _cleanup) = unique_key("lost-del");
     let options = LockOptions::builder().ttl(ms(600)).build().unwrap();
     let mut conn = shared_redis().await;
     let guard = locker(conn.clone(), options).acquire(&key).await.unwrap();
@@ -222,7 +222,7 @@ async fn the_lost_signal_fires_when_the_key_is_deleted_behind_the_holder() {
 
 #[tokio::test]
 async fn the_lost_signal_fires_when_the_key_is_overwritten_behind_the_holder() {
-    let key = unique_key("lost-set");
+    let (key, _cleanup) = unique_key("lost-set");
     let options = LockOptions::builder().ttl(ms(600)).build().unwrap();
     let mut conn = shared_redis().await;
     let guard = locker(conn.clone(), options).acquire(&key).await.unwrap();
@@ -275,7 +275,7 @@ async fn the_lost_signal_fires_when_redis_is_unreachable_until_the_lease_ends() 
 
 #[tokio::test]
 async fn fences_strictly_increase_across_holders() {
-    let key = unique_key("fence");
+    let (key, _cleanup) = unique_key("fence");
     let mut previous = 0;
     for _ in 0..20 {
         // A new connection and locker each time: a new holder, as in another process.
@@ -293,7 +293,7 @@ async fn fences_strictly_increase_across_holders() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_holders_never_share_a_fence() {
-    let key = unique_key("fence-race");
+    let (key, _cleanup) = unique_key("fence-race");
     let locker = locker(shared_redis().await, patient());
     let mut tasks = Vec::new();
     for _ in 0..16 {
@@ -321,7 +321,7 @@ async fn concurrent_holders_never_share_a_fence() {
 #[tokio::test]
 async fn the_fence_key_hashes_to_the_lock_keys_slot_and_has_no_ttl() {
     let mut conn = shared_redis().await;
-    let key = unique_key("fence-key");
+    let (key, _cleanup) = unique_key("fence-key");
     let guard = locker(conn.clone(), patient())
         .try_acquire(&key)
         .await
@@ -339,7 +339,7 @@ async fn the_fence_key_hashes_to_the_lock_keys_slot_and_has_no_ttl() {
 #[tokio::test]
 async fn the_same_owner_reenters_and_the_key_goes_when_the_count_returns_to_zero() {
     // Arrange
-    let key = unique_key("reentrant");
+    let (key, _cleanup) = unique_key("reentrant");
     let mut conn = shared_redis().await;
     let locker = locker(conn.clone(), patient());
     let owner = locker.owner();
@@ -380,7 +380,7 @@ async fn the_same_owner_reenters_and_the_key_goes_when_the_count_returns_to_zero
 
 #[tokio::test]
 async fn plain_acquisitions_are_not_reentrant() {
-    let key = unique_key("not-reentrant");
+    let (key, _cleanup) = unique_key("not-reentrant");
     let locker = locker(shared_redis().await, patient());
     let first = locker.try_acquire(&key).await.unwrap();
     assert!(matches!(
@@ -392,7 +392,7 @@ async fn plain_acquisitions_are_not_reentrant() {
 
 #[tokio::test]
 async fn try_acquire_returns_at_once_when_the_lock_is_held() {
-    let key = unique_key("try");
+    let (key, _cleanup) = unique_key("try");
     let locker = locker(shared_redis().await, patient()); // waits up to 60 s in acquire
     let holder = locker.try_acquire(&key).await.unwrap();
 
@@ -414,7 +414,7 @@ async fn try_acquire_returns_at_once_when_the_lock_is_held() {
 #[tokio::test]
 async fn acquire_gives_up_at_its_deadline() {
     // Arrange: the lock is held for longer than the waiter will wait.
-    let key = unique_key("deadline");
+    let (key, _cleanup) = unique_key("deadline");
     let holder = locker(shared_redis().await, patient())
         .try_acquire(&key)
         .await
@@ -444,7 +444,7 @@ async fn acquire_gives_up_at_its_deadline() {
 
 #[tokio::test]
 async fn acquire_gets_the_lock_once_the_holder_releases_it() {
-    let key = unique_key("handoff");
+    let (key, _cleanup) = unique_key("handoff");
     let locker = locker(shared_redis().await, patient());
     let holder = locker.try_acquire(&key).await.unwrap();
     let waiter = {
@@ -489,7 +489,7 @@ async fn acquire_fails_at_once_when_redis_is_down() {
 
 #[tokio::test]
 async fn dropping_an_unreleased_guard_releases_the_lock() {
-    let key = unique_key("drop");
+    let (key, _cleanup) = unique_key("drop");
     let mut conn = shared_redis().await;
     let locker = locker(conn.clone(), patient()); // ttl 5 s: only the fallback frees it sooner
     let guard = locker.try_acquire(&key).await.unwrap();
@@ -508,7 +508,7 @@ async fn dropping_an_unreleased_guard_releases_the_lock() {
 
 #[tokio::test]
 async fn a_dropped_reentrant_guard_counts_down_and_the_last_one_releases() {
-    let key = unique_key("drop-reentrant");
+    let (key, _cleanup) = unique_key("drop-reentrant");
     let mut conn = shared_redis().await;
     let locker = locker(conn.clone(), patient());
     let owner = Arc::new(locker.owner());
@@ -526,7 +526,7 @@ async fn a_dropped_reentrant_guard_counts_down_and_the_last_one_releases() {
 #[tokio::test]
 async fn the_holder_can_advance_its_fence_past_a_counter_that_went_back() {
     // Arrange: a store has seen fence 1000, but the counter was lost and restarts low.
-    let key = unique_key("advance");
+    let (key, _cleanup) = unique_key("advance");
     let mut conn = shared_redis().await;
     let locker = locker(conn.clone(), patient());
     let guard = locker.try_acquire(&key).await.unwrap();
@@ -551,7 +551,7 @@ async fn the_holder_can_advance_its_fence_past_a_counter_that_went_back() {
 
 #[tokio::test]
 async fn a_stale_holder_cannot_advance_its_fence() {
-    let key = unique_key("advance-stale");
+    let (key, _cleanup) = unique_key("advance-stale");
     let short = LockOptions::builder()
         .ttl(ms(200))
         .without_watchdog()
@@ -572,7 +572,7 @@ async fn a_stale_holder_cannot_advance_its_fence() {
 #[tokio::test]
 async fn a_dropped_guard_stops_its_watchdog() {
     // Arrange: a lease renewed every 300 ms, dropped without release.
-    let key = unique_key("drop-watchdog");
+    let (key, _cleanup) = unique_key("drop-watchdog");
     let mut conn = shared_redis().await;
     let locker = locker(
         conn.clone(),

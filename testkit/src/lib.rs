@@ -3,7 +3,8 @@
 //! - [`RedisServer`]: a private `redis-server` on a free port, for tests that kill, pause or
 //!   restart Redis. It is stopped by the pid it was started with, never by name.
 //! - [`RedisCluster`]: a real Redis Cluster of private nodes, joined with `redis-cli`.
-//! - [`unique_prefix`]: a key prefix no other test or run uses, for tests on the shared Redis.
+//! - [`unique_prefix`]: a key prefix no other test or run uses, for tests on the shared Redis,
+//!   and [`PrefixCleanup`], which deletes what a test left under it.
 //! - [`free_port`].
 
 use std::net::{TcpListener, TcpStream};
@@ -13,6 +14,55 @@ use std::time::Duration;
 /// A key prefix unique to one test run: `<label>:<random>:`.
 pub fn unique_prefix(label: &str) -> String {
     format!("test:{label}:{}:", hex::encode(rand::random::<[u8; 6]>()))
+}
+
+/// Deletes every key a test left under its prefix in a Redis when dropped: lock fence
+/// counters have no TTL by design, so without this each run would leave a few behind.
+/// Keys are found with `SCAN`, both `<prefix>*` and `{<prefix>*` (a lock's fence key wraps
+/// the lock key in a hash tag).
+pub struct PrefixCleanup {
+    url: String,
+    prefix: String,
+}
+
+impl PrefixCleanup {
+    /// Clean `prefix` in the Redis at `url` when dropped. An empty prefix cleans nothing.
+    pub fn new(url: &str, prefix: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    fn clean(&self) -> redis::RedisResult<()> {
+        let mut conn = redis::Client::open(self.url.as_str())?.get_connection()?;
+        for pattern in [format!("{}*", self.prefix), format!("{{{}*", self.prefix)] {
+            let keys: Vec<String> = redis::cmd("SCAN")
+                .cursor_arg(0)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .clone()
+                .iter(&mut conn)?
+                .collect::<redis::RedisResult<_>>()?;
+            for chunk in keys.chunks(500) {
+                redis::cmd("DEL").arg(chunk).exec(&mut conn)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PrefixCleanup {
+    fn drop(&mut self) {
+        if self.prefix.is_empty() {
+            return;
+        }
+        if let Err(error) = self.clean() {
+            eprintln!("could not clean keys under {:?}: {error}", self.prefix);
+        }
+    }
 }
 
 /// A port nobody listens on right now.

@@ -38,10 +38,13 @@ pub struct TestApp {
     pub address: String,
     pub pool: PgPool,
     pub client: Client,
+    /// Deletes the instance's Redis keys (fence counters have no TTL) when the test ends.
+    _cleanup: testkit::PrefixCleanup,
 }
 
 /// Start an instance on `pool` with `settings`.
 pub async fn spawn_with(settings: Settings, pool: PgPool) -> TestApp {
+    let cleanup = testkit::PrefixCleanup::new(&settings.redis_url, &settings.redis_key_prefix);
     let app = Application::build_with_pool(settings, pool.clone())
         .await
         .expect("the app builds");
@@ -54,6 +57,7 @@ pub async fn spawn_with(settings: Settings, pool: PgPool) -> TestApp {
             .timeout(Duration::from_secs(60))
             .build()
             .unwrap(),
+        _cleanup: cleanup,
     }
 }
 

@@ -23,12 +23,12 @@ pub async fn shared_redis() -> ConnectionManager {
     connect(&redis_url()).await
 }
 
-/// A key no other test (or earlier run) uses.
-pub fn unique_key(test: &str) -> String {
-    format!(
-        "distlock-test:{test}:{}",
-        hex::encode(rand::random::<[u8; 6]>())
-    )
+/// A key no other test (or earlier run) uses, and the guard that deletes what the test
+/// leaves under its prefix (the fence counter, counters) when the test ends.
+pub fn unique_key(test: &str) -> (String, testkit::PrefixCleanup) {
+    let prefix = testkit::unique_prefix(test);
+    let cleanup = testkit::PrefixCleanup::new(&redis_url(), &prefix);
+    (format!("{prefix}lock"), cleanup)
 }
 
 pub fn locker(conn: ConnectionManager, options: LockOptions) -> Locker<ConnectionManager> {
