@@ -64,8 +64,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Locker<C> {
     /// key; [`Error::Redis`] when Redis cannot be reached.
     ///
     /// # Cancel safety
-    /// If the future is dropped after Redis has set the key, the key stays until its ttl runs
-    /// out (at most one ttl, since no watchdog was started for it).
+    /// If the future is dropped while the command is in flight, a release by token follows
+    /// it on the same connection in a spawned task, so a key Redis sets anyway is deleted
+    /// (outside a tokio runtime it lives out its ttl: no watchdog was started for it).
     pub async fn try_acquire(&self, key: &str) -> Result<LockGuard<C>> {
         let hold = self.try_acquire_hold(key).await?;
         Ok(LockGuard {
@@ -85,8 +86,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Locker<C> {
     /// [`Error::Redis`] at once when Redis cannot be reached (waiting would not help).
     ///
     /// # Cancel safety
-    /// As [`try_acquire`](Self::try_acquire): at worst a key set by an abandoned attempt
-    /// lives out its ttl.
+    /// As [`try_acquire`](Self::try_acquire): a key set by an abandoned attempt is deleted
+    /// by token in the background.
     pub async fn acquire(&self, key: &str) -> Result<LockGuard<C>> {
         wait_for(&self.options, key, || async {
             Ok(self.attempt(key).await?.map(|hold| LockGuard {

@@ -588,3 +588,57 @@ async fn a_dropped_guard_stops_its_watchdog() {
     // Assert: a key with the old token is left to expire; a live watchdog would renew it.
     assert_nothing_renews(&mut conn, &key, &token).await;
 }
+
+#[tokio::test]
+async fn an_attempt_abandoned_at_the_deadline_does_not_leave_its_key_behind() {
+    // Arrange: a private Redis, frozen (SIGSTOP) so the acquire command sits unanswered, and
+    // a connection without a response timeout so the only deadline is the lock's.
+    let server = RedisServer::start();
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+    let conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .unwrap();
+    let options = LockOptions::builder()
+        .ttl(Duration::from_secs(60)) // long: only a release, not expiry, can remove the key
+        .wait_timeout(ms(300))
+        .build()
+        .unwrap();
+    let locker = Locker::new(conn.clone(), options);
+    // Load the scripts first: a frozen server cannot answer a NOSCRIPT reload.
+    locker.try_acquire("warm-up").await.unwrap().release().await.unwrap();
+    server.signal("-STOP");
+
+    // Act: the attempt is abandoned at the deadline; then Redis wakes up and runs the
+    // queued SET, and after it the release by token.
+    let outcome = locker.acquire("lock_sale_1").await;
+    server.signal("-CONT");
+
+    // Assert
+    assert!(matches!(outcome, Err(Error::Timeout { .. })), "{outcome:?}");
+    let mut conn = conn;
+    let gone = async {
+        loop {
+            let exists: i64 = redis::cmd("EXISTS")
+                .arg("lock_sale_1")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if exists == 0 {
+                break;
+            }
+            sleep(ms(10)).await;
+        }
+    };
+    timeout(Duration::from_secs(5), gone)
+        .await
+        .expect("the abandoned attempt's key was left behind");
+    // The SET did run (the fence moved), so the key really was set and then released.
+    let fence: Option<u64> = redis::cmd("GET")
+        .arg("{lock_sale_1}:fence")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(fence, Some(1));
+}

@@ -114,6 +114,16 @@ impl RedisServer {
         wait_for_port(self.port);
     }
 
+    /// Send a signal (`-STOP`, `-CONT`, ...) to the server, by its pid.
+    pub fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("the server is running");
+        let status = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .expect("kill on the PATH");
+        assert!(status.success(), "kill {signal} {}", child.id());
+    }
+
     /// SIGKILL the server (its data is gone: it keeps nothing on disk) and reap it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -131,6 +141,7 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        // A stopped process ignores nothing but SIGKILL, which `kill` sends.
         self.kill();
     }
 }
