@@ -141,7 +141,7 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        // A stopped process ignores nothing but SIGKILL, which `kill` sends.
+        // SIGKILL ends the server even while a test has it stopped (SIGSTOP).
         self.kill();
     }
 }
