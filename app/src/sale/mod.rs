@@ -106,7 +106,10 @@ impl Sale {
     /// Sell `request.quantity` units to `request.user_id`, or say why not.
     ///
     /// # Errors
-    /// Every [`PurchaseError`]; none of them leaves anything written.
+    /// Every [`PurchaseError`]. None leaves anything written, with one exception no server can
+    /// rule out: a commit that PostgreSQL carried out but whose answer was lost with the
+    /// connection is reported as a database error (the order and its decrement are then both
+    /// there, never one without the other).
     #[tracing::instrument(name = "purchase", skip_all, fields(
         product_id = %request.product_id,
         user_id = request.user_id.get(),
