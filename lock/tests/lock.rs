@@ -607,7 +607,13 @@ async fn an_attempt_abandoned_at_the_deadline_does_not_leave_its_key_behind() {
         .unwrap();
     let locker = Locker::new(conn.clone(), options);
     // Load the scripts first: a frozen server cannot answer a NOSCRIPT reload.
-    locker.try_acquire("warm-up").await.unwrap().release().await.unwrap();
+    locker
+        .try_acquire("warm-up")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     server.signal("-STOP");
 
     // Act: the attempt is abandoned at the deadline; then Redis wakes up and runs the
