@@ -234,22 +234,17 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Redlock<C> {
                 }
             })
             .await;
-        let granted: Vec<(usize, u64)> = answers
+        let granted: Vec<u64> = answers
             .iter()
-            .enumerate()
-            .filter_map(|(i, a)| match a {
-                Some(Ok(fence)) if *fence > 0 => Some((i, *fence)),
+            .filter_map(|a| match a {
+                Some(Ok(fence)) if *fence > 0 => Some(*fence),
                 _ => None,
             })
             .collect();
         let failed = answers.iter().filter(|a| !matches!(a, Some(Ok(_)))).count();
 
         if granted.len() >= self.quorum() && Instant::now() < valid_until {
-            let fence = granted
-                .iter()
-                .map(|&(_, f)| f)
-                .max()
-                .expect("a majority is not empty");
+            let fence = *granted.iter().max().expect("a majority is not empty");
             let raised = self.raise_fence(key, &fence_key, &token, fence).await;
             if raised >= self.quorum() && Instant::now() < valid_until {
                 return Ok(Some(self.guard(key, token, fence, started)));
@@ -288,9 +283,23 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Redlock<C> {
         .count()
     }
 
-    /// Delete the key on every node where it holds `token`; how many deleted it.
+    /// Delete the key on every node where it holds `token`; returns (deleted, unreachable).
     async fn release_everywhere(&self, key: &str, token: &str) -> (usize, usize) {
-        release_on(&self.nodes, self.options.node_timeout(), key, token).await
+        let answers = self
+            .on_every_node(|mut conn| {
+                let (key, token) = (key.to_owned(), token.to_owned());
+                async move {
+                    RELEASE
+                        .key(&key)
+                        .arg(&token)
+                        .invoke_async::<i64>(&mut conn)
+                        .await
+                }
+            })
+            .await;
+        let deleted = answers.iter().filter(|a| matches!(a, Some(Ok(1)))).count();
+        let unreachable = answers.iter().filter(|a| !matches!(a, Some(Ok(_)))).count();
+        (deleted, unreachable)
     }
 
     /// Run `command` on every node at once, each bounded by the node timeout.
@@ -300,7 +309,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Redlock<C> {
         F: Fn(C) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
-        on_nodes(&self.nodes, self.options.node_timeout(), command).await
+        let limit = self.options.node_timeout();
+        join_all(self.nodes.iter().map(|conn| {
+            let call = command(conn.clone());
+            async move { timeout(limit, call).await.ok() }
+        }))
+        .await
     }
 
     fn guard(&self, key: &str, token: String, fence: u64, started: Instant) -> RedlockGuard<C> {
@@ -309,8 +323,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Redlock<C> {
         let watched = options.lock.renew_interval().is_some();
         let lease = Arc::new(Lease::new(started, lease_ttl, watched));
         let hold = Arc::new(RedHold {
-            nodes: Arc::clone(&self.nodes),
-            options: Arc::clone(&self.options),
+            redlock: self.clone(),
             key: key.to_owned(),
             token,
             fence: AtomicU64::new(fence),
@@ -326,50 +339,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Redlock<C> {
     }
 }
 
-async fn on_nodes<C, F, Fut, T>(
-    nodes: &[C],
-    limit: Duration,
-    command: F,
-) -> Vec<Option<redis::RedisResult<T>>>
-where
-    C: Clone,
-    F: Fn(C) -> Fut,
-    Fut: Future<Output = redis::RedisResult<T>>,
-{
-    join_all(nodes.iter().map(|conn| {
-        let call = command(conn.clone());
-        async move { timeout(limit, call).await.ok() }
-    }))
-    .await
-}
-
-/// Release on every node; returns (deleted, unreachable).
-async fn release_on<C: ConnectionLike + Clone + Send + Sync + 'static>(
-    nodes: &[C],
-    limit: Duration,
-    key: &str,
-    token: &str,
-) -> (usize, usize) {
-    let answers = on_nodes(nodes, limit, |mut conn| {
-        let (key, token) = (key.to_owned(), token.to_owned());
-        async move {
-            RELEASE
-                .key(&key)
-                .arg(&token)
-                .invoke_async::<i64>(&mut conn)
-                .await
-        }
-    })
-    .await;
-    let deleted = answers.iter().filter(|a| matches!(a, Some(Ok(1)))).count();
-    let unreachable = answers.iter().filter(|a| !matches!(a, Some(Ok(_)))).count();
-    (deleted, unreachable)
-}
-
 /// The shared state of one Redlock acquisition.
 struct RedHold<C: ConnectionLike + Clone + Send + Sync + 'static> {
-    nodes: Arc<[C]>,
-    options: Arc<RedlockOptions>,
+    /// The nodes and options it was taken with, for renewal, fence and release.
+    redlock: Redlock<C>,
     key: String,
     token: String,
     fence: AtomicU64,
@@ -380,10 +353,6 @@ struct RedHold<C: ConnectionLike + Clone + Send + Sync + 'static> {
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedHold<C> {
-    fn quorum(&self) -> usize {
-        self.nodes.len() / 2 + 1
-    }
-
     fn stop_watchdog(&self) {
         if let Some(watchdog) = self.watchdog.lock().expect("not poisoned").take() {
             watchdog.abort();
@@ -402,14 +371,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for RedHold<C> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let nodes = Arc::clone(&self.nodes);
-        let limit = self.options.node_timeout();
+        let redlock = self.redlock.clone();
         let (key, token) = (
             std::mem::take(&mut self.key),
             std::mem::take(&mut self.token),
         );
         runtime.spawn(async move {
-            release_on(&nodes, limit, &key, &token).await;
+            redlock.release_everywhere(&key, &token).await;
         });
     }
 }
@@ -432,19 +400,21 @@ async fn renew_by_majority<C: ConnectionLike + Clone + Send + Sync + 'static>(
                 hold.lease.lose(LockLost::Unreachable);
                 return;
             }
-            let ttl = hold.options.lock.ttl();
-            let answers = on_nodes(&hold.nodes, hold.options.node_timeout(), |mut conn| {
-                let (key, token) = (hold.key.clone(), hold.token.clone());
-                async move {
-                    RENEW
-                        .key(&key)
-                        .arg(&token)
-                        .arg(ttl.as_millis() as u64)
-                        .invoke_async::<i64>(&mut conn)
-                        .await
-                }
-            })
-            .await;
+            let (redlock, quorum) = (&hold.redlock, hold.redlock.quorum());
+            let ttl = redlock.options.lock.ttl();
+            let answers = redlock
+                .on_every_node(|mut conn| {
+                    let (key, token) = (hold.key.clone(), hold.token.clone());
+                    async move {
+                        RENEW
+                            .key(&key)
+                            .arg(&token)
+                            .arg(ttl.as_millis() as u64)
+                            .invoke_async::<i64>(&mut conn)
+                            .await
+                    }
+                })
+                .await;
             let count = |want: i64| {
                 answers
                     .iter()
@@ -452,11 +422,11 @@ async fn renew_by_majority<C: ConnectionLike + Clone + Send + Sync + 'static>(
                     .count()
             };
             let (renewed, gone, taken) = (count(1), count(0), count(-1));
-            if renewed >= hold.quorum() {
-                hold.lease.renewed(sent, ttl - hold.options.drift());
+            if renewed >= quorum {
+                hold.lease.renewed(sent, ttl - redlock.options.drift());
                 break;
             }
-            if hold.nodes.len() - gone - taken < hold.quorum() {
+            if redlock.nodes.len() - gone - taken < quorum {
                 hold.lease.lose(if taken > gone {
                     LockLost::Taken
                 } else {
@@ -513,20 +483,23 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> FencedGuard for RedlockG
     /// others to it; needs a majority at each step.
     async fn advance_fence(&self, seen: Fence) -> Result<Fence> {
         let hold = &self.hold;
+        let (redlock, quorum) = (&hold.redlock, hold.redlock.quorum());
         let fence_key = fence_key(&hold.key)?;
-        let answers = on_nodes(&hold.nodes, hold.options.node_timeout(), |mut conn| {
-            let (key, fence_key, token) = (hold.key.clone(), fence_key.clone(), hold.token.clone());
-            async move {
-                ADVANCE_FENCE
-                    .key(&key)
-                    .key(&fence_key)
-                    .arg(&token)
-                    .arg(seen.get())
-                    .invoke_async::<u64>(&mut conn)
-                    .await
-            }
-        })
-        .await;
+        let answers = redlock
+            .on_every_node(|mut conn| {
+                let (key, fence_key, token) =
+                    (hold.key.clone(), fence_key.clone(), hold.token.clone());
+                async move {
+                    ADVANCE_FENCE
+                        .key(&key)
+                        .key(&fence_key)
+                        .arg(&token)
+                        .arg(seen.get())
+                        .invoke_async::<u64>(&mut conn)
+                        .await
+                }
+            })
+            .await;
         let fences: Vec<u64> = answers
             .iter()
             .filter_map(|a| match a {
@@ -537,18 +510,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> FencedGuard for RedlockG
         let not_held = || Error::NotHeld {
             key: hold.key.clone(),
         };
-        if fences.len() < hold.quorum() {
+        if fences.len() < quorum {
             return Err(not_held());
         }
         let fence = *fences.iter().max().expect("a majority is not empty");
-        let redlock = Redlock {
-            nodes: Arc::clone(&hold.nodes),
-            options: Arc::clone(&hold.options),
-        };
         if redlock
             .raise_fence(&hold.key, &fence_key, &hold.token, fence)
             .await
-            < hold.quorum()
+            < quorum
         {
             return Err(not_held());
         }
@@ -562,24 +531,19 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> FencedGuard for RedlockG
     /// [`Error::NoQuorum`] when too many nodes were unreachable to know.
     async fn release(self) -> Result<bool> {
         let hold = &self.hold;
+        let (redlock, quorum) = (&hold.redlock, hold.redlock.quorum());
         hold.stop_watchdog();
-        let (deleted, unreachable) = release_on(
-            &hold.nodes,
-            hold.options.node_timeout(),
-            &hold.key,
-            &hold.token,
-        )
-        .await;
+        let (deleted, unreachable) = redlock.release_everywhere(&hold.key, &hold.token).await;
         hold.released.store(true, Ordering::Release);
-        if deleted >= hold.quorum() {
+        if deleted >= quorum {
             return Ok(true);
         }
-        let reachable = hold.nodes.len() - unreachable;
-        if reachable < hold.quorum() {
+        let reachable = redlock.nodes.len() - unreachable;
+        if reachable < quorum {
             return Err(Error::NoQuorum {
                 key: hold.key.clone(),
                 reachable,
-                needed: hold.quorum(),
+                needed: quorum,
             });
         }
         Ok(false)
