@@ -4,7 +4,7 @@
 //! Functions that are one step of a purchase take `&mut PgConnection`, so they run inside
 //! the caller's transaction (`&mut *tx`).
 
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 
 use crate::domain::{ProductId, ProductName, Quantity, Stock, UserId};
 
@@ -44,13 +44,27 @@ pub async fn insert_product(
         .await
 }
 
+#[derive(sqlx::FromRow)]
+struct Restocked {
+    #[sqlx(flatten)]
+    product: Product,
+    restock_gen: i64,
+}
+
+#[derive(sqlx::FromRow)]
+struct StockVersion {
+    #[sqlx(flatten)]
+    seen: StockSeen,
+    version: i64,
+}
+
 /// Set the stock (a restock) and start a new restock generation. `None`: no such product.
 pub async fn restock(
     pool: &PgPool,
     id: ProductId,
     stock: Stock,
 ) -> sqlx::Result<Option<(Product, i64)>> {
-    let row = sqlx::query(
+    let row: Option<Restocked> = sqlx::query_as(
         "UPDATE products SET stock = $2, restock_gen = restock_gen + 1 WHERE id = $1
          RETURNING id, name, stock, restock_gen",
     )
@@ -58,15 +72,7 @@ pub async fn restock(
     .bind(stock.get())
     .fetch_optional(pool)
     .await?;
-    row.map(|row| {
-        let product = Product {
-            id: row.try_get("id")?,
-            name: row.try_get("name")?,
-            stock: row.try_get("stock")?,
-        };
-        Ok((product, row.try_get("restock_gen")?))
-    })
-    .transpose()
+    Ok(row.map(|row| (row.product, row.restock_gen)))
 }
 
 pub async fn product_sales(pool: &PgPool, id: ProductId) -> sqlx::Result<Option<ProductSales>> {
@@ -133,18 +139,12 @@ pub async fn read_stock(
     conn: &mut PgConnection,
     id: ProductId,
 ) -> sqlx::Result<Option<(StockSeen, i64)>> {
-    let row = sqlx::query("SELECT stock, restock_gen, version FROM products WHERE id = $1")
-        .bind(id.get())
-        .fetch_optional(conn)
-        .await?;
-    row.map(|row| {
-        let seen = StockSeen {
-            stock: row.try_get("stock")?,
-            restock_gen: row.try_get("restock_gen")?,
-        };
-        Ok((seen, row.try_get("version")?))
-    })
-    .transpose()
+    let row: Option<StockVersion> =
+        sqlx::query_as("SELECT stock, restock_gen, version FROM products WHERE id = $1")
+            .bind(id.get())
+            .fetch_optional(conn)
+            .await?;
+    Ok(row.map(|row| (row.seen, row.version)))
 }
 
 /// Overwrite the stock with a value the caller computed (under its lock).
