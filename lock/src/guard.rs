@@ -102,24 +102,34 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for Hold<C> {
         if self.released.load(Ordering::Acquire) {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(key = %self.key, "lock guard dropped outside a tokio runtime; the lease will free it");
-            return;
-        };
-        let mut conn = self.conn.clone();
         let key = std::mem::take(&mut self.key);
         let token = std::mem::take(&mut self.token);
-        runtime.spawn(async move {
-            let released: redis::RedisResult<i64> =
-                RELEASE.key(&key).arg(&token).invoke_async(&mut conn).await;
-            match released {
-                Ok(_) => tracing::debug!(%key, "released a dropped lock guard"),
-                Err(error) => {
-                    tracing::warn!(%key, %error, "could not release a dropped lock guard; the lease will free it")
-                }
-            }
-        });
+        release_in_background(&self.conn, key, token);
     }
+}
+
+/// Delete `key` if it still holds `token`, in a task spawned on the current tokio runtime:
+/// the release of every `Drop` that cannot await. Outside a runtime nothing can be spawned,
+/// and the lease frees the key within one ttl.
+pub(crate) fn release_in_background<C>(conn: &C, key: String, token: String)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(%key, "lock dropped outside a tokio runtime; the lease will free it");
+        return;
+    };
+    let mut conn = conn.clone();
+    runtime.spawn(async move {
+        let released: redis::RedisResult<i64> =
+            RELEASE.key(&key).arg(&token).invoke_async(&mut conn).await;
+        match released {
+            Ok(_) => tracing::debug!(%key, "released a dropped lock"),
+            Err(error) => {
+                tracing::warn!(%key, %error, "could not release a dropped lock; the lease will free it")
+            }
+        }
+    });
 }
 
 /// Proof of holding a lock. Release it with [`release`](Self::release).

@@ -9,12 +9,12 @@ use redis::aio::ConnectionLike;
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::error::{Error, Result};
-use crate::guard::{Hold, LockGuard};
+use crate::guard::{Hold, LockGuard, release_in_background};
 use crate::keys::fence_key;
 use crate::lease::{Lease, Watchdog};
 use crate::options::LockOptions;
 use crate::owner::Owner;
-use crate::scripts::{ACQUIRE, RELEASE};
+use crate::scripts::ACQUIRE;
 
 /// Takes locks on one Redis through one connection.
 ///
@@ -218,15 +218,6 @@ struct ReleaseIfAbandoned<'a, C: ConnectionLike + Clone + Send + Sync + 'static>
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for ReleaseIfAbandoned<'_, C> {
     fn drop(&mut self) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let mut conn = self.conn.clone();
-        let key = self.key.to_owned();
-        let token = self.token.to_owned();
-        runtime.spawn(async move {
-            let _: redis::RedisResult<i64> =
-                RELEASE.key(&key).arg(&token).invoke_async(&mut conn).await;
-        });
+        release_in_background(self.conn, self.key.to_owned(), self.token.to_owned());
     }
 }
