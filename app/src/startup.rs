@@ -6,7 +6,7 @@ use std::time::Duration;
 use actix_web::dev::Server;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context;
-use distlock::{LockOptions, Locker, Redlock, RedlockOptions};
+use distlock::{LockOptions, Locker, Redlock};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -75,7 +75,7 @@ impl Application {
             _ => None,
         };
         let sale = Sale {
-            locker: Locker::new(redis.clone(), lock_options),
+            locker: Locker::new(redis.clone(), lock_options).context("invalid lock settings")?,
             redlock,
             pool,
             redis,
@@ -140,7 +140,7 @@ async fn connect_redis(url: &str) -> anyhow::Result<ConnectionManager> {
 async fn connect_redlock(
     urls: &[String],
     lock_options: LockOptions,
-) -> anyhow::Result<Redlock<ConnectionManager>> {
+) -> anyhow::Result<Locker<Redlock<ConnectionManager>>> {
     anyhow::ensure!(
         !urls.is_empty(),
         "LOCK_STRATEGY=redlock needs REDLOCK_URLS (comma-separated Redis masters)"
@@ -153,5 +153,6 @@ async fn connect_redlock(
                 .with_context(|| format!("REDLOCK_URLS: cannot connect to {url}"))?,
         );
     }
-    Redlock::new(nodes, RedlockOptions::new(lock_options)).context("invalid Redlock settings")
+    let redlock = Redlock::new(nodes).context("invalid REDLOCK_URLS")?;
+    Locker::new(redlock, lock_options).context("invalid Redlock settings")
 }

@@ -8,8 +8,10 @@
 //! - `uncontended`: `--concurrency` tasks, each on its own key, doing acquire + release as
 //!   fast as they can through one multiplexed connection, watchdog on as shipped.
 //! - `rslock`: the same loop with the rslock crate (no watchdog, no fence), for comparison.
-//! - `contended`: `--concurrency` tasks fighting over one key; reports handoffs/s and the
-//!   p50/p99 wait for the lock.
+//! - `contended`: `--concurrency` tasks fighting over one key, in `--rounds` rounds that
+//!   alternate between waiting by polling (backoff, as without release signals) and waiting
+//!   for release signals (`Locker::with_release_signals`); reports the median handoffs/s and
+//!   the p50/p99 wait for the lock of each, and their ratio.
 //! - `all`: contended, then `--rounds` rounds alternating rslock and distlock uncontended.
 //!
 //! The machine's load varies from second to second, so the uncontended loops run in
@@ -21,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use distlock::{LockOptions, Locker};
+use distlock::{LockOptions, Locker, ReleaseSignals};
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
@@ -93,7 +95,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let conn = ConnectionManager::new(redis::Client::open(args.redis_url.as_str())?).await?;
 
     if matches!(args.mode, Mode::Contended | Mode::All) {
-        contended(conn.clone(), args.concurrency, run_for, &prefix).await?;
+        contended(&args, conn.clone(), run_for, &prefix).await?;
     }
     // Rounds alternate between the two crates so that both see the same machine load;
     // the medians are compared.
@@ -122,14 +124,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 let client = redis::Client::open(args.redis_url.as_str())?;
                 let conn = client.get_multiplexed_async_connection().await?;
                 uncontended(
-                    Locker::new(conn, options.clone()),
+                    Locker::new(conn, options.clone())?,
                     args.concurrency,
                     run_for,
                     &prefix,
                 )
                 .await?
             } else {
-                let locker = Locker::new(conn.clone(), options.clone());
+                let locker = Locker::new(conn.clone(), options.clone())?;
                 uncontended(locker, args.concurrency, run_for, &prefix).await?
             };
             let cpu_us = (process_cpu() - cpu_before).as_secs_f64() * 1e6 / cycles_in as f64;
@@ -295,10 +297,20 @@ async fn rslock_cycles(
     Ok((cycles as f64 / started.elapsed().as_secs_f64(), cycles))
 }
 
-/// Tasks fighting over one key: handoffs per second and the wait for the lock.
+/// How waiters wait in the contended mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Waiting {
+    /// Jittered backoff between attempts (no release signals).
+    Poll,
+    /// Release signals: woken by the holder's release, one turn at a time in this process.
+    Signal,
+}
+
+/// Tasks fighting over one key, polling and with release signals in alternating rounds:
+/// median handoffs per second and p50/p99 wait for the lock of each.
 async fn contended(
+    args: &Args,
     conn: ConnectionManager,
-    concurrency: usize,
     run_for: Duration,
     prefix: &str,
 ) -> anyhow::Result<()> {
@@ -306,19 +318,86 @@ async fn contended(
         .wait_timeout(Duration::from_secs(60))
         .retry_delay(Duration::from_millis(1), Duration::from_millis(20))
         .build()?;
-    let locker = Locker::new(conn, options);
+    let signals = ReleaseSignals::connect(&redis::Client::open(args.redis_url.as_str())?).await?;
+    let polling = Locker::new(conn.clone(), options.clone())?;
+    let signalled = Locker::new(conn, options)?.with_release_signals(signals);
     let key = format!("{prefix}:contended");
+    let mut results: Vec<(Waiting, f64, Duration, Duration)> = Vec::new();
+    for round in 1..=args.rounds {
+        let order = if round % 2 == 1 {
+            [Waiting::Poll, Waiting::Signal]
+        } else {
+            [Waiting::Signal, Waiting::Poll]
+        };
+        for waiting in order {
+            let locker = match waiting {
+                Waiting::Poll => polling.clone(),
+                Waiting::Signal => signalled.clone(),
+            };
+            let (rate, p50, p99) =
+                contended_round(&locker, &key, args.concurrency, run_for).await?;
+            println!(
+                "round {round}: contended {waiting:?}: handoffs_per_sec={rate:.0} wait_p50={p50:?} wait_p99={p99:?}"
+            );
+            results.push((waiting, rate, p50, p99));
+        }
+    }
+    let summary = |waiting: Waiting| {
+        let mut rates: Vec<f64> = results
+            .iter()
+            .filter(|r| r.0 == waiting)
+            .map(|r| r.1)
+            .collect();
+        let mut p50s: Vec<Duration> = results
+            .iter()
+            .filter(|r| r.0 == waiting)
+            .map(|r| r.2)
+            .collect();
+        let mut p99s: Vec<Duration> = results
+            .iter()
+            .filter(|r| r.0 == waiting)
+            .map(|r| r.3)
+            .collect();
+        p50s.sort_unstable();
+        p99s.sort_unstable();
+        (
+            median(&mut rates),
+            p50s[p50s.len() / 2],
+            p99s[p99s.len() / 2],
+        )
+    };
+    let (poll_rate, poll_p50, poll_p99) = summary(Waiting::Poll);
+    let (signal_rate, signal_p50, signal_p99) = summary(Waiting::Signal);
+    println!(
+        "distlock contended (1 key, {} tasks), medians of {} rounds:\n  polling: handoffs_per_sec={poll_rate:.0} wait_p50={poll_p50:?} wait_p99={poll_p99:?}\n  signals: handoffs_per_sec={signal_rate:.0} wait_p50={signal_p50:?} wait_p99={signal_p99:?}\n  signals / polling: handoffs {:.2}",
+        args.concurrency,
+        args.rounds,
+        signal_rate / poll_rate
+    );
+    Ok(())
+}
+
+/// One round of the contended mode: handoffs per second, p50 and p99 of the wait.
+async fn contended_round<C>(
+    locker: &Locker<C>,
+    key: &str,
+    concurrency: usize,
+    run_for: Duration,
+) -> anyhow::Result<(f64, Duration, Duration)>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
     let end = Instant::now() + run_for;
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
-        let (locker, key) = (locker.clone(), key.clone());
+        let (locker, key) = (locker.clone(), key.to_owned());
         tasks.push(tokio::spawn(async move {
             let mut waits = Vec::new();
             while Instant::now() < end {
                 let asked = Instant::now();
                 let guard = locker.acquire(&key).await?;
                 waits.push(asked.elapsed());
-                guard.release().await?;
+                anyhow::ensure!(guard.release().await?, "lost a contended lock");
             }
             anyhow::Ok(waits)
         }));
@@ -331,11 +410,5 @@ async fn contended(
     let elapsed = started.elapsed().as_secs_f64();
     waits.sort_unstable();
     let pct = |p: f64| waits[((waits.len() - 1) as f64 * p) as usize];
-    println!(
-        "distlock contended (1 key): handoffs_per_sec={:.0} wait_p50={:?} wait_p99={:?}",
-        waits.len() as f64 / elapsed,
-        pct(0.50),
-        pct(0.99)
-    );
-    Ok(())
+    Ok((waits.len() as f64 / elapsed, pct(0.50), pct(0.99)))
 }

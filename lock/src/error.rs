@@ -43,12 +43,14 @@ pub enum Error {
         key: String,
     },
 
-    /// [`LockOptionsBuilder::build`](crate::LockOptionsBuilder::build) refused the options.
+    /// Options that cannot work: refused by
+    /// [`LockOptionsBuilder::build`](crate::LockOptionsBuilder::build), or by a backend
+    /// that needs more room (see [`Locker::new`](crate::Locker::new)).
     #[error("invalid lock options: {0}")]
     InvalidOptions(String),
 
-    /// The key cannot be used as a lock key (empty, or its fence key could not share its
-    /// Redis Cluster slot).
+    /// The key cannot be used as a lock key (empty, too long, or its fence key could not
+    /// share its Redis Cluster slot).
     #[error("invalid lock key {key:?}: {reason}")]
     InvalidKey {
         /// The rejected key.
@@ -57,7 +59,16 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// A fence that no store could have accepted: above [`Fence::MAX`](crate::Fence::MAX).
+    #[error("fence {0} is above the largest fence, {max}", max = crate::Fence::MAX)]
+    InvalidFence(u64),
+
     /// Redis could not be reached, or answered with an error.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+
+    /// PostgreSQL could not be reached, or answered with an error (the `postgres` backend).
+    #[cfg(feature = "postgres")]
+    #[error("postgres: {0}")]
+    Postgres(#[from] sqlx::Error),
 }

@@ -1,11 +1,69 @@
-//! [`FencedGuard`]: what code that writes under a lock needs, whichever lock it holds.
+//! [`Fence`], the number a store checks to refuse a stale holder, and [`FencedGuard`], what
+//! code that writes under a lock needs whichever backend holds it.
 
 use crate::error::Result;
-use crate::guard::Fence;
 
-/// A held lock whose writes carry a fence: implemented by [`LockGuard`](crate::LockGuard)
-/// (one Redis) and [`RedlockGuard`](crate::RedlockGuard) (a majority of several), so the
-/// code that writes under the lock need not know which it holds.
+/// A fencing token: a number that grows with every successful acquisition of one key.
+///
+/// A lease can run out while its holder still believes it holds the lock (a long pause, a
+/// slow network). The lock cannot stop that holder from writing afterwards; the store it writes
+/// to can. Send the fence with every write made under the lock, and have the store refuse any
+/// write whose fence is lower than the highest one it has already accepted for that resource,
+/// for example in SQL:
+///
+/// ```sql
+/// UPDATE products SET stock = $1, fence = $2 WHERE id = $3 AND fence <= $2
+/// ```
+///
+/// Zero rows updated means a newer holder has written: the stale holder must stop. (`<=`
+/// lets one holder write several times; two acquisitions never share a fence.)
+///
+/// For a read-modify-write, claim before reading: set the fence and read the row in one
+/// statement inside the transaction (`UPDATE ... SET fence = $f WHERE id = $id AND fence <= $f
+/// RETURNING stock`), so that the value read is the one after every write with a lower fence,
+/// and the row stays locked until commit.
+///
+/// # Where fences come from
+/// On Redis, the counter is a key without a TTL (`{key}:fence`, see
+/// [`fence_key`](crate::fence_key)), and it never falls below the Redis server's clock in
+/// microseconds: every acquisition takes `max(INCR, TIME)`. A Redis that loses the counter (a
+/// restart without persistence, an eviction, a failover to a replica that had not received the
+/// last INCR) therefore starts again above every fence it handed out before, as long as the
+/// Redis host's clock does not step back and one key is not acquired more than once per
+/// microsecond. On PostgreSQL ([`PgLockTable`](crate::PgLockTable)), the counter is a row
+/// that outlives the lock row and is as durable as the database.
+///
+/// A store that refuses a fence cannot tell a stale holder from a counter that went back
+/// (say, after someone reset it by hand); the holder can, with
+/// [`LockGuard::advance_fence`](crate::LockGuard::advance_fence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Fence(pub u64);
+
+impl Fence {
+    /// The largest fence: Redis counts in signed 64 bits, and so do SQL `BIGINT` columns.
+    /// [`LockGuard::advance_fence`](crate::LockGuard::advance_fence) refuses to go past it.
+    pub const MAX: u64 = i64::MAX as u64;
+
+    /// The number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The number as a SQL `BIGINT`; every fence a backend hands out fits.
+    pub fn as_i64(self) -> i64 {
+        i64::try_from(self.0).expect("fences stay within i64 (Fence::MAX)")
+    }
+}
+
+impl std::fmt::Display for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A held lock whose writes carry a fence: implemented by
+/// [`LockGuard`](crate::LockGuard) for every backend, so code that writes under the lock can
+/// be generic over how it was taken.
 pub trait FencedGuard: Send + Sync {
     /// The locked key.
     fn key(&self) -> &str;

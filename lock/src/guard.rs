@@ -1,91 +1,59 @@
-//! The guard a holder keeps while it works, and the lock state behind it.
+//! The guard a holder keeps while it works, the state of one acquisition behind it, and the
+//! table of a reentrant owner's acquisitions.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use redis::aio::ConnectionLike;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinHandle;
 
+use crate::backend::{Backend, Unlock};
 use crate::error::{Error, Result};
-use crate::keys::fence_key;
+use crate::fenced::{Fence, FencedGuard};
 use crate::lease::{self, Lease, LockLost};
-use crate::owner::OwnerShared;
-use crate::scripts::{ADVANCE_FENCE, RELEASE};
-
-/// A fencing token: a number that grows with every successful acquisition of one key.
-///
-/// A lease can run out while its holder still believes it holds the lock (a long pause, a
-/// slow network). The lock cannot stop that holder from writing afterwards; the store it writes
-/// to can. Send the fence with every write made under the lock, and have the store refuse any
-/// write whose fence is lower than the highest one it has already accepted for that resource,
-/// for example in SQL:
-///
-/// ```sql
-/// UPDATE products SET stock = $1, fence = $2 WHERE id = $3 AND fence < $2
-/// ```
-///
-/// Zero rows updated means a newer holder has written: the stale holder must stop.
-///
-/// For a read-modify-write, claim before reading: set the fence and read the row in one
-/// statement inside the transaction (`UPDATE ... SET fence = $f WHERE id = $id AND fence < $f
-/// RETURNING stock`), so that the value read is the one after every write with a lower fence,
-/// and the row stays locked until commit.
-///
-/// The counter is a Redis key without a TTL (`{key}:fence`, see [`fence_key`](crate::fence_key)).
-/// A Redis that loses its data (no persistence, a failover to a replica that had not yet
-/// received the last INCR) restarts the counter from 1, below fences that stores have already
-/// seen. A store that refuses a holder's fence cannot tell that case from a stale holder by
-/// itself; the holder can, with [`LockGuard::advance_fence`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Fence(pub u64);
-
-impl Fence {
-    /// The number.
-    pub fn get(self) -> u64 {
-        self.0
-    }
-}
-
-impl std::fmt::Display for Fence {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
+use crate::token::Token;
 
 /// One acquisition of one key: shared by every guard of a reentrant owner.
-pub(crate) struct Hold<C: ConnectionLike + Clone + Send + Sync + 'static> {
-    /// A clone of the locker's connection, for the release script.
-    pub(crate) conn: C,
+pub(crate) struct Hold<B: Backend> {
+    /// Where the lock lives, for renewal, fence and release.
+    pub(crate) backend: Arc<B>,
     pub(crate) key: String,
-    /// The random value stored in the key; only its holder can renew or delete the key.
-    pub(crate) token: String,
+    /// The random value stored with the lock; only its holder can renew or delete it.
+    pub(crate) token: Token,
     /// The current fence; raised by `advance_fence`.
     pub(crate) fence: AtomicU64,
     /// Written by the watchdog; read by `is_held` and `lost`.
     pub(crate) lease: Arc<Lease>,
     /// Aborted before release: no renewal after unlock.
     pub(crate) watchdog: Option<JoinHandle<()>>,
-    /// Set once Redis has answered the release script, so `Drop` need not release again.
+    /// This process's turn at the key (see [`ReleaseSignals`](crate::ReleaseSignals)):
+    /// the next local waiter's turn starts when the hold ends, or when it is found lost.
+    pub(crate) turn: Mutex<Option<OwnedSemaphorePermit>>,
+    /// Set once the backend has answered the release, so `Drop` need not release again.
     pub(crate) released: AtomicBool,
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> Hold<C> {
+impl<B: Backend> Hold<B> {
     fn stop_watchdog(&self) {
         if let Some(watchdog) = &self.watchdog {
             watchdog.abort();
         }
     }
 
-    /// Stop renewing, then delete the key if it still holds our token.
+    /// Stop renewing, then delete the lock if it still holds our token. `true` when it was
+    /// still ours: our token was there, or nothing was there while our own lease was still
+    /// running (a retried release whose first try deleted it).
     pub(crate) async fn release(&self) -> Result<bool> {
         self.stop_watchdog();
-        let deleted: i64 = RELEASE
-            .key(&self.key)
-            .arg(&self.token)
-            .invoke_async(&mut self.conn.clone())
-            .await?;
+        let held_when_sent = self.lease.is_held();
+        let unlocked = self.backend.unlock(&self.key, &self.token).await?;
         self.released.store(true, Ordering::Release);
-        Ok(deleted == 1)
+        Ok(match unlocked {
+            Unlock::Released => true,
+            Unlock::Gone => held_when_sent,
+            Unlock::Taken => false,
+        })
     }
 
     pub(crate) fn is_held(&self) -> bool {
@@ -93,37 +61,31 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Hold<C> {
     }
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for Hold<C> {
+impl<B: Backend> Drop for Hold<B> {
     /// The fallback for a guard dropped without `release` (an early return, a `?`, a panic,
     /// a cancelled future): stop the watchdog and release in a spawned task. Outside a tokio
-    /// runtime nothing can be spawned; the lease then frees the key within one ttl.
+    /// runtime nothing can be spawned; the lease then frees the lock within one ttl.
     fn drop(&mut self) {
         self.stop_watchdog();
         if self.released.load(Ordering::Acquire) {
             return;
         }
         let key = std::mem::take(&mut self.key);
-        let token = std::mem::take(&mut self.token);
-        release_in_background(&self.conn, key, token);
+        let token = self.token.take();
+        release_in_background(Arc::clone(&self.backend), key, token);
     }
 }
 
 /// Delete `key` if it still holds `token`, in a task spawned on the current tokio runtime:
 /// the release of every `Drop` that cannot await. Outside a runtime nothing can be spawned,
-/// and the lease frees the key within one ttl.
-pub(crate) fn release_in_background<C>(conn: &C, key: String, token: String)
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
+/// and the lease frees the lock within one ttl.
+pub(crate) fn release_in_background<B: Backend>(backend: Arc<B>, key: String, token: Token) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(%key, "lock dropped outside a tokio runtime; the lease will free it");
         return;
     };
-    let mut conn = conn.clone();
     runtime.spawn(async move {
-        let released: redis::RedisResult<i64> =
-            RELEASE.key(&key).arg(&token).invoke_async(&mut conn).await;
-        match released {
+        match backend.unlock(&key, &token).await {
             Ok(_) => tracing::debug!(%key, "released a dropped lock"),
             Err(error) => {
                 tracing::warn!(%key, %error, "could not release a dropped lock; the lease will free it")
@@ -142,13 +104,17 @@ where
 /// spawned task (when a tokio runtime is running; otherwise the lease frees it within one ttl).
 /// Drop never blocks.
 #[must_use = "the lock is released as soon as the guard is dropped; bind it and call `release().await`"]
-pub struct LockGuard<C: ConnectionLike + Clone + Send + Sync + 'static> {
-    pub(crate) hold: Arc<Hold<C>>,
+pub struct LockGuard<B: Backend> {
+    pub(crate) hold: Arc<Hold<B>>,
     /// The reentrant owner whose hold count this guard is part of, until it leaves.
-    pub(crate) owner: Option<Arc<OwnerShared<C>>>,
+    pub(crate) owner: Option<Arc<OwnerTable<B>>>,
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> LockGuard<C> {
+impl<B: Backend> LockGuard<B> {
+    pub(crate) fn new(hold: Arc<Hold<B>>, owner: Option<Arc<OwnerTable<B>>>) -> Self {
+        Self { hold, owner }
+    }
+
     /// The locked key.
     pub fn key(&self) -> &str {
         &self.hold.key
@@ -163,42 +129,45 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> LockGuard<C> {
     /// if and only if this guard still holds the lock.
     ///
     /// A store that refuses our fence means one of two things. Either a newer holder has
-    /// written (our lease ran out: we are stale and must stop), or Redis lost the counter
-    /// (a restart without persistence) and now hands out fences below what the store has
-    /// seen. The script tells them apart atomically: only the key's current token holder
-    /// gets a new fence, which is above `seen` and above every fence issued before. A stale
-    /// holder gets [`Error::NotHeld`].
+    /// written (our lease ran out: we are stale and must stop), or the counter went back
+    /// (someone reset it) and now hands out fences below what the store has seen. The
+    /// backend tells them apart atomically: only the current holder gets a new fence, which
+    /// is above `seen` and above every fence issued before. A stale holder gets
+    /// [`Error::NotHeld`].
     ///
     /// # Errors
-    /// [`Error::NotHeld`] when the key no longer holds this guard's token;
-    /// [`Error::Redis`] when Redis cannot be reached.
+    /// [`Error::NotHeld`] when the lock no longer holds this guard's token;
+    /// [`Error::InvalidFence`] when `seen` is [`Fence::MAX`] or above (no fence can follow
+    /// it); [`Error::Redis`] (or the backend's own error) when it cannot be reached.
     ///
     /// # Cancel safety
     /// Cancel safe: if dropped, the counter may have been raised, which only ever
     /// invalidates older fences.
     pub async fn advance_fence(&self, seen: Fence) -> Result<Fence> {
-        let fence: u64 = ADVANCE_FENCE
-            .key(&self.hold.key)
-            .key(fence_key(&self.hold.key)?)
-            .arg(&self.hold.token)
-            .arg(seen.get())
-            .invoke_async(&mut self.hold.conn.clone())
-            .await?;
-        if fence == 0 {
-            return Err(Error::NotHeld {
-                key: self.hold.key.clone(),
-            });
+        if seen.get() >= Fence::MAX {
+            return Err(Error::InvalidFence(seen.get()));
         }
-        self.hold.fence.fetch_max(fence, Ordering::AcqRel);
-        Ok(Fence(fence))
+        let hold = &self.hold;
+        let Some(fence) = hold
+            .backend
+            .advance_fence(&hold.key, &hold.token, seen)
+            .await?
+        else {
+            return Err(Error::NotHeld {
+                key: hold.key.clone(),
+            });
+        };
+        hold.fence.fetch_max(fence.get(), Ordering::AcqRel);
+        Ok(fence)
     }
 
-    /// The random token stored in the key.
+    /// The random token stored with the lock.
     pub fn token(&self) -> &str {
-        &self.hold.token
+        self.hold.token.as_str()
     }
 
-    /// `true` while the lease is known to be ours: renewed in time and not seen lost.
+    /// `true` while the lease is known to be ours: renewed in time and not seen lost. Once
+    /// `false`, always `false`, even if a renewal that was in flight succeeds later.
     ///
     /// A `true` is a belief, not a promise: the lease can run out a moment later (see the
     /// crate docs on timing). Fence the writes that matter.
@@ -206,8 +175,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> LockGuard<C> {
         self.hold.is_held()
     }
 
-    /// Resolves when the lock is lost: the watchdog found the key gone or taken, or the
-    /// lease ran out without a successful renewal. Never resolves while the lease is renewed.
+    /// Resolves when the lock is lost: the watchdog found it gone or taken, or the lease ran
+    /// out without a successful renewal. Never resolves while the lease is renewed, and once
+    /// it resolves, [`is_held`](Self::is_held) is `false` for good.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future changes nothing.
@@ -229,19 +199,20 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> LockGuard<C> {
 
     /// Give the lock back.
     ///
-    /// For a reentrant owner, only the release of its last guard deletes the key; earlier
-    /// ones just count down. Returns `true` when the lock was still ours: the key held our
-    /// token and was deleted (or, for a non-last reentrant guard, the lease is still held).
+    /// For a reentrant owner, only the release of its last guard deletes the lock; earlier
+    /// ones just count down. Returns `true` when the lock was still ours: it held our token
+    /// and was deleted (or, for a non-last reentrant guard, the lease is still held).
     /// `false` means the lease had run out and the work under this guard may have overlapped
     /// with another holder's.
     ///
     /// # Errors
-    /// [`Error::Redis`](crate::Error::Redis) when Redis cannot be reached; the lease then frees
-    /// the key within one ttl (the watchdog has already stopped).
+    /// [`Error::Redis`] (or the backend's own error) when it cannot be reached; the lease
+    /// then frees the lock within one ttl (the watchdog has already stopped).
     ///
     /// # Cancel safety
     /// If the future is dropped before it completes, the guard's drop fallback releases the
     /// lock in a spawned task.
+    #[must_use = "`false` means the lease ran out and the work may have overlapped another holder's"]
     pub async fn release(mut self) -> Result<bool> {
         if let Some(owner) = self.owner.take()
             && !owner.leave(&self.hold)
@@ -252,16 +223,16 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> LockGuard<C> {
     }
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for LockGuard<C> {
+impl<B: Backend> Drop for LockGuard<B> {
     fn drop(&mut self) {
-        // The key itself is released by `Hold::drop` once the last guard is gone.
+        // The lock itself is released by `Hold::drop` once the last guard is gone.
         if let Some(owner) = self.owner.take() {
             owner.leave(&self.hold);
         }
     }
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> std::fmt::Debug for LockGuard<C> {
+impl<B: Backend> std::fmt::Debug for LockGuard<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockGuard")
             .field("key", &self.hold.key)
@@ -271,9 +242,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> std::fmt::Debug for Lock
     }
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> crate::fenced::FencedGuard
-    for LockGuard<C>
-{
+impl<B: Backend> FencedGuard for LockGuard<B> {
     fn key(&self) -> &str {
         LockGuard::key(self)
     }
@@ -296,5 +265,83 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> crate::fenced::FencedGua
 
     async fn release(self) -> Result<bool> {
         LockGuard::release(self).await
+    }
+}
+
+/// The acquisitions a reentrant [`Owner`](crate::Owner) holds, which its guards count
+/// themselves out of.
+pub(crate) struct OwnerTable<B: Backend> {
+    /// Held keys. A std mutex: it is never held across an `.await`, and guards' `Drop` needs it.
+    held: Mutex<HashMap<String, Entry<B>>>,
+}
+
+struct Entry<B: Backend> {
+    hold: Arc<Hold<B>>,
+    count: usize,
+}
+
+impl<B: Backend> OwnerTable<B> {
+    pub(crate) fn new() -> Self {
+        Self {
+            held: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Count one more guard into a held, not lost, acquisition of `key`.
+    pub(crate) fn reenter(self: &Arc<Self>, key: &str) -> Option<LockGuard<B>> {
+        let mut held = self.held.lock().expect("owner table poisoned");
+        let entry = held.get_mut(key)?;
+        if !entry.hold.is_held() {
+            // A lost acquisition must not keep the owner's own next attempt out of its turn.
+            entry.hold.turn.lock().expect("turn poisoned").take();
+            return None;
+        }
+        entry.count += 1;
+        Some(LockGuard::new(
+            Arc::clone(&entry.hold),
+            Some(Arc::clone(self)),
+        ))
+    }
+
+    /// Record a new acquisition, with one guard.
+    pub(crate) fn enter(self: &Arc<Self>, hold: Hold<B>) -> LockGuard<B> {
+        let hold = Arc::new(hold);
+        let entry = Entry {
+            hold: Arc::clone(&hold),
+            count: 1,
+        };
+        // Replaces an entry whose lease was lost; its guards now count for nothing here.
+        self.held
+            .lock()
+            .expect("owner table poisoned")
+            .insert(hold.key.clone(), entry);
+        LockGuard::new(hold, Some(Arc::clone(self)))
+    }
+
+    /// Count one guard of `hold` out. Returns `true` when it was the last one, so the lock
+    /// must now be released.
+    pub(crate) fn leave(&self, hold: &Arc<Hold<B>>) -> bool {
+        let mut held = self.held.lock().expect("owner table poisoned");
+        match held.get_mut(&hold.key) {
+            Some(entry) if Arc::ptr_eq(&entry.hold, hold) => {
+                entry.count -= 1;
+                if entry.count == 0 {
+                    held.remove(&hold.key);
+                    true
+                } else {
+                    false
+                }
+            }
+            // A lost acquisition that a newer one replaced: nothing counts it any more.
+            _ => true,
+        }
+    }
+
+    pub(crate) fn count(&self, hold: &Arc<Hold<B>>) -> usize {
+        let held = self.held.lock().expect("owner table poisoned");
+        match held.get(&hold.key) {
+            Some(entry) if Arc::ptr_eq(&entry.hold, hold) => entry.count,
+            _ => 1,
+        }
     }
 }

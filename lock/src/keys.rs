@@ -1,7 +1,9 @@
-//! Lock key validation and the companion fence key.
+//! Lock key validation, and the names that go with a lock key on Redis: its fence counter
+//! and its release channel.
 //!
 //! Both keys of one lock must live on the same Redis Cluster node, because the acquire
-//! script touches both atomically. Redis Cluster places a key by its *hash tag*: the part
+//! script touches both atomically; the release channel is named the same way, so that it
+//! hashes to the lock's slot too. Redis Cluster places a key by its *hash tag*: the part
 //! between the first `{` and the next `}` when that part is non-empty, else the whole key.
 
 use crate::error::{Error, Result};
@@ -15,24 +17,38 @@ use crate::error::{Error, Result};
 /// [`Error::InvalidKey`] when the key is empty or when no fence key can share its slot (a key
 /// with a stray `}` and no hash tag of its own, such as `a}b`).
 pub fn fence_key(key: &str) -> Result<String> {
+    companion(key, "fence")
+}
+
+/// The pub/sub channel on which the release of lock `key` is announced
+/// (`{lock_sale_1}:released`), named like [`fence_key`] so that it hashes to the lock's slot.
+///
+/// # Errors
+/// As [`fence_key`].
+pub fn release_channel(key: &str) -> Result<String> {
+    companion(key, "released")
+}
+
+/// `key` with `:<suffix>`, wrapped in a hash tag when the key has none, so both hash alike.
+fn companion(key: &str, suffix: &str) -> Result<String> {
     if key.is_empty() {
         return Err(Error::InvalidKey {
             key: key.to_owned(),
             reason: "the key is empty",
         });
     }
-    let fence = if hash_tag(key) == key {
-        format!("{{{key}}}:fence")
+    let name = if hash_tag(key) == key {
+        format!("{{{key}}}:{suffix}")
     } else {
-        format!("{key}:fence")
+        format!("{key}:{suffix}")
     };
-    if hash_tag(&fence) != hash_tag(key) {
+    if hash_tag(&name) != hash_tag(key) {
         return Err(Error::InvalidKey {
             key: key.to_owned(),
             reason: "its fence key cannot share its cluster slot; use a hash tag such as {name}",
         });
     }
-    Ok(fence)
+    Ok(name)
 }
 
 /// The part of `key` that Redis Cluster hashes to choose a slot.
@@ -73,6 +89,18 @@ mod tests {
                 Err(other) => panic!("{key}: {other}"),
             }
         }
+    }
+
+    #[test]
+    fn the_release_channel_hashes_like_the_lock() {
+        assert_eq!(
+            release_channel("lock_sale_1").unwrap(),
+            "{lock_sale_1}:released"
+        );
+        assert_eq!(
+            release_channel("{user:7}:cart").unwrap(),
+            "{user:7}:cart:released"
+        );
     }
 
     #[test]

@@ -2,32 +2,35 @@
 //!
 //! The [`Lease`] is shared by the guard and the watchdog: the deadline until which the lock
 //! is known to be ours, whether it has been lost and why, and how often it was renewed.
-//! The watchdog is one tokio task per held lock. It renews with a compare-and-pexpire script,
-//! so it can never extend a lock another owner holds, and it is aborted before the release
-//! script runs, so it never renews after unlock.
+//! "Lost" is final: once anyone sees the deadline pass, or the backend says the lock is gone
+//! or taken, [`Lease::is_held`] stays `false` and a renewal that lands later changes nothing.
+//!
+//! The watchdog is one tokio task per held lock. It renews by token, so it can never extend
+//! a lock another owner holds, and it is aborted before the release runs, so it never renews
+//! after unlock. It is the same task for every [`Backend`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
-use crate::scripts::RENEW;
+use crate::backend::{Backend, Renewal};
+use crate::token::Token;
 
 /// Why a holder lost its lock before releasing it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LockLost {
-    /// The key is gone: the lease ran out, or somebody deleted it.
+    /// The lock is gone: the lease ran out, or somebody deleted it.
     Expired,
-    /// Another owner's token is in the key: the lease ran out and someone else took the lock,
-    /// or the key was overwritten.
+    /// Another owner's token is in the lock: the lease ran out and someone else took it,
+    /// or it was overwritten.
     Taken,
-    /// Redis could not be reached to renew the lease before it ran out, so the lock must be
-    /// presumed expired.
+    /// The backend could not be reached to renew the lease before it ran out, so the lock
+    /// must be presumed expired.
     Unreachable,
 }
 
@@ -36,7 +39,7 @@ impl std::fmt::Display for LockLost {
         f.write_str(match self {
             LockLost::Expired => "the lock expired or was deleted",
             LockLost::Taken => "another owner took the lock",
-            LockLost::Unreachable => "redis was unreachable until the lease ran out",
+            LockLost::Unreachable => "the lock's backend was unreachable until the lease ran out",
         })
     }
 }
@@ -66,10 +69,11 @@ pub(crate) struct Lease {
     base: Instant,
     /// The lease is ours until `base + until_ns`, unless renewed.
     ///
-    // SAFETY(timing): the deadline is counted from the moment the acquire or renew command
-    // was *sent*. Redis starts the key's TTL when it *runs* the command, later, so the local
-    // deadline falls before the real expiry as long as the two clocks run at the same rate
-    // (monotonic clocks on one host; a drift of a few ms per ttl between hosts).
+    // TIMING: the deadline is counted from the moment the acquire or renew command was
+    // *sent*. The backend starts its own expiry when it *runs* the command, later, so the
+    // local deadline falls before the real expiry as long as the two clocks run at the same
+    // rate (monotonic clocks on one host; a drift of a few ms per ttl between hosts, which
+    // Redlock's drift allowance covers).
     until_ns: AtomicU64,
     /// 0 while not lost, else a `LockLost` code; final once set.
     lost: AtomicU8,
@@ -82,6 +86,8 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
+    /// `ttl` is at most [`LockOptions::MAX_TTL`](crate::LockOptions::MAX_TTL), so it fits in
+    /// 64 bits of nanoseconds.
     pub(crate) fn new(sent: Instant, ttl: Duration, watched: bool) -> Self {
         Self {
             base: sent,
@@ -101,19 +107,57 @@ impl Lease {
         LockLost::from_code(self.lost.load(Ordering::Acquire))
     }
 
+    /// Whether the lease is still ours. Seeing the deadline pass records the loss, so the
+    /// answer never turns from `false` back to `true`.
     pub(crate) fn is_held(&self) -> bool {
-        self.lost().is_none() && Instant::now() < self.until()
+        if self.lost().is_some() {
+            return false;
+        }
+        if Instant::now() >= self.until() {
+            self.lose(self.ran_out());
+            return false;
+        }
+        true
+    }
+
+    /// Why a lease that ran out without a renewal is lost.
+    fn ran_out(&self) -> LockLost {
+        if self.watched {
+            LockLost::Unreachable
+        } else {
+            LockLost::Expired
+        }
     }
 
     pub(crate) fn renewals(&self) -> u64 {
         self.renewals.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
+    /// A renewal sent at `sent` succeeded. Returns `false` when it came too late: the lease
+    /// had already been seen lost, which stays final.
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) -> bool {
         let until = (sent + ttl).saturating_duration_since(self.base).as_nanos() as u64;
-        self.until_ns.fetch_max(until, Ordering::AcqRel);
+        let mut current = self.until_ns.load(Ordering::Acquire);
+        loop {
+            if !self.is_held() {
+                return false;
+            }
+            if until <= current {
+                break;
+            }
+            match self.until_ns.compare_exchange_weak(
+                current,
+                until,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(seen) => current = seen,
+            }
+        }
         self.renewals.fetch_add(1, Ordering::Relaxed);
         self.changed.notify_waiters();
+        true
     }
 
     pub(crate) fn lose(&self, why: LockLost) {
@@ -125,92 +169,121 @@ impl Lease {
 }
 
 /// Wait until the lease is lost, whether the watchdog says so or the deadline passes
-/// without a renewal.
+/// without a renewal (which records the loss, as [`Lease::is_held`] does).
 pub(crate) async fn wait_lost(lease: Arc<Lease>) -> LockLost {
     loop {
         // Register for a change before looking, so a change in between is not missed.
         let changed = lease.changed.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
-        if let Some(why) = lease.lost() {
-            return why;
+        if !lease.is_held() {
+            return lease.lost().expect("a lease that is not held is lost");
         }
-        let until = lease.until();
         tokio::select! {
             () = changed => {}
-            () = sleep_until(until) => {
-                if let Some(why) = lease.lost() {
-                    return why;
-                }
-                if lease.until() <= Instant::now() {
-                    return if lease.watched { LockLost::Unreachable } else { LockLost::Expired };
-                }
-            }
+            () = sleep_until(lease.until()) => {}
         }
     }
 }
 
 /// What the watchdog needs to renew one lock.
-pub(crate) struct Watchdog<C> {
-    pub(crate) conn: C,
+pub(crate) struct Watchdog<B> {
+    pub(crate) backend: Arc<B>,
     pub(crate) key: String,
-    pub(crate) token: String,
+    pub(crate) token: Token,
     pub(crate) ttl: Duration,
     pub(crate) every: Duration,
     pub(crate) lease: Arc<Lease>,
 }
 
 /// A failed renewal is retried this often until the lease runs out.
-pub(crate) const RETRY_AFTER_ERROR: Duration = Duration::from_millis(50);
+const RETRY_AFTER_ERROR: Duration = Duration::from_millis(50);
 
-impl<C> Watchdog<C>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
+impl<B: Backend> Watchdog<B> {
     pub(crate) fn spawn(self) -> JoinHandle<()> {
         tokio::spawn(self.run())
     }
 
-    async fn run(mut self) {
-        let ttl_ms = self.ttl.as_millis() as u64;
+    async fn run(self) {
         loop {
-            // SAFETY(timing): renewing every `ttl / 3` leaves two thirds of a lease for a
-            // renewal to reach Redis, for the runtime to schedule this task, and for retries
-            // after an error. A process paused for longer (GC-like stall, SIGSTOP) loses the
-            // lock; fencing, not this task, protects the data then.
+            // TIMING: renewing every `ttl / 3` leaves two thirds of a lease for a renewal to
+            // reach the backend, for the runtime to schedule this task, and for retries after
+            // an error. A process paused for longer (GC-like stall, SIGSTOP) loses the lock;
+            // fencing, not this task, protects the data then.
             sleep(self.every).await;
             loop {
-                let until = self.lease.until();
-                let sent = Instant::now();
-                if sent >= until {
-                    self.lease.lose(LockLost::Unreachable);
+                if !self.lease.is_held() {
                     return;
                 }
-                let mut renew = RENEW.key(&self.key);
-                renew.arg(&self.token).arg(ttl_ms);
-                match timeout(until - sent, renew.invoke_async::<i64>(&mut self.conn)).await {
-                    Ok(Ok(1)) => {
-                        self.lease.renewed(sent, self.ttl);
+                let sent = Instant::now();
+                let left = self.lease.until().saturating_duration_since(sent);
+                let renewal = self.backend.renew(&self.key, &self.token, self.ttl);
+                match timeout(left, renewal).await {
+                    Ok(Ok(Renewal::Renewed)) => {
+                        if !self.lease.renewed(sent, self.backend.lease(self.ttl)) {
+                            return;
+                        }
                         break;
                     }
-                    Ok(Ok(0)) => {
+                    Ok(Ok(Renewal::Gone)) => {
                         self.lease.lose(LockLost::Expired);
                         return;
                     }
-                    Ok(Ok(_)) => {
+                    Ok(Ok(Renewal::Taken)) => {
                         self.lease.lose(LockLost::Taken);
                         return;
                     }
                     Ok(Err(error)) => {
                         tracing::warn!(key = %self.key, %error, "lock renewal failed; retrying");
-                        sleep(
-                            RETRY_AFTER_ERROR.min(until.saturating_duration_since(Instant::now())),
-                        )
-                        .await;
+                        let left = self.lease.until().saturating_duration_since(Instant::now());
+                        sleep(RETRY_AFTER_ERROR.min(left)).await;
                     }
+                    // The lease ran out while the renewal was in flight; the next turn of
+                    // the loop records it.
                     Err(_elapsed) => {}
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_seen_lost_stays_lost_even_if_a_late_renewal_succeeds() {
+        // Arrange: a watched lease of 100 ms, and a renewal sent at 90 ms.
+        let started = Instant::now();
+        let lease = Lease::new(started, Duration::from_millis(100), true);
+        tokio::time::advance(Duration::from_millis(90)).await;
+        let sent = Instant::now();
+
+        // Act: the deadline passes before the renewal's answer comes back.
+        tokio::time::advance(Duration::from_millis(20)).await;
+        let held_before = lease.is_held();
+        let renewed = lease.renewed(sent, Duration::from_millis(100));
+
+        // Assert
+        assert!(!held_before);
+        assert!(!renewed, "a late renewal revived a lost lease");
+        assert!(!lease.is_held());
+        assert_eq!(lease.lost(), Some(LockLost::Unreachable));
+        assert_eq!(wait_lost(Arc::new(lease)).await, LockLost::Unreachable);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wait_lost_records_the_loss_it_reports() {
+        let lease = Arc::new(Lease::new(Instant::now(), Duration::from_millis(50), false));
+
+        let why = wait_lost(Arc::clone(&lease)).await;
+
+        assert_eq!(why, LockLost::Expired);
+        assert_eq!(
+            lease.lost(),
+            Some(LockLost::Expired),
+            "lost() told a story is_held() does not"
+        );
+        assert!(!lease.renewed(Instant::now(), Duration::from_secs(1)));
     }
 }

@@ -1,10 +1,11 @@
-//! `distlock`: an async Redis distributed lock that is clear about what it guarantees.
+//! `distlock`: an async distributed lock that is clear about what it guarantees.
 //!
 //! # Why a distributed lock
 //! A mutex protects memory inside one process. When several processes on several machines
-//! sell the same stock, they need a lock that lives outside all of them: here, a Redis key.
-//! A good lock has six properties: mutual exclusion, availability, speed, reentrancy,
-//! expiry (a crashed holder cannot block everyone forever) and a non-blocking try.
+//! sell the same stock, they need a lock that lives outside all of them: a Redis key, or a
+//! row in a database table. A good lock has six properties: mutual exclusion, availability,
+//! speed, reentrancy, expiry (a crashed holder cannot block everyone forever) and a
+//! non-blocking try.
 //!
 //! # The three classic mistakes, and what this crate does instead
 //! 1. **`SETNX` then `EXPIRE` is not atomic.** A holder that dies between the two commands
@@ -20,16 +21,29 @@
 //!    process that is paused longer than the lease; for that, every acquisition carries a
 //!    [`Fence`], a number that only grows, which the store checks to refuse stale writes.
 //!
+//! # Backends
+//! A [`Backend`] runs single atomic steps (take, renew, release, advance the fence), each
+//! checked by token; everything else is written once, above it.
+//! - **One Redis**: any [`redis::aio::ConnectionLike`], such as a
+//!   [`ConnectionManager`](redis::aio::ConnectionManager), or a Redis Cluster connection.
+//! - **[`Redlock`]**: a majority of independent Redis masters.
+//! - **[`PgLockTable`]** (feature `postgres`): the seed articles' database lock, a table
+//!   with a unique name per lock.
+//!
 //! # Layout
-//! - `locker`: [`Locker`], one atomic acquire attempt and the deadline-bounded wait.
-//! - `guard`: [`LockGuard`], release, and the drop fallback; [`Fence`].
+//! - `locker`: [`Locker`], one attempt and the deadline-bounded wait (backoff, or wake-ups
+//!   from `signals`: [`ReleaseSignals`]).
+//! - `guard`: [`LockGuard`], the state of one acquisition, release and the drop fallback.
 //! - `lease`: the watchdog task and the lost signal ([`LockLost`]).
 //! - `owner`: [`Owner`], the explicit identity behind reentrancy.
-//! - `redlock`: [`Redlock`], one lock over a majority of independent masters, and its
-//!   fencing across the set. `fenced`: [`FencedGuard`], what both guards offer a writer.
-//! - `options`: [`LockOptions`] and its builder, with the defaults.
-//! - `scripts`: the three Lua scripts. `keys`: the fence key and cluster hash tags.
-//! - `error`: [`enum@Error`].
+//! - `backend`: the [`Backend`] trait. `redis_node`, `redlock`, `postgres`: the backends;
+//!   `scripts` (the Lua) and `keys` (fence key, release channel, cluster hash tags) serve
+//!   the Redis ones.
+//! - `fenced`: [`Fence`] and [`FencedGuard`]. `options`: [`LockOptions`]. `token`: [`Token`].
+//!   `retry`: backoff and deadlines. `error`: [`enum@Error`].
+//!
+//! Dependencies point one way: the backends know nothing of lockers and guards; the guard
+//! knows nothing of the locker.
 //!
 //! # Example
 //! ```no_run
@@ -43,7 +57,7 @@
 //!     .ttl(Duration::from_secs(5))
 //!     .wait_timeout(Duration::from_millis(500))
 //!     .build()?;
-//! let locker = Locker::new(conn, options);
+//! let locker = Locker::new(conn, options)?;
 //!
 //! let guard = locker.acquire("lock_sale_1").await?;
 //! // ... read, check and write, sending guard.fence() with each write ...
@@ -53,31 +67,42 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Waiting
+//! [`Locker::acquire`] retries with jittered backoff. With
+//! [`Locker::with_release_signals`], waiters instead sleep until the holder's release is
+//! announced on a Redis channel (one subscription per process, [`ReleaseSignals`]), with a
+//! short backstop in case a message is lost, and waiters in one process take turns.
+//!
 //! # Redis Cluster
 //! [`Locker`] is generic over the connection, so a `redis::cluster_async::ClusterConnection`
 //! works as is. Every script touches only the lock key and its fence key, and
 //! [`fence_key`] names the fence so that it hashes to the lock key's slot: each lock lives on
-//! one node. (Tested against a real three-master cluster in `tests/cluster.rs`.)
+//! one node. (Tested against a real three-master cluster in `tests/cluster.rs`.) Waiters
+//! through a cluster connection poll.
 //!
 //! # Releasing
 //! Release explicitly with `guard.release().await`: it is the only way to learn whether the
 //! lock was still yours. A guard dropped unreleased (an early return, a panic, a cancelled
-//! request) stops its watchdog at once and releases the key in a spawned task, when a tokio
-//! runtime is running. Drop never blocks; outside a runtime the lease frees the key within
-//! one ttl.
+//! request) stops its watchdog at once and releases the lock in a spawned task, when a tokio
+//! runtime is running. Drop never blocks; outside a runtime the lease frees it within one ttl.
 //!
 //! # Timing assumptions
-//! The lock is safe while these hold; each place in the code that depends on them says so.
+//! The lock is safe while these hold; each place in the code that depends on them says so
+//! in a `TIMING:` comment.
 //! - The holder's local deadline is counted from when it *sent* the acquire or renew command,
-//!   so it expires before Redis's own expiry, provided clocks advance at the same rate.
+//!   so it expires before the backend's own expiry, provided clocks advance at the same rate.
 //! - A holder paused (stop-the-world, SIGSTOP, swapped out) for longer than what is left of
 //!   its lease may wake up believing it still holds the lock. No lock can prevent that; the
 //!   [`Fence`] lets the store refuse its writes.
-//! - A Redis that loses data (restart without persistence, failover to a lagging replica)
-//!   can hand the lock to two holders and restart fence counters. [`Redlock`] across several
-//!   masters reduces the first risk; see Martin Kleppmann's critique of its timing
-//!   assumptions before relying on it for correctness rather than efficiency.
+//! - A Redis that loses data (restart without persistence, eviction, failover to a lagging
+//!   replica) can hand the lock to two holders. It does not break fencing: a lost counter
+//!   starts again above the Redis host's clock in microseconds, so above every fence issued
+//!   before, **as long as that clock does not step back** (and one key is taken less than
+//!   once per microsecond). [`Redlock`] across several masters reduces the first risk; see
+//!   Martin Kleppmann's critique of its timing assumptions before relying on it for
+//!   correctness rather than efficiency.
 
+mod backend;
 mod error;
 mod fenced;
 mod guard;
@@ -86,15 +111,26 @@ mod lease;
 mod locker;
 mod options;
 mod owner;
+#[cfg(feature = "postgres")]
+mod postgres;
+mod redis_node;
 mod redlock;
+mod retry;
 mod scripts;
+mod signals;
+mod token;
 
+pub use backend::{Attempt, Backend, Renewal, Unlock};
 pub use error::{Error, Result};
-pub use fenced::FencedGuard;
-pub use guard::{Fence, LockGuard};
-pub use keys::fence_key;
+pub use fenced::{Fence, FencedGuard};
+pub use guard::LockGuard;
+pub use keys::{fence_key, release_channel};
 pub use lease::LockLost;
 pub use locker::Locker;
 pub use options::{LockOptions, LockOptionsBuilder};
 pub use owner::Owner;
-pub use redlock::{Redlock, RedlockGuard, RedlockOptions};
+#[cfg(feature = "postgres")]
+pub use postgres::{PgLockTable, SCHEMA as PG_SCHEMA};
+pub use redlock::Redlock;
+pub use signals::ReleaseSignals;
+pub use token::Token;

@@ -10,10 +10,10 @@ use crate::error::{Error, Result};
 ///
 /// | option | default | meaning |
 /// |---|---|---|
-/// | `ttl` | 10 s | lease: how long Redis keeps the key if the holder stops renewing it |
+/// | `ttl` | 10 s | lease: how long the backend keeps the lock if the holder stops renewing it (whole ms, 1 ms to [`LockOptions::MAX_TTL`]) |
 /// | `renew_interval` | `ttl / 3` | how often the watchdog renews the lease; `None` turns it off |
-/// | `wait_timeout` | 5 s | how long [`acquire`](crate::Locker::acquire) waits before [`Error::Timeout`] |
-/// | `retry_delay` | 5 ms to 100 ms | backoff between attempts while waiting, doubled each time, with jitter |
+/// | `wait_timeout` | 5 s | how long [`acquire`](crate::Locker::acquire) waits before [`Error::Timeout`]; `Duration::MAX` waits for ever |
+/// | `retry_delay` | 5 ms to 100 ms | backoff between attempts while waiting, doubled each time, with jitter; with [release signals](crate::ReleaseSignals), the longest wait for a signal before trying again |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockOptions {
     ttl: Duration,
@@ -32,13 +32,16 @@ impl LockOptions {
     pub const DEFAULT_RETRY_MIN: Duration = Duration::from_millis(5);
     /// Default largest backoff step.
     pub const DEFAULT_RETRY_MAX: Duration = Duration::from_millis(100);
+    /// The longest lease: a day. Longer leases are almost always a mistake (a crashed holder
+    /// blocks everyone that long), and this keeps every deadline far from overflowing.
+    pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 
     /// A builder that starts from the defaults.
     pub fn builder() -> LockOptionsBuilder {
         LockOptionsBuilder::default()
     }
 
-    /// The lease given to Redis with every acquire and renewal.
+    /// The lease given to the backend with every acquire and renewal, in whole milliseconds.
     pub fn ttl(&self) -> Duration {
         self.ttl
     }
@@ -56,11 +59,6 @@ impl LockOptions {
     /// The smallest and largest backoff step.
     pub fn retry_delay(&self) -> (Duration, Duration) {
         (self.retry_min, self.retry_max)
-    }
-
-    /// The ttl in whole milliseconds, as Redis takes it (`build` guarantees at least 1).
-    pub(crate) fn ttl_ms(&self) -> u64 {
-        self.ttl.as_millis() as u64
     }
 }
 
@@ -104,7 +102,8 @@ impl Default for LockOptionsBuilder {
 }
 
 impl LockOptionsBuilder {
-    /// The lease. At least 1 ms; whole milliseconds are used.
+    /// The lease: 1 ms to [`LockOptions::MAX_TTL`]. It is rounded down to whole milliseconds,
+    /// the unit backends keep it in, so the holder never counts on more than the backend has.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
@@ -122,7 +121,8 @@ impl LockOptionsBuilder {
         self
     }
 
-    /// How long [`acquire`](crate::Locker::acquire) waits. Zero means a single attempt.
+    /// How long [`acquire`](crate::Locker::acquire) waits. Zero means a single attempt;
+    /// `Duration::MAX` (or anything too long to add to a clock reading) means no deadline.
     pub fn wait_timeout(mut self, wait: Duration) -> Self {
         self.wait_timeout = wait;
         self
@@ -139,18 +139,25 @@ impl LockOptionsBuilder {
     /// Check the options.
     ///
     /// # Errors
-    /// [`Error::InvalidOptions`] when the ttl is under 1 ms or over `u64::MAX` ms, the renewal
-    /// interval is zero or not below the ttl, or the backoff is zero or has `min > max`.
+    /// [`Error::InvalidOptions`] when the ttl is under 1 ms or over [`LockOptions::MAX_TTL`],
+    /// the renewal interval is zero or not below the ttl, or the backoff is zero or has
+    /// `min > max`.
     pub fn build(self) -> Result<LockOptions> {
         let invalid = |why: String| Err(Error::InvalidOptions(why));
         if self.ttl < Duration::from_millis(1) {
             return invalid(format!("ttl must be at least 1 ms, got {:?}", self.ttl));
         }
-        if u64::try_from(self.ttl.as_millis()).is_err() {
-            return invalid(format!("ttl {:?} is too large", self.ttl));
+        if self.ttl > LockOptions::MAX_TTL {
+            return invalid(format!(
+                "ttl {:?} is above the largest, {:?}",
+                self.ttl,
+                LockOptions::MAX_TTL
+            ));
         }
+        // TIMING: backends keep whole milliseconds; the holder must not count on the fraction.
+        let ttl = Duration::from_millis(self.ttl.as_millis() as u64);
         let renew_interval = match self.renewal {
-            Renewal::ThirdOfTtl => Some(self.ttl / 3),
+            Renewal::ThirdOfTtl => Some(ttl / 3),
             Renewal::Every(every) => Some(every),
             Renewal::Off => None,
         };
@@ -158,10 +165,9 @@ impl LockOptionsBuilder {
             if every.is_zero() {
                 return invalid("renew interval must be above zero".into());
             }
-            if every >= self.ttl {
+            if every >= ttl {
                 return invalid(format!(
-                    "renew interval {every:?} must be below the ttl {:?}, or the lease runs out before it is renewed",
-                    self.ttl
+                    "renew interval {every:?} must be below the ttl {ttl:?}, or the lease runs out before it is renewed"
                 ));
             }
         }
@@ -175,7 +181,7 @@ impl LockOptionsBuilder {
             ));
         }
         Ok(LockOptions {
-            ttl: self.ttl,
+            ttl,
             renew_interval,
             wait_timeout: self.wait_timeout,
             retry_min: self.retry_min,
@@ -217,6 +223,44 @@ mod tests {
         assert!(
             refused(LockOptions::builder().renew_interval(Duration::ZERO)).contains("above zero")
         );
+    }
+
+    #[test]
+    fn the_ttl_is_rounded_down_to_what_backends_keep() {
+        let options = LockOptions::builder()
+            .ttl(Duration::from_micros(1_500))
+            .build()
+            .unwrap();
+        assert_eq!(options.ttl(), Duration::from_millis(1));
+    }
+
+    #[test]
+    fn a_ttl_too_long_to_count_with_is_refused() {
+        for ttl in [
+            Duration::MAX,
+            Duration::from_secs(u64::MAX / 1000),
+            LockOptions::MAX_TTL * 2,
+        ] {
+            assert!(
+                refused(LockOptions::builder().ttl(ttl)).contains("largest"),
+                "{ttl:?}"
+            );
+        }
+        assert!(
+            LockOptions::builder()
+                .ttl(LockOptions::MAX_TTL)
+                .build()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn an_endless_wait_is_accepted() {
+        let options = LockOptions::builder()
+            .wait_timeout(Duration::MAX)
+            .build()
+            .unwrap();
+        assert_eq!(options.wait_timeout(), Duration::MAX);
     }
 
     #[test]

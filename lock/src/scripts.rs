@@ -2,38 +2,98 @@
 //! the server has forgotten, for example after a restart).
 //!
 //! Every script compares the caller's token before it touches the lock key, so no client can
-//! extend or delete a lock it does not hold.
+//! extend or delete a lock it does not hold, and each one gives the same answer when a client
+//! re-sends it after a lost reply.
+//!
+//! Fences never pass through a Lua number: Lua's numbers are doubles, exact only below 2^53,
+//! and a fence may be any positive `i64`. They are read with `GET`, compared as decimal
+//! strings ([`COMMON`]'s `above`), and returned as strings; Redis's own `INCR` does the
+//! arithmetic.
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
+/// Helpers put in front of the scripts that handle fences.
+///
+/// `above(a, b)`: whether decimal string `a` is a larger number than `b` (no signs, no
+/// leading zeros, as Redis writes integers). `clock()`: the server's clock, in microseconds
+/// since the epoch, as a decimal string (seconds and zero-padded microseconds, joined).
+const COMMON: &str = r"
+local function above(a, b)
+  if #a ~= #b then return #a > #b end
+  return a > b
+end
+local function clock()
+  local t = redis.call('TIME')
+  return t[1] .. string.format('%06d', tonumber(t[2]))
+end
+local function next_fence(fence_key)
+  redis.call('INCR', fence_key)
+  local fence = redis.call('GET', fence_key)
+  local now = clock()
+  if above(now, fence) then
+    redis.call('SET', fence_key, now)
+    return now
+  end
+  return fence
+end
+";
+
+fn with_common(body: &str) -> Script {
+    Script::new(&format!("{COMMON}{body}"))
+}
+
 /// Take the lock and a fence in one atomic step.
 ///
 /// KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] ttl in ms.
-/// Returns the new fence (>= 1), or 0 when the lock is held.
+/// Returns `{1, fence}` when the lock is ours, `{0, pttl}` when another token holds it.
+///
 /// `SET NX PX` sets the value and the expiry together: there is no moment at which the key
-/// exists without a TTL. The fence counter has no TTL on purpose: it must never go back.
+/// exists without a TTL. The fence counter has no TTL on purpose: it must never go back. It
+/// never falls below the server's clock in microseconds either, so a counter that Redis lost
+/// (a restart without persistence, an eviction) starts again above every fence it issued.
+///
+// TIMING: that holds while the Redis host's clock does not step back, and while one key is
+// acquired less than once per microsecond (each acquisition adds 1 to the counter; the clock
+// adds 1 per microsecond).
+///
+/// A re-sent request whose first try took the lock finds its own token and returns the
+/// fence it took, instead of reporting the lock held (by itself) and leaving it set for a
+/// whole ttl with no watchdog.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    with_common(
         r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.call('INCR', KEYS[2])
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  local fence = redis.call('GET', KEYS[2])
+  if fence then
+    return {1, fence}
+  end
+elseif holder then
+  return {0, redis.call('PTTL', KEYS[1])}
 end
-return 0
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {1, next_fence(KEYS[2])}
 ",
     )
 });
 
-/// Delete the lock only if it still holds our token.
+/// Delete the lock only if it still holds our token, and announce it.
 ///
-/// KEYS[1] lock key; ARGV[1] token. Returns 1 when deleted, 0 when the key was gone or
-/// belonged to someone else (it is then left alone).
+/// KEYS[1] lock key; ARGV[1] token, ARGV[2] release channel.
+/// Returns 1 when deleted (and a message is published on the channel, for waiters), 0 when
+/// the key was gone, -1 when another owner holds it (it is then left alone).
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '')
+  return 1
+elseif holder then
+  return -1
 end
 return 0
 ",
@@ -62,19 +122,19 @@ return 0
 /// only.
 ///
 /// KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] the highest fence seen.
-/// Returns a new fence above both the counter and ARGV[2], or 0 when the caller no longer
+/// Returns a new fence above the counter, ARGV[2] and the clock; nil when the caller no longer
 /// holds the lock (a stale holder cannot use this to get past a store's fence check).
 pub(crate) static ADVANCE_FENCE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    with_common(
         r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
+  return false
 end
-local current = tonumber(redis.call('GET', KEYS[2]) or '0')
-if current < tonumber(ARGV[2]) then
+local current = redis.call('GET', KEYS[2]) or '0'
+if above(ARGV[2], current) then
   redis.call('SET', KEYS[2], ARGV[2])
 end
-return redis.call('INCR', KEYS[2])
+return next_fence(KEYS[2])
 ",
     )
 });
@@ -85,13 +145,13 @@ return redis.call('INCR', KEYS[2])
 /// KEYS[1] lock key, KEYS[2] fence key; ARGV[1] token, ARGV[2] floor.
 /// Returns 1 when done, 0 when the caller does not hold the key on this node.
 pub(crate) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    with_common(
         r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-local current = tonumber(redis.call('GET', KEYS[2]) or '0')
-if current < tonumber(ARGV[2]) then
+local current = redis.call('GET', KEYS[2]) or '0'
+if above(ARGV[2], current) then
   redis.call('SET', KEYS[2], ARGV[2])
 end
 return 1

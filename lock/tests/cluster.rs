@@ -36,7 +36,7 @@ async fn the_lock_works_through_a_cluster_with_both_keys_in_one_slot() {
         .retry_delay(Duration::from_millis(1), Duration::from_millis(20))
         .build()
         .unwrap();
-    let locker = Locker::new(conn.clone(), options);
+    let locker = Locker::new(conn.clone(), options).unwrap();
 
     for id in 1..=20 {
         let key = format!("lock_sale_{id}");
@@ -80,7 +80,7 @@ async fn mutual_exclusion_holds_through_a_cluster() {
         .retry_delay(Duration::from_millis(1), Duration::from_millis(20))
         .build()
         .unwrap();
-    let locker = Locker::new(conn.clone(), options);
+    let locker = Locker::new(conn.clone(), options).unwrap();
     let mut tasks = Vec::new();
     for _ in 0..16 {
         let (locker, mut conn) = (locker.clone(), conn.clone());

@@ -1,12 +1,14 @@
-//! The lock against a real Redis (`REDIS_URL`, default `redis://127.0.0.1:6379`).
-//! Each test uses keys of its own; tests that kill Redis start their own `redis-server`.
+//! What only the single-Redis backend can show: TTLs on the key itself, the fence counter's
+//! key and its floor at the server's clock, Redis going away, and wake-on-release. The
+//! properties every backend shares are in `tests/properties.rs`.
 
 mod support;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock::{Error, LockLost, LockOptions, Locker};
+use distlock::{Error, Fence, LockLost, LockOptions, Locker, ReleaseSignals};
+use redis::aio::ConnectionManager;
 use support::*;
 use testkit::RedisServer;
 use tokio::time::{Instant, sleep, timeout};
@@ -22,58 +24,6 @@ fn patient() -> LockOptions {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mutual_exclusion_keeps_a_racy_counter_exact_under_contention() {
-    // Arrange: 4 connections, 32 tasks, each doing a non-atomic read-increment-write.
-    let (key, _cleanup) = unique_key("mutex");
-    let counter = format!("{key}:counter");
-    let mut lockers = Vec::new();
-    for _ in 0..4 {
-        lockers.push(locker(shared_redis().await, patient()));
-    }
-    const TASKS: usize = 32;
-    const ROUNDS: usize = 10;
-
-    // Act
-    let mut tasks = Vec::new();
-    for i in 0..TASKS {
-        let locker = lockers[i % lockers.len()].clone();
-        let (key, counter) = (key.clone(), counter.clone());
-        let mut conn = shared_redis().await;
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..ROUNDS {
-                let guard = locker.acquire(&key).await.unwrap();
-                let seen: Option<u64> = redis::cmd("GET")
-                    .arg(&counter)
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
-                tokio::task::yield_now().await; // widen the race the lock must close
-                let _: () = redis::cmd("SET")
-                    .arg(&counter)
-                    .arg(seen.unwrap_or(0) + 1)
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
-                assert!(guard.release().await.unwrap(), "lock lost mid-section");
-            }
-        }));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
-
-    // Assert
-    let mut conn = shared_redis().await;
-    let total: u64 = get(&mut conn, &counter).await.unwrap().parse().unwrap();
-    assert_eq!(total, (TASKS * ROUNDS) as u64);
-    assert_eq!(
-        get(&mut conn, &key).await,
-        None,
-        "the lock key is left behind"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_key_never_exists_without_a_ttl() {
     // Arrange: holders take and give back the lock in a loop while a probe watches the key.
     let (key, _cleanup) = unique_key("ttl");
@@ -84,7 +34,8 @@ async fn a_lock_key_never_exists_without_a_ttl() {
         holders.push(tokio::spawn(async move {
             for _ in 0..50 {
                 let guard = locker.acquire(&key).await.unwrap();
-                guard.release().await.unwrap();
+                sleep(ms(1)).await; // long enough for the probe to see the key
+                assert!(guard.release().await.unwrap());
             }
         }));
     }
@@ -98,224 +49,19 @@ async fn a_lock_key_never_exists_without_a_ttl() {
         seen_locked += usize::from(ttl > 0);
         probes += 1;
     }
-
-    // Assert: the probe did see the key, so the check above meant something.
     for h in holders {
         h.await.unwrap();
     }
-    assert!(probes > 0);
+
+    // Assert: the probe did see the key, so the check above meant something.
+    assert!(
+        seen_locked > 0,
+        "the probe never saw the lock in {probes} probes"
+    );
     let guard = locker.try_acquire(&key).await.unwrap();
     let ttl = pttl(&mut probe, &key).await;
     assert!(ttl > 0 && ttl <= 5_000, "pttl {ttl}");
-    guard.release().await.unwrap();
-    eprintln!("probed {probes} times, saw the lock {seen_locked} times");
-}
-
-#[tokio::test]
-async fn a_stale_guards_release_does_not_delete_the_next_holders_lock() {
-    // Arrange: A's lease (no watchdog) runs out and B takes the lock.
-    let (key, _cleanup) = unique_key("stale");
-    let short = LockOptions::builder()
-        .ttl(ms(200))
-        .without_watchdog()
-        .build()
-        .unwrap();
-    let mut conn = shared_redis().await;
-    let locker = locker(conn.clone(), short);
-    let a = locker.try_acquire(&key).await.unwrap();
-    sleep(ms(400)).await;
-    assert!(!a.is_held());
-    let b = locker.try_acquire(&key).await.unwrap();
-
-    // Act
-    let a_was_ours = a.release().await.unwrap();
-
-    // Assert
-    assert!(!a_was_ours, "a stale release must report the lock as lost");
-    assert_eq!(get(&mut conn, &key).await.as_deref(), Some(b.token()));
-    assert!(b.release().await.unwrap());
-    assert_eq!(get(&mut conn, &key).await, None);
-}
-
-#[tokio::test]
-async fn the_lease_frees_a_lock_whose_holder_vanished() {
-    // Arrange: a holder that disappears without releasing (no Drop runs, no watchdog).
-    let (key, _cleanup) = unique_key("vanish");
-    let options = LockOptions::builder()
-        .ttl(ms(500))
-        .without_watchdog()
-        .wait_timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let locker = locker(shared_redis().await, options);
-    // Measured before the command is sent: Redis starts the TTL later, so the key cannot
-    // expire less than 500 ms after this instant.
-    let taken_at = Instant::now();
-    let vanished = locker.try_acquire(&key).await.unwrap();
-    std::mem::forget(vanished);
-    assert!(matches!(
-        locker.try_acquire(&key).await,
-        Err(Error::Held { .. })
-    ));
-
-    // Act
-    let next = locker.acquire(&key).await.unwrap();
-
-    // Assert: only the lease could have freed it, so not before it ran out.
-    assert!(
-        taken_at.elapsed() >= ms(450),
-        "freed after {:?}",
-        taken_at.elapsed()
-    );
-    assert!(next.release().await.unwrap());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_release() {
-    // Arrange: ttl 1.5 s, renewed every 500 ms.
-    let (key, _cleanup) = unique_key("watchdog");
-    let options = LockOptions::builder().ttl(ms(1_500)).build().unwrap();
-    let mut conn = shared_redis().await;
-    let locker = locker(conn.clone(), options);
-    let guard = locker.acquire(&key).await.unwrap();
-    let token = guard.token().to_owned();
-
-    // Act: work for three ttls, checking as we go.
-    for _ in 0..15 {
-        sleep(ms(300)).await;
-        assert!(guard.is_held());
-        assert_eq!(get(&mut conn, &key).await.as_deref(), Some(token.as_str()));
-        assert!(matches!(
-            locker.try_acquire(&key).await,
-            Err(Error::Held { .. })
-        ));
-    }
-    assert!(guard.renewals() >= 6, "renewed {} times", guard.renewals());
     assert!(guard.release().await.unwrap());
-
-    // Assert: put a key with the old token back; a watchdog still running would keep it
-    // alive (it renews every 500 ms to 1.5 s), a stopped one lets it expire.
-    assert_nothing_renews(&mut conn, &key, &token).await;
-}
-
-#[tokio::test]
-async fn the_lost_signal_fires_when_the_key_is_deleted_behind_the_holder() {
-    let (key, _cleanup) = unique_key("lost-del");
-    let options = LockOptions::builder().ttl(ms(600)).build().unwrap();
-    let mut conn = shared_redis().await;
-    let guard = locker(conn.clone(), options).acquire(&key).await.unwrap();
-    assert!(guard.is_held());
-
-    let _: () = redis::cmd("DEL")
-        .arg(&key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-
-    let why = timeout(Duration::from_secs(10), guard.lost())
-        .await
-        .unwrap();
-    assert_eq!(why, LockLost::Expired);
-    assert!(!guard.is_held());
-    assert!(!guard.release().await.unwrap());
-}
-
-#[tokio::test]
-async fn the_lost_signal_fires_when_the_key_is_overwritten_behind_the_holder() {
-    let (key, _cleanup) = unique_key("lost-set");
-    let options = LockOptions::builder().ttl(ms(600)).build().unwrap();
-    let mut conn = shared_redis().await;
-    let guard = locker(conn.clone(), options).acquire(&key).await.unwrap();
-
-    let _: () = redis::cmd("SET")
-        .arg(&key)
-        .arg("intruder")
-        .arg("PX")
-        .arg(60_000)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-
-    let why = timeout(Duration::from_secs(10), guard.lost())
-        .await
-        .unwrap();
-    assert_eq!(why, LockLost::Taken);
-    assert!(!guard.release().await.unwrap());
-    assert_eq!(get(&mut conn, &key).await.as_deref(), Some("intruder"));
-    let _: () = redis::cmd("DEL")
-        .arg(&key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-}
-
-#[tokio::test]
-async fn the_lost_signal_fires_when_redis_is_unreachable_until_the_lease_ends() {
-    // Arrange: a private Redis we can kill.
-    let mut server = RedisServer::start();
-    let conn = connect(&server.url()).await;
-    let options = LockOptions::builder().ttl(ms(900)).build().unwrap();
-    let guard = Locker::new(conn, options)
-        .acquire("lock_sale_1")
-        .await
-        .unwrap();
-    let lost = guard.lost();
-
-    // Act
-    server.kill();
-    let killed_at = Instant::now();
-
-    // Assert: lost once the lease the holder last knew of runs out, not before.
-    let why = timeout(Duration::from_secs(10), lost).await.unwrap();
-    assert_eq!(why, LockLost::Unreachable);
-    assert!(!guard.is_held());
-    assert!(killed_at.elapsed() <= ms(900) + Duration::from_secs(5));
-    drop(guard);
-}
-
-#[tokio::test]
-async fn fences_strictly_increase_across_holders() {
-    let (key, _cleanup) = unique_key("fence");
-    let mut previous = 0;
-    for _ in 0..20 {
-        // A new connection and locker each time: a new holder, as in another process.
-        let locker = locker(shared_redis().await, patient());
-        let guard = locker.acquire(&key).await.unwrap();
-        assert!(
-            guard.fence().get() > previous,
-            "{} after {previous}",
-            guard.fence()
-        );
-        previous = guard.fence().get();
-        guard.release().await.unwrap();
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_holders_never_share_a_fence() {
-    let (key, _cleanup) = unique_key("fence-race");
-    let locker = locker(shared_redis().await, patient());
-    let mut tasks = Vec::new();
-    for _ in 0..16 {
-        let (locker, key) = (locker.clone(), key.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut fences = Vec::new();
-            for _ in 0..5 {
-                let guard = locker.acquire(&key).await.unwrap();
-                fences.push(guard.fence().get());
-                guard.release().await.unwrap();
-            }
-            fences
-        }));
-    }
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.unwrap());
-    }
-    let count = all.len();
-    all.sort_unstable();
-    all.dedup();
-    assert_eq!(all.len(), count, "two acquisitions got the same fence");
 }
 
 #[tokio::test]
@@ -333,146 +79,115 @@ async fn the_fence_key_hashes_to_the_lock_keys_slot_and_has_no_ttl() {
         Some(guard.fence().to_string())
     );
     assert_eq!(pttl(&mut conn, &fence_key).await, -1);
-    guard.release().await.unwrap();
+    assert!(guard.release().await.unwrap());
+}
+
+/// The server's clock, in microseconds since the epoch.
+async fn server_clock_us(conn: &mut ConnectionManager) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+    secs * 1_000_000 + micros
 }
 
 #[tokio::test]
-async fn the_same_owner_reenters_and_the_key_goes_when_the_count_returns_to_zero() {
-    // Arrange
-    let (key, _cleanup) = unique_key("reentrant");
-    let mut conn = shared_redis().await;
-    let locker = locker(conn.clone(), patient());
-    let owner = locker.owner();
-    let stranger = locker.owner();
+async fn fences_stay_above_every_fence_issued_before_when_redis_loses_the_counter() {
+    // Arrange: holders that never write anywhere push the counter on; then holder A takes
+    // the highest fence so far and is paused (it keeps its guard, unused).
+    let mut server = RedisServer::start();
+    let conn = connect(&server.url()).await;
+    let locker = locker(
+        conn.clone(),
+        LockOptions::builder().ttl(ms(300)).build().unwrap(),
+    );
+    for _ in 0..5 {
+        assert!(
+            locker
+                .try_acquire("lock_sale_1")
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap()
+        );
+    }
+    let a = locker.try_acquire("lock_sale_1").await.unwrap();
+    let stale_fence = a.fence();
 
-    // Act / Assert: the owner re-enters, others are kept out.
-    let outer = owner.acquire(&key).await.unwrap();
-    let inner = owner.clone().try_acquire(&key).await.unwrap();
-    assert_eq!(inner.hold_count(), 2);
-    assert_eq!(inner.fence(), outer.fence(), "one acquisition, one fence");
-    assert!(matches!(
-        stranger.try_acquire(&key).await,
-        Err(Error::Held { .. })
-    ));
-    assert!(matches!(
-        locker.try_acquire(&key).await,
-        Err(Error::Held { .. })
-    ));
-
-    assert!(inner.release().await.unwrap());
-    assert_eq!(outer.hold_count(), 1);
-    assert_eq!(get(&mut conn, &key).await.as_deref(), Some(outer.token()));
-    assert!(matches!(
-        stranger.try_acquire(&key).await,
-        Err(Error::Held { .. })
-    ));
-
-    assert!(outer.release().await.unwrap());
-    assert_eq!(get(&mut conn, &key).await, None);
-    stranger
-        .try_acquire(&key)
-        .await
+    // Act: Redis restarts empty (no persistence), and B takes the lock.
+    server.restart_empty();
+    let mut conn = connect(&server.url()).await;
+    let b = Locker::new(conn.clone(), patient())
         .unwrap()
-        .release()
+        .acquire("lock_sale_1")
         .await
         .unwrap();
-}
 
-#[tokio::test]
-async fn plain_acquisitions_are_not_reentrant() {
-    let (key, _cleanup) = unique_key("not-reentrant");
-    let locker = locker(shared_redis().await, patient());
-    let first = locker.try_acquire(&key).await.unwrap();
-    assert!(matches!(
-        locker.try_acquire(&key).await,
-        Err(Error::Held { .. })
-    ));
-    first.release().await.unwrap();
-}
-
-#[tokio::test]
-async fn try_acquire_returns_at_once_when_the_lock_is_held() {
-    let (key, _cleanup) = unique_key("try");
-    let locker = locker(shared_redis().await, patient()); // waits up to 60 s in acquire
-    let holder = locker.try_acquire(&key).await.unwrap();
-
-    let started = Instant::now();
-    let outcome = locker.try_acquire(&key).await;
-
+    // Assert: B's fence is above A's, so a store that accepted B refuses the paused A.
     assert!(
-        matches!(outcome, Err(Error::Held { key: ref held }) if *held == key),
-        "{outcome:?}"
+        b.fence() > stale_fence,
+        "{} is not above {stale_fence}",
+        b.fence()
     );
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
-    );
-    holder.release().await.unwrap();
+    assert!(b.fence().get() <= server_clock_us(&mut conn).await);
+    assert!(b.release().await.unwrap());
+    drop(a);
 }
 
 #[tokio::test]
-async fn acquire_gives_up_at_its_deadline() {
-    // Arrange: the lock is held for longer than the waiter will wait.
-    let (key, _cleanup) = unique_key("deadline");
-    let holder = locker(shared_redis().await, patient())
+async fn every_fence_is_at_least_the_servers_clock_in_microseconds() {
+    let (key, _cleanup) = unique_key("fence-clock");
+    let mut conn = shared_redis().await;
+    let before = server_clock_us(&mut conn).await;
+
+    let guard = locker(conn.clone(), patient())
         .try_acquire(&key)
         .await
         .unwrap();
-    let wait = ms(700);
-    let waiter = locker(
-        shared_redis().await,
-        LockOptions::builder().wait_timeout(wait).build().unwrap(),
+
+    let after = server_clock_us(&mut conn).await;
+    assert!(
+        (before..=after).contains(&guard.fence().get()),
+        "fence {} outside the clock readings {before}..={after}",
+        guard.fence()
     );
+    assert!(guard.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn fences_too_large_for_a_lua_number_stay_exact() {
+    // Lua numbers are doubles: 2^60 + 1 is not one. Scripts must never round a fence.
+    let (key, _cleanup) = unique_key("fence-exact");
+    let locker = locker(shared_redis().await, patient());
+    let guard = locker.try_acquire(&key).await.unwrap();
+    let seen = Fence((1 << 60) + 1);
+
+    let advanced = guard.advance_fence(seen).await.unwrap();
+    assert!(guard.release().await.unwrap());
+    let next = locker.try_acquire(&key).await.unwrap();
+
+    assert_eq!(advanced, Fence((1 << 60) + 2));
+    assert_eq!(next.fence(), Fence((1 << 60) + 3));
+    assert!(next.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn the_lost_signal_fires_when_redis_is_unreachable_until_the_lease_ends() {
+    // Arrange: a private Redis we can kill.
+    let mut server = RedisServer::start();
+    let conn = connect(&server.url()).await;
+    let options = LockOptions::builder().ttl(ms(900)).build().unwrap();
+    let guard = locker(conn, options).acquire("lock_sale_1").await.unwrap();
+    let lost = guard.lost();
 
     // Act
-    let started = Instant::now();
-    let outcome = waiter.acquire(&key).await;
-    let elapsed = started.elapsed();
+    server.kill();
+    let killed_at = Instant::now();
 
-    // Assert: not before the deadline, and not long after it.
-    match outcome {
-        Err(Error::Timeout { waited, .. }) => assert!(waited >= wait, "{waited:?}"),
-        other => panic!("expected a timeout, got {other:?}"),
-    }
-    assert!(
-        elapsed >= wait && elapsed < wait + Duration::from_secs(5),
-        "{elapsed:?}"
-    );
-    holder.release().await.unwrap();
-}
-
-#[tokio::test]
-async fn acquire_gets_the_lock_once_the_holder_releases_it() {
-    let (key, _cleanup) = unique_key("handoff");
-    let locker = locker(shared_redis().await, patient());
-    let holder = locker.try_acquire(&key).await.unwrap();
-    let waiter = {
-        let (locker, key) = (locker.clone(), key.clone());
-        tokio::spawn(async move { locker.acquire(&key).await.map(|g| g.fence()) })
-    };
-    sleep(ms(100)).await;
-    let holder_fence = holder.fence();
-    holder.release().await.unwrap();
-    let fence = timeout(Duration::from_secs(30), waiter)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert!(fence > holder_fence);
-}
-
-#[tokio::test]
-async fn an_empty_key_is_refused_before_redis_is_asked() {
-    let locker = locker(shared_redis().await, patient());
-    assert!(matches!(
-        locker.try_acquire("").await,
-        Err(Error::InvalidKey { .. })
-    ));
-    assert!(matches!(
-        locker.acquire("").await,
-        Err(Error::InvalidKey { .. })
-    ));
+    // Assert: lost once the lease the holder last knew of runs out, not before.
+    let why = timeout(Duration::from_secs(10), lost).await.unwrap();
+    assert_eq!(why, LockLost::Unreachable);
+    assert!(!guard.is_held());
+    assert!(killed_at.elapsed() <= ms(900) + Duration::from_secs(5));
+    drop(guard);
 }
 
 #[tokio::test]
@@ -480,113 +195,11 @@ async fn acquire_fails_at_once_when_redis_is_down() {
     let mut server = RedisServer::start();
     let conn = connect(&server.url()).await;
     server.kill();
-    let locker = Locker::new(conn, patient()); // would wait 60 s for a held lock
+    let locker = locker(conn, patient()); // would wait 60 s for a held lock
     let outcome = timeout(Duration::from_secs(30), locker.acquire("k"))
         .await
         .unwrap();
     assert!(matches!(outcome, Err(Error::Redis(_))), "{outcome:?}");
-}
-
-#[tokio::test]
-async fn dropping_an_unreleased_guard_releases_the_lock() {
-    let (key, _cleanup) = unique_key("drop");
-    let mut conn = shared_redis().await;
-    let locker = locker(conn.clone(), patient()); // ttl 5 s: only the fallback frees it sooner
-    let guard = locker.try_acquire(&key).await.unwrap();
-
-    drop(guard);
-
-    wait_until_gone(&mut conn, &key, "the drop fallback did not release").await;
-    locker
-        .try_acquire(&key)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
-}
-
-#[tokio::test]
-async fn a_dropped_reentrant_guard_counts_down_and_the_last_one_releases() {
-    let (key, _cleanup) = unique_key("drop-reentrant");
-    let mut conn = shared_redis().await;
-    let locker = locker(conn.clone(), patient());
-    let owner = Arc::new(locker.owner());
-    let outer = owner.try_acquire(&key).await.unwrap();
-    let inner = owner.try_acquire(&key).await.unwrap();
-
-    drop(inner);
-    assert_eq!(outer.hold_count(), 1);
-    assert!(get(&mut conn, &key).await.is_some());
-    drop(outer);
-
-    wait_until_gone(&mut conn, &key, "the last drop did not release").await;
-}
-
-#[tokio::test]
-async fn the_holder_can_advance_its_fence_past_a_counter_that_went_back() {
-    // Arrange: a store has seen fence 1000, but the counter was lost and restarts low.
-    let (key, _cleanup) = unique_key("advance");
-    let mut conn = shared_redis().await;
-    let locker = locker(conn.clone(), patient());
-    let guard = locker.try_acquire(&key).await.unwrap();
-    assert!(guard.fence().get() < 1000);
-
-    // Act
-    let fence = guard.advance_fence(distlock::Fence(1000)).await.unwrap();
-
-    // Assert: above what the store saw, kept by the guard, and the counter moved on.
-    assert_eq!(fence.get(), 1001);
-    assert_eq!(guard.fence(), fence);
-    guard.release().await.unwrap();
-    let next = locker.try_acquire(&key).await.unwrap();
-    assert_eq!(next.fence().get(), 1002);
-    next.release().await.unwrap();
-    let _: () = redis::cmd("DEL")
-        .arg(distlock::fence_key(&key).unwrap())
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-}
-
-#[tokio::test]
-async fn a_stale_holder_cannot_advance_its_fence() {
-    let (key, _cleanup) = unique_key("advance-stale");
-    let short = LockOptions::builder()
-        .ttl(ms(200))
-        .without_watchdog()
-        .build()
-        .unwrap();
-    let locker = locker(shared_redis().await, short);
-    let stale = locker.try_acquire(&key).await.unwrap();
-    sleep(ms(400)).await;
-    let newer = locker.try_acquire(&key).await.unwrap();
-
-    let outcome = stale.advance_fence(newer.fence()).await;
-
-    assert!(matches!(outcome, Err(Error::NotHeld { .. })), "{outcome:?}");
-    assert!(stale.fence() < newer.fence());
-    newer.release().await.unwrap();
-}
-
-#[tokio::test]
-async fn a_dropped_guard_stops_its_watchdog() {
-    // Arrange: a lease renewed every 300 ms, dropped without release.
-    let (key, _cleanup) = unique_key("drop-watchdog");
-    let mut conn = shared_redis().await;
-    let locker = locker(
-        conn.clone(),
-        LockOptions::builder().ttl(ms(900)).build().unwrap(),
-    );
-    let guard = locker.try_acquire(&key).await.unwrap();
-    let token = guard.token().to_owned();
-
-    // Act
-    drop(guard);
-    wait_until_gone(&mut conn, &key, "the drop fallback did not release").await;
-
-    // Assert: a key with the old token is left to expire; a live watchdog would renew it.
-    assert_nothing_renews(&mut conn, &key, &token).await;
 }
 
 #[tokio::test]
@@ -605,19 +218,14 @@ async fn an_attempt_abandoned_at_the_deadline_does_not_leave_its_key_behind() {
         .wait_timeout(ms(300))
         .build()
         .unwrap();
-    let locker = Locker::new(conn.clone(), options);
+    let locker = locker(conn.clone(), options);
     // Load the scripts first: a frozen server cannot answer a NOSCRIPT reload.
-    locker
-        .try_acquire("warm-up")
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    let warm_up = locker.try_acquire("warm-up").await.unwrap();
+    assert!(warm_up.release().await.unwrap());
     server.signal("-STOP");
 
     // Act: the attempt is abandoned at the deadline; then Redis wakes up and runs the
-    // queued SET, and after it the release by token.
+    // queued acquire, and after it the release by token.
     let outcome = locker.acquire("lock_sale_1").await;
     server.signal("-CONT");
 
@@ -640,11 +248,169 @@ async fn an_attempt_abandoned_at_the_deadline_does_not_leave_its_key_behind() {
     timeout(Duration::from_secs(5), gone)
         .await
         .expect("the abandoned attempt's key was left behind");
-    // The SET did run (the fence moved), so the key really was set and then released.
+    // The acquire did run (its fence counter exists), so the key really was set and released.
     let fence: Option<u64> = redis::cmd("GET")
         .arg("{lock_sale_1}:fence")
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(fence, Some(1));
+    assert!(fence.is_some(), "the acquire never ran");
+}
+
+/// A locker on `url` whose waiters wait for release messages, with `backstop` as the
+/// longest wait between attempts.
+async fn signalled_locker(
+    url: &str,
+    backstop: Duration,
+    wait: Duration,
+) -> Locker<ConnectionManager> {
+    let client = redis::Client::open(url).unwrap();
+    let signals = ReleaseSignals::connect(&client).await.unwrap();
+    let options = LockOptions::builder()
+        .ttl(Duration::from_secs(30))
+        .wait_timeout(wait)
+        .retry_delay(backstop, backstop)
+        .build()
+        .unwrap();
+    locker(connect(url).await, options).with_release_signals(signals)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_within_milliseconds_of_the_release_not_after_its_backoff() {
+    // Arrange: a waiter whose backoff would be 1 to 2 s without signals.
+    let (key, _cleanup) = unique_key("wake");
+    let holder = locker(shared_redis().await, patient())
+        .try_acquire(&key)
+        .await
+        .unwrap();
+    let waiter = signalled_locker(
+        &redis_url(),
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    )
+    .await;
+    let waiting = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let guard = waiter.acquire(&key).await.unwrap();
+            let got_it = Instant::now();
+            assert!(guard.release().await.unwrap());
+            got_it
+        })
+    };
+    sleep(ms(300)).await; // the waiter has tried once and sleeps
+
+    // Act
+    let released_at = Instant::now();
+    assert!(holder.release().await.unwrap());
+    let got_it = waiting.await.unwrap();
+
+    // Assert: woken by the message, well before a backoff of a second.
+    let handoff = got_it.duration_since(released_at);
+    eprintln!("handoff after release: {handoff:?}");
+    assert!(
+        handoff < ms(250),
+        "the waiter took {handoff:?} after the release"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_release_message_costs_at_most_the_backstop() {
+    // Arrange: a private Redis; a waiter with a 300 ms backstop; a holder.
+    let server = RedisServer::start();
+    let mut admin = connect(&server.url()).await;
+    let holder = locker(connect(&server.url()).await, patient())
+        .try_acquire("lock_sale_1")
+        .await
+        .unwrap();
+    let backstop = ms(300);
+    let waiter = signalled_locker(&server.url(), backstop, Duration::from_secs(60)).await;
+    let waiting = tokio::spawn(async move {
+        let guard = waiter.acquire("lock_sale_1").await.unwrap();
+        let got_it = Instant::now();
+        assert!(guard.release().await.unwrap());
+        got_it
+    });
+    sleep(ms(200)).await;
+
+    // Act: the subscription is killed from outside, then the lock goes away without any
+    // message (deleted, as an expiry would).
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    sleep(ms(100)).await;
+    let freed_at = Instant::now();
+    redis::cmd("DEL")
+        .arg("lock_sale_1")
+        .exec_async(&mut admin)
+        .await
+        .unwrap();
+    let got_it = timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the waiter hung")
+        .unwrap();
+
+    // Assert: the waiter noticed within its backstop (plus scheduling room), not never.
+    assert_eq!(killed, 1, "the subscription connection was not found");
+    let waited = got_it.duration_since(freed_at);
+    assert!(
+        waited < backstop + ms(700),
+        "took {waited:?} after the lock was freed"
+    );
+    drop(holder);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signalled_waiter_never_waits_past_its_deadline() {
+    let (key, _cleanup) = unique_key("signal-deadline");
+    let holder = locker(shared_redis().await, patient())
+        .try_acquire(&key)
+        .await
+        .unwrap();
+    let wait = ms(400);
+    let waiter = signalled_locker(&redis_url(), ms(150), wait).await;
+
+    let started = Instant::now();
+    let outcome = waiter.acquire(&key).await;
+    let elapsed = started.elapsed();
+
+    assert!(matches!(outcome, Err(Error::Timeout { .. })), "{outcome:?}");
+    assert!(elapsed >= wait && elapsed < wait + ms(1_500), "{elapsed:?}");
+    assert!(holder.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_in_one_process_take_the_lock_in_the_order_they_asked() {
+    // Arrange: the lock is held; five waiters of one locker ask for it 50 ms apart.
+    let (key, _cleanup) = unique_key("turns");
+    let holder = locker(shared_redis().await, patient())
+        .try_acquire(&key)
+        .await
+        .unwrap();
+    let waiter = signalled_locker(&redis_url(), ms(50), Duration::from_secs(60)).await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let (waiter, key, order) = (waiter.clone(), key.clone(), Arc::clone(&order));
+        tasks.push(tokio::spawn(async move {
+            let guard = waiter.acquire(&key).await.unwrap();
+            order.lock().unwrap().push(i);
+            sleep(ms(5)).await;
+            assert!(guard.release().await.unwrap());
+        }));
+        sleep(ms(50)).await;
+    }
+
+    // Act
+    assert!(holder.release().await.unwrap());
+    for task in tasks {
+        task.await.unwrap();
+    }
+
+    // Assert
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
 }

@@ -1,53 +1,47 @@
-//! Redlock against private `redis-server`s started (and killed, by pid) by each test.
+//! What only Redlock can show, against private `redis-server`s started (and killed, by pid)
+//! by each test: masters going down, majorities changing, fences across the set, and an
+//! attempt abandoned halfway. The properties every backend shares run against Redlock too,
+//! in `tests/properties.rs`.
 
 mod support;
 
 use std::time::Duration;
 
-use distlock::{Error, FencedGuard, LockLost, LockOptions, Redlock, RedlockOptions};
+use distlock::{Error, Fence, LockLost, LockOptions, Locker, Redlock};
 use redis::aio::ConnectionManager;
-use support::{connect, get, ms, pttl};
-use testkit::RedisServer;
+use support::{RedlockHarness, get, ms, pttl};
 use tokio::time::timeout;
 
-struct Cluster {
-    servers: Vec<RedisServer>,
-    conns: Vec<ConnectionManager>,
+fn options(ttl: Duration) -> LockOptions {
+    LockOptions::builder()
+        .ttl(ttl)
+        .wait_timeout(Duration::from_secs(10))
+        .retry_delay(ms(20), ms(100))
+        .build()
+        .unwrap()
 }
 
-async fn masters(n: usize) -> Cluster {
-    let servers: Vec<RedisServer> = (0..n).map(|_| RedisServer::start()).collect();
-    let mut conns = Vec::new();
-    for server in &servers {
-        conns.push(connect(&server.url()).await);
-    }
-    Cluster { servers, conns }
-}
-
-fn options(ttl: Duration) -> RedlockOptions {
-    RedlockOptions::new(
-        LockOptions::builder()
-            .ttl(ttl)
-            .wait_timeout(Duration::from_secs(10))
-            .retry_delay(ms(20), ms(100))
-            .build()
-            .unwrap(),
+fn redlock(masters: &RedlockHarness, ttl: Duration) -> Locker<Redlock<ConnectionManager>> {
+    Locker::new(
+        Redlock::new(masters.conns().to_vec()).unwrap(),
+        options(ttl),
     )
+    .unwrap()
 }
 
 #[tokio::test]
 async fn the_lock_is_set_with_a_ttl_on_every_master_and_excludes_others() {
-    let mut cluster = masters(3).await;
-    let redlock = Redlock::new(cluster.conns.clone(), options(ms(5_000))).unwrap();
+    let cluster = RedlockHarness::start(3).await;
+    let redlock = redlock(&cluster, ms(5_000));
 
     let guard = redlock.acquire("lock_sale_1").await.unwrap();
 
-    for conn in &mut cluster.conns {
+    for mut conn in cluster.conns().to_vec() {
         assert_eq!(
-            get(conn, "lock_sale_1").await.as_deref(),
+            get(&mut conn, "lock_sale_1").await.as_deref(),
             Some(guard.token())
         );
-        let ttl = pttl(conn, "lock_sale_1").await;
+        let ttl = pttl(&mut conn, "lock_sale_1").await;
         assert!(ttl > 0 && ttl <= 5_000, "pttl {ttl}");
     }
     assert!(matches!(
@@ -55,16 +49,16 @@ async fn the_lock_is_set_with_a_ttl_on_every_master_and_excludes_others() {
         Err(Error::Held { .. })
     ));
     assert!(guard.release().await.unwrap());
-    for conn in &mut cluster.conns {
-        assert_eq!(get(conn, "lock_sale_1").await, None);
+    for mut conn in cluster.conns().to_vec() {
+        assert_eq!(get(&mut conn, "lock_sale_1").await, None);
     }
 }
 
 #[tokio::test]
 async fn one_of_three_masters_down_still_locks() {
-    let mut cluster = masters(3).await;
-    cluster.servers[0].kill();
-    let redlock = Redlock::new(cluster.conns.clone(), options(ms(5_000))).unwrap();
+    let mut cluster = RedlockHarness::start(3).await;
+    cluster.servers()[0].kill();
+    let redlock = redlock(&cluster, ms(5_000));
 
     let guard = redlock.acquire("k").await.unwrap();
 
@@ -78,10 +72,10 @@ async fn one_of_three_masters_down_still_locks() {
 
 #[tokio::test]
 async fn two_of_five_masters_down_still_locks() {
-    let mut cluster = masters(5).await;
-    cluster.servers[1].kill();
-    cluster.servers[3].kill();
-    let redlock = Redlock::new(cluster.conns.clone(), options(ms(5_000))).unwrap();
+    let mut cluster = RedlockHarness::start(5).await;
+    cluster.servers()[1].kill();
+    cluster.servers()[3].kill();
+    let redlock = redlock(&cluster, ms(5_000));
 
     let guard = redlock.acquire("k").await.unwrap();
 
@@ -94,10 +88,10 @@ async fn two_of_five_masters_down_still_locks() {
 
 #[tokio::test]
 async fn with_a_majority_down_acquire_fails_with_a_clear_error() {
-    let mut cluster = masters(3).await;
-    cluster.servers[0].kill();
-    cluster.servers[2].kill();
-    let redlock = Redlock::new(cluster.conns.clone(), options(ms(5_000))).unwrap();
+    let mut cluster = RedlockHarness::start(3).await;
+    cluster.servers()[0].kill();
+    cluster.servers()[2].kill();
+    let redlock = redlock(&cluster, ms(5_000));
 
     let outcome = timeout(Duration::from_secs(30), redlock.acquire("k"))
         .await
@@ -119,23 +113,23 @@ async fn with_a_majority_down_acquire_fails_with_a_clear_error() {
         ),
     }
     // Nothing is left behind on the surviving node.
-    assert_eq!(get(&mut cluster.conns[1], "k").await, None);
+    assert_eq!(get(&mut cluster.conns()[1].clone(), "k").await, None);
 }
 
 #[tokio::test]
 async fn a_lost_minority_does_not_let_a_second_holder_in() {
     // One node held by someone else: we still get the other two, and the third party
     // cannot form a majority against us.
-    let mut cluster = masters(3).await;
+    let cluster = RedlockHarness::start(3).await;
     let _: () = redis::cmd("SET")
         .arg("k")
         .arg("someone-else")
         .arg("PX")
         .arg(60_000)
-        .query_async(&mut cluster.conns[2])
+        .query_async(&mut cluster.conns()[2].clone())
         .await
         .unwrap();
-    let redlock = Redlock::new(cluster.conns.clone(), options(ms(5_000))).unwrap();
+    let redlock = redlock(&cluster, ms(5_000));
 
     let guard = redlock.try_acquire("k").await.unwrap();
 
@@ -145,34 +139,35 @@ async fn a_lost_minority_does_not_let_a_second_holder_in() {
     ));
     assert!(guard.release().await.unwrap());
     assert_eq!(
-        get(&mut cluster.conns[2], "k").await.as_deref(),
+        get(&mut cluster.conns()[2].clone(), "k").await.as_deref(),
         Some("someone-else")
     );
 }
 
 #[tokio::test]
 async fn fences_keep_growing_when_the_majority_changes() {
-    // Arrange: node 0's counter is far ahead of the others.
-    let mut cluster = masters(3).await;
+    // Arrange: node 0's counter is far ahead of the others (and of the clock).
+    let mut cluster = RedlockHarness::start(3).await;
     let fence_key = distlock::fence_key("k").unwrap();
+    let ahead: u64 = 1 << 62;
     let _: () = redis::cmd("SET")
         .arg(&fence_key)
-        .arg(100)
-        .query_async(&mut cluster.conns[0])
+        .arg(ahead)
+        .query_async(&mut cluster.conns()[0].clone())
         .await
         .unwrap();
-    let redlock = Redlock::new(cluster.conns.clone(), options(ms(5_000))).unwrap();
+    let redlock = redlock(&cluster, ms(5_000));
     let first = redlock.acquire("k").await.unwrap();
     let first_fence = first.fence();
     assert_eq!(
-        first_fence.get(),
-        101,
+        first_fence,
+        Fence(ahead + 1),
         "the fence is the maximum of the majority"
     );
-    first.release().await.unwrap();
+    assert!(first.release().await.unwrap());
 
     // Act: the node that gave the maximum disappears; the next majority is nodes 1 and 2.
-    cluster.servers[0].kill();
+    cluster.servers()[0].kill();
     let second = redlock.acquire("k").await.unwrap();
 
     // Assert: the second round raised nodes 1 and 2 to 101, so the fence still grows.
@@ -182,34 +177,34 @@ async fn fences_keep_growing_when_the_majority_changes() {
         second.fence(),
         first_fence
     );
-    second.release().await.unwrap();
+    assert!(second.release().await.unwrap());
 }
 
 #[tokio::test]
 async fn the_watchdog_keeps_the_majority_through_several_ttls() {
-    let mut cluster = masters(3).await;
-    let redlock = Redlock::new(cluster.conns.clone(), options(ms(900))).unwrap();
+    let cluster = RedlockHarness::start(3).await;
+    let redlock = redlock(&cluster, ms(900));
     let guard = redlock.acquire("k").await.unwrap();
 
     tokio::time::sleep(ms(3_000)).await;
 
     assert!(guard.is_held());
     assert!(guard.renewals() >= 5, "renewed {} times", guard.renewals());
-    for conn in &mut cluster.conns {
-        assert_eq!(get(conn, "k").await.as_deref(), Some(guard.token()));
+    for mut conn in cluster.conns().to_vec() {
+        assert_eq!(get(&mut conn, "k").await.as_deref(), Some(guard.token()));
     }
     assert!(guard.release().await.unwrap());
 }
 
 #[tokio::test]
 async fn losing_the_majority_while_holding_is_signalled() {
-    let mut cluster = masters(3).await;
-    let redlock = Redlock::new(cluster.conns.clone(), options(ms(900))).unwrap();
+    let mut cluster = RedlockHarness::start(3).await;
+    let redlock = redlock(&cluster, ms(900));
     let guard = redlock.acquire("k").await.unwrap();
     let lost = guard.lost();
 
-    cluster.servers[0].kill();
-    cluster.servers[1].kill();
+    cluster.servers()[0].kill();
+    cluster.servers()[1].kill();
 
     let why = timeout(Duration::from_secs(10), lost)
         .await
@@ -221,19 +216,18 @@ async fn losing_the_majority_while_holding_is_signalled() {
 
 #[tokio::test]
 async fn a_majority_holder_can_advance_its_fence_and_a_stale_one_cannot() {
-    let cluster = masters(3).await;
-    let short = RedlockOptions::new(
-        LockOptions::builder()
-            .ttl(ms(300))
-            .without_watchdog()
-            .build()
-            .unwrap(),
-    );
-    let redlock = Redlock::new(cluster.conns.clone(), short).unwrap();
+    let cluster = RedlockHarness::start(3).await;
+    let short = LockOptions::builder()
+        .ttl(ms(300))
+        .without_watchdog()
+        .build()
+        .unwrap();
+    let redlock = Locker::new(Redlock::new(cluster.conns().to_vec()).unwrap(), short).unwrap();
     let holder = redlock.try_acquire("k").await.unwrap();
+    let seen = Fence(holder.fence().get() + 1_000_000);
 
-    let advanced = holder.advance_fence(distlock::Fence(500)).await.unwrap();
-    assert!(advanced.get() > 500);
+    let advanced = holder.advance_fence(seen).await.unwrap();
+    assert!(advanced > seen);
     assert_eq!(holder.fence(), advanced);
 
     tokio::time::sleep(ms(600)).await;
@@ -243,27 +237,103 @@ async fn a_majority_holder_can_advance_its_fence_and_a_stale_one_cannot() {
         holder.advance_fence(newer.fence()).await,
         Err(Error::NotHeld { .. })
     ));
-    newer.release().await.unwrap();
+    assert!(newer.release().await.unwrap());
 }
 
-#[test]
-fn options_that_leave_no_validity_are_refused() {
+#[tokio::test]
+async fn options_that_leave_no_room_for_drift_and_node_timeouts_are_refused() {
+    let masters = RedlockHarness::start(3).await;
+    let nodes = || Redlock::new(masters.conns().to_vec()).unwrap();
     assert!(matches!(
-        Redlock::<ConnectionManager>::new(vec![], RedlockOptions::default()),
+        Redlock::<ConnectionManager>::new(vec![]),
         Err(Error::InvalidOptions(_))
     ));
-    // A 5 ms ttl leaves nothing after 2 ms of drift and a 5 ms node timeout.
+    // A 5 ms ttl leaves nothing after 2 ms of drift and two 5 ms node timeouts.
     let tiny = LockOptions::builder()
         .ttl(ms(5))
         .without_watchdog()
         .build()
         .unwrap();
     assert!(matches!(
-        RedlockOptions::new(tiny).with_drift_factor(0.01),
+        Locker::new(nodes(), tiny),
         Err(Error::InvalidOptions(_))
     ));
+    // A 1 s lease is 988 ms net of drift; a renewal every 900 ms plus a 100 ms node timeout
+    // would land after it.
+    let late = LockOptions::builder()
+        .ttl(ms(1_000))
+        .renew_interval(ms(900))
+        .build()
+        .unwrap();
+    assert!(
+        matches!(Locker::new(nodes(), late), Err(Error::InvalidOptions(ref why)) if why.contains("renew")),
+    );
+    assert!(Locker::new(nodes(), options(ms(1_000))).is_ok());
     assert!(matches!(
-        RedlockOptions::default().with_drift_factor(0.7),
+        nodes().with_drift_factor(0.7),
         Err(Error::InvalidOptions(_))
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_dropped_after_a_majority_granted_it_leaves_no_keys() {
+    // Arrange: one master frozen, so the attempt waits on it after the other two granted.
+    let mut masters = RedlockHarness::start(3).await;
+    let redlock = redlock(&masters, Duration::from_secs(30)); // keys outlive the test
+    masters.servers()[2].signal("-STOP");
+
+    // Act: the caller gives up while the attempt still waits for the frozen master.
+    let outcome = timeout(ms(300), redlock.try_acquire("lock_sale_1")).await;
+    masters.servers()[2].signal("-CONT");
+
+    // Assert: what the two masters granted is released in the background, not left for 30 s.
+    assert!(outcome.is_err(), "the attempt finished: {outcome:?}");
+    let cleaned = async {
+        loop {
+            let mut left = 0;
+            for mut conn in masters.conns().to_vec() {
+                left += usize::from(get(&mut conn, "lock_sale_1").await.is_some());
+            }
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(ms(20)).await;
+        }
+    };
+    timeout(Duration::from_secs(5), cleaned)
+        .await
+        .expect("the abandoned attempt left its keys behind");
+    let next = redlock.try_acquire("lock_sale_1").await.unwrap();
+    assert!(next.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn masters_restarted_empty_still_hand_out_larger_fences() {
+    // Arrange: a fence taken; then every master loses everything (no persistence).
+    let mut masters = RedlockHarness::start(3).await;
+    let before = {
+        let redlock = redlock(&masters, ms(5_000));
+        let guard = redlock.acquire("lock_sale_1").await.unwrap();
+        let fence = guard.fence();
+        assert!(guard.release().await.unwrap());
+        fence
+    };
+    for server in masters.servers() {
+        server.restart_empty();
+    }
+
+    // Act
+    let masters = {
+        let mut fresh = Vec::new();
+        for server in masters.servers() {
+            fresh.push(support::connect(&server.url()).await);
+        }
+        fresh
+    };
+    let redlock = Locker::new(Redlock::new(masters).unwrap(), options(ms(5_000))).unwrap();
+    let after = redlock.acquire("lock_sale_1").await.unwrap();
+
+    // Assert: the counters started again above the clock, so above the old fence.
+    assert!(after.fence() > before, "{} after {before}", after.fence());
+    assert!(after.release().await.unwrap());
 }

@@ -26,7 +26,10 @@ pub async fn readyz(sale: web::Data<Sale>) -> HttpResponse {
     };
     let redis = matches!(tokio::time::timeout(limit, ping).await, Ok(Ok(_)));
     let redlock = match &sale.redlock {
-        Some(redlock) => Some((redlock.reachable_nodes().await, redlock.quorum())),
+        Some(redlock) => {
+            let nodes = redlock.backend();
+            Some((nodes.reachable_nodes(limit).await, nodes.quorum()))
+        }
         None => None,
     };
     let redlock_ok = redlock.is_none_or(|(reachable, quorum)| reachable >= quorum);

@@ -93,7 +93,7 @@ pub struct Sale {
     pub redis: ConnectionManager,
     pub locker: Locker<ConnectionManager>,
     /// The masters of `REDLOCK_URLS`, for `LOCK_STRATEGY=redlock`.
-    pub redlock: Option<Redlock<ConnectionManager>>,
+    pub redlock: Option<Locker<Redlock<ConnectionManager>>>,
     /// `REDIS_KEY_PREFIX`, put before every Redis key.
     pub key_prefix: String,
     pub strategy: LockStrategy,

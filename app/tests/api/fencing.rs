@@ -29,7 +29,7 @@ async fn a_stale_holder_is_fenced_off_and_writes_nothing(pool: PgPool) {
     let stale = Sale {
         pool: pool.clone(),
         redis: redis.clone(),
-        locker: Locker::new(redis, short_lease),
+        locker: Locker::new(redis, short_lease).unwrap(),
         redlock: None,
         key_prefix: prefix.clone(),
         strategy: seckill::LockStrategy::Redis,

@@ -241,6 +241,7 @@ async fn a_purchase_waiting_too_long_for_the_lock_is_told_busy(pool: PgPool) {
     .await
     .unwrap();
     let holder = distlock::Locker::new(conn, distlock::LockOptions::default())
+        .unwrap()
         .try_acquire(&format!("{prefix}lock_sale_{id}"))
         .await
         .unwrap();

@@ -1,10 +1,11 @@
-//! What the lock tests share: a connection to the shared Redis and unique keys.
+//! What the lock tests share: connections, unique keys, and one [`Harness`] per backend so
+//! that the property suite (`tests/properties.rs`) is written once for all of them.
 
 #![allow(dead_code)]
 
 use std::time::Duration;
 
-use distlock::{LockOptions, Locker};
+use distlock::{Backend, LockOptions, Locker, Redlock};
 use redis::aio::ConnectionManager;
 
 pub fn redis_url() -> String {
@@ -31,8 +32,8 @@ pub fn unique_key(test: &str) -> (String, testkit::PrefixCleanup) {
     (format!("{prefix}lock"), cleanup)
 }
 
-pub fn locker(conn: ConnectionManager, options: LockOptions) -> Locker<ConnectionManager> {
-    Locker::new(conn, options)
+pub fn locker<B: Backend>(backend: B, options: LockOptions) -> Locker<B> {
+    Locker::new(backend, options).expect("valid options for this backend")
 }
 
 pub fn ms(n: u64) -> Duration {
@@ -47,33 +48,238 @@ pub async fn get(conn: &mut ConnectionManager, key: &str) -> Option<String> {
     redis::cmd("GET").arg(key).query_async(conn).await.unwrap()
 }
 
-/// Wait (up to 3 s) until `key` is gone; `why` names what should have deleted it.
-pub async fn wait_until_gone(conn: &mut ConnectionManager, key: &str, why: &str) {
-    let gone = async {
-        while get(conn, key).await.is_some() {
+/// One backend under test, and what a test needs to do behind a holder's back.
+pub trait Harness {
+    type B: Backend + Clone;
+    /// A new backend handle on the harness's store (as another process would have).
+    fn backend(&self) -> impl Future<Output = Self::B>;
+    /// A lock name no other test uses.
+    fn key(&self, label: &str) -> String;
+    /// The token of the live lock on `key`, if any.
+    fn holder(&self, key: &str) -> impl Future<Output = Option<String>>;
+    /// Delete the lock on `key`, as an operator (or an expiry) would.
+    fn delete(&self, key: &str) -> impl Future<Output = ()>;
+    /// Put `token` in the lock on `key` for `ttl`, as if its holder had just taken it.
+    fn put(&self, key: &str, token: &str, ttl: Duration) -> impl Future<Output = ()>;
+}
+
+/// Wait (up to 3 s) until `key` has no live lock; `why` names what should have freed it.
+pub async fn wait_until_free<H: Harness>(h: &H, key: &str, why: &str) {
+    let free = async {
+        while h.holder(key).await.is_some() {
             tokio::time::sleep(ms(10)).await;
         }
     };
-    tokio::time::timeout(Duration::from_secs(3), gone)
+    tokio::time::timeout(Duration::from_secs(3), free)
         .await
         .unwrap_or_else(|_| panic!("{why}"));
 }
 
-/// Put `token` back in `key` with a 400 ms lease and check that nothing renews it: a
-/// watchdog still running for that token would keep it alive.
-pub async fn assert_nothing_renews(conn: &mut ConnectionManager, key: &str, token: &str) {
-    let _: () = redis::cmd("SET")
-        .arg(key)
-        .arg(token)
-        .arg("PX")
-        .arg(400)
-        .query_async(conn)
+/// Put `token` back in `key` and check that nothing renews it. The lease put back outlasts
+/// two renewal periods of the watchdog that held it, so a watchdog still running for that
+/// token would certainly renew it in time and keep it alive; a stopped one lets it expire.
+pub async fn assert_nothing_renews<H: Harness>(
+    h: &H,
+    key: &str,
+    token: &str,
+    renew_every: Duration,
+) {
+    let lease = renew_every * 2 + ms(200);
+    h.put(key, token, lease).await;
+    tokio::time::sleep(lease + ms(800)).await;
+    assert_eq!(h.holder(key).await, None, "something renewed the old token");
+}
+
+/// The shared Redis, under a prefix of the test's own.
+pub struct RedisHarness {
+    prefix: String,
+    conn: ConnectionManager,
+    _cleanup: testkit::PrefixCleanup,
+}
+
+impl RedisHarness {
+    pub async fn new(test: &str) -> Self {
+        let prefix = testkit::unique_prefix(test);
+        Self {
+            _cleanup: testkit::PrefixCleanup::new(&redis_url(), &prefix),
+            prefix,
+            conn: shared_redis().await,
+        }
+    }
+}
+
+impl Harness for RedisHarness {
+    type B = ConnectionManager;
+
+    async fn backend(&self) -> ConnectionManager {
+        shared_redis().await
+    }
+
+    fn key(&self, label: &str) -> String {
+        format!("{}{label}", self.prefix)
+    }
+
+    async fn holder(&self, key: &str) -> Option<String> {
+        get(&mut self.conn.clone(), key).await
+    }
+
+    async fn delete(&self, key: &str) {
+        redis::cmd("DEL")
+            .arg(key)
+            .exec_async(&mut self.conn.clone())
+            .await
+            .unwrap();
+    }
+
+    async fn put(&self, key: &str, token: &str, ttl: Duration) {
+        redis::cmd("SET")
+            .arg(key)
+            .arg(token)
+            .arg("PX")
+            .arg(ttl.as_millis() as u64)
+            .exec_async(&mut self.conn.clone())
+            .await
+            .unwrap();
+    }
+}
+
+/// Three private masters, locked with Redlock.
+pub struct RedlockHarness {
+    servers: Vec<testkit::RedisServer>,
+    conns: Vec<ConnectionManager>,
+}
+
+impl RedlockHarness {
+    pub async fn start(n: usize) -> Self {
+        let servers: Vec<testkit::RedisServer> =
+            (0..n).map(|_| testkit::RedisServer::start()).collect();
+        let mut conns = Vec::new();
+        for server in &servers {
+            conns.push(connect(&server.url()).await);
+        }
+        Self { servers, conns }
+    }
+
+    pub fn servers(&mut self) -> &mut [testkit::RedisServer] {
+        &mut self.servers
+    }
+
+    pub fn conns(&self) -> &[ConnectionManager] {
+        &self.conns
+    }
+}
+
+impl Harness for RedlockHarness {
+    type B = Redlock<ConnectionManager>;
+
+    async fn backend(&self) -> Redlock<ConnectionManager> {
+        let mut conns = Vec::new();
+        for server in &self.servers {
+            conns.push(connect(&server.url()).await);
+        }
+        Redlock::new(conns).unwrap()
+    }
+
+    fn key(&self, label: &str) -> String {
+        label.to_owned()
+    }
+
+    /// The token a majority of the masters hold.
+    async fn holder(&self, key: &str) -> Option<String> {
+        let mut tokens = Vec::new();
+        for conn in &self.conns {
+            tokens.push(get(&mut conn.clone(), key).await);
+        }
+        let majority = self.conns.len() / 2 + 1;
+        tokens
+            .iter()
+            .flatten()
+            .find(|t| tokens.iter().filter(|o| o.as_ref() == Some(*t)).count() >= majority)
+            .cloned()
+    }
+
+    async fn delete(&self, key: &str) {
+        for conn in &self.conns {
+            redis::cmd("DEL")
+                .arg(key)
+                .exec_async(&mut conn.clone())
+                .await
+                .unwrap();
+        }
+    }
+
+    async fn put(&self, key: &str, token: &str, ttl: Duration) {
+        for conn in &self.conns {
+            redis::cmd("SET")
+                .arg(key)
+                .arg(token)
+                .arg("PX")
+                .arg(ttl.as_millis() as u64)
+                .exec_async(&mut conn.clone())
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// The PostgreSQL lock table, in the test's own database (`#[sqlx::test]`).
+#[cfg(feature = "postgres")]
+pub struct PgHarness {
+    pool: sqlx::PgPool,
+}
+
+#[cfg(feature = "postgres")]
+impl PgHarness {
+    pub async fn new(pool: sqlx::PgPool) -> Self {
+        distlock::PgLockTable::new(pool.clone())
+            .install()
+            .await
+            .expect("the lock tables install");
+        Self { pool }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Harness for PgHarness {
+    type B = distlock::PgLockTable;
+
+    async fn backend(&self) -> distlock::PgLockTable {
+        distlock::PgLockTable::new(self.pool.clone())
+    }
+
+    fn key(&self, label: &str) -> String {
+        label.to_owned()
+    }
+
+    async fn holder(&self, key: &str) -> Option<String> {
+        sqlx::query_scalar(
+            "SELECT token FROM distlock_locks WHERE name = $1 AND expires_at > clock_timestamp()",
+        )
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await
+        .unwrap()
+    }
+
+    async fn delete(&self, key: &str) {
+        sqlx::query("DELETE FROM distlock_locks WHERE name = $1")
+            .bind(key)
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
+    async fn put(&self, key: &str, token: &str, ttl: Duration) {
+        sqlx::query(
+            "INSERT INTO distlock_locks (name, token, fence, expires_at)
+             VALUES ($1, $2, 1, clock_timestamp() + $3 * interval '1 millisecond')
+             ON CONFLICT (name) DO UPDATE SET token = $2, expires_at = EXCLUDED.expires_at",
+        )
+        .bind(key)
+        .bind(token)
+        .bind(ttl.as_millis() as i64)
+        .execute(&self.pool)
         .await
         .unwrap();
-    tokio::time::sleep(ms(1_500)).await;
-    assert_eq!(
-        get(conn, key).await,
-        None,
-        "something renewed the old token"
-    );
+    }
 }

@@ -1,0 +1,559 @@
+//! The properties a lock needs, written once and run against every backend: one Redis, a
+//! Redlock majority of three private masters, and the PostgreSQL lock table (with the
+//! `postgres` feature, on in the workspace). A property that only one backend can show
+//! lives in that backend's own test file.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use distlock::{Attempt, Backend, Error, Fence, LockLost, LockOptions, Token, Unlock};
+use support::*;
+use tokio::time::{Instant, sleep, timeout};
+
+/// Options for tests that wait: a deadline far beyond any scheduling hiccup.
+fn patient() -> LockOptions {
+    LockOptions::builder()
+        .ttl(ms(5_000))
+        .wait_timeout(Duration::from_secs(60))
+        .retry_delay(ms(1), ms(20))
+        .build()
+        .unwrap()
+}
+
+/// A lease that runs out quickly and is never renewed.
+fn short_unwatched(ttl: u64) -> LockOptions {
+    LockOptions::builder()
+        .ttl(ms(ttl))
+        .without_watchdog()
+        .wait_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+async fn mutual_exclusion_keeps_a_racy_counter_exact_under_contention<H: Harness>(h: H) {
+    // Arrange: 4 lockers (4 "processes"), 24 tasks, each doing a read-yield-write that
+    // loses updates unless the lock keeps the tasks apart.
+    let key = h.key("mutex");
+    let mut lockers = Vec::new();
+    for _ in 0..4 {
+        lockers.push(locker(h.backend().await, patient()));
+    }
+    let counter = Arc::new(AtomicU64::new(0));
+    const TASKS: usize = 24;
+    const ROUNDS: usize = 5;
+
+    // Act
+    let mut tasks = Vec::new();
+    for i in 0..TASKS {
+        let (locker, key, counter) = (lockers[i % 4].clone(), key.clone(), Arc::clone(&counter));
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let guard = locker.acquire(&key).await.unwrap();
+                let seen = counter.load(Ordering::SeqCst);
+                tokio::task::yield_now().await; // widen the race the lock must close
+                sleep(ms(1)).await;
+                counter.store(seen + 1, Ordering::SeqCst);
+                assert!(guard.release().await.unwrap(), "lock lost mid-section");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+
+    // Assert
+    assert_eq!(counter.load(Ordering::SeqCst), (TASKS * ROUNDS) as u64);
+    assert_eq!(h.holder(&key).await, None, "the lock is left behind");
+}
+
+async fn the_lease_frees_a_lock_whose_holder_vanished<H: Harness>(h: H) {
+    // Arrange: a holder that disappears without releasing (no Drop runs, no watchdog).
+    let key = h.key("vanish");
+    let locker = locker(h.backend().await, short_unwatched(500));
+    // Measured before the command is sent: the backend starts the lease later, so the lock
+    // cannot be free less than 500 ms after this instant.
+    let taken_at = Instant::now();
+    std::mem::forget(locker.try_acquire(&key).await.unwrap());
+    assert!(matches!(
+        locker.try_acquire(&key).await,
+        Err(Error::Held { .. })
+    ));
+
+    // Act
+    let next = locker.acquire(&key).await.unwrap();
+
+    // Assert: only the lease could have freed it, so not before it ran out.
+    let waited = taken_at.elapsed();
+    assert!(waited >= ms(500), "freed after {waited:?}");
+    assert!(next.release().await.unwrap());
+}
+
+async fn a_stale_guards_release_does_not_delete_the_next_holders_lock<H: Harness>(h: H) {
+    // Arrange: A's lease (no watchdog) runs out and B takes the lock.
+    let key = h.key("stale");
+    let locker = locker(h.backend().await, short_unwatched(200));
+    let a = locker.try_acquire(&key).await.unwrap();
+    sleep(ms(400)).await;
+    assert!(!a.is_held());
+    let b = locker.try_acquire(&key).await.unwrap();
+
+    // Act
+    let a_was_ours = a.release().await.unwrap();
+
+    // Assert
+    assert!(!a_was_ours, "a stale release must report the lock as lost");
+    assert_eq!(h.holder(&key).await.as_deref(), Some(b.token()));
+    assert!(b.release().await.unwrap());
+    assert_eq!(h.holder(&key).await, None);
+}
+
+async fn fences_strictly_increase_across_holders_and_a_deleted_lock<H: Harness>(h: H) {
+    let key = h.key("fence");
+    let mut previous = Fence(0);
+    for round in 0..12 {
+        // A new backend handle and locker each time: a new holder, as in another process.
+        let locker = locker(h.backend().await, patient());
+        let guard = locker.acquire(&key).await.unwrap();
+        assert!(
+            guard.fence() > previous,
+            "{} after {previous}",
+            guard.fence()
+        );
+        previous = guard.fence();
+        if round % 3 == 0 {
+            // Deleted behind the holder's back and then taken again: the fence still grows.
+            h.delete(&key).await;
+            drop(guard);
+        } else {
+            assert!(guard.release().await.unwrap());
+        }
+    }
+}
+
+async fn fences_follow_the_order_in_which_contending_holders_held_the_lock<H: Harness>(h: H) {
+    // Arrange: 12 tasks on 3 lockers contend; each notes its place in the holding order
+    // while it holds the lock (so the places are the true order of the holds).
+    let key = h.key("fence-order");
+    let mut lockers = Vec::new();
+    for _ in 0..3 {
+        lockers.push(locker(h.backend().await, patient()));
+    }
+    let place = Arc::new(AtomicU64::new(0));
+
+    // Act
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let (locker, key, place) = (lockers[i % 3].clone(), key.clone(), Arc::clone(&place));
+        tasks.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for _ in 0..4 {
+                let guard = locker.acquire(&key).await.unwrap();
+                seen.push((place.fetch_add(1, Ordering::SeqCst), guard.fence()));
+                assert!(guard.release().await.unwrap());
+            }
+            seen
+        }));
+    }
+    let mut holds = Vec::new();
+    for task in tasks {
+        holds.extend(task.await.unwrap());
+    }
+
+    // Assert: in holding order, every fence is above the one before.
+    holds.sort_unstable();
+    assert_eq!(holds.len(), 48);
+    for pair in holds.windows(2) {
+        assert!(
+            pair[1].1 > pair[0].1,
+            "hold {} got fence {} after hold {} got {}",
+            pair[1].0,
+            pair[1].1,
+            pair[0].0,
+            pair[0].1
+        );
+    }
+}
+
+async fn the_same_owner_reenters_and_the_lock_goes_when_the_count_returns_to_zero<H: Harness>(
+    h: H,
+) {
+    // Arrange
+    let key = h.key("reentrant");
+    let locker = locker(h.backend().await, patient());
+    let owner = locker.owner();
+    let stranger = locker.owner();
+
+    // Act / Assert: the owner re-enters, others are kept out.
+    let outer = owner.acquire(&key).await.unwrap();
+    let inner = owner.clone().try_acquire(&key).await.unwrap();
+    assert_eq!(inner.hold_count(), 2);
+    assert_eq!(inner.fence(), outer.fence(), "one acquisition, one fence");
+    assert!(matches!(
+        stranger.try_acquire(&key).await,
+        Err(Error::Held { .. })
+    ));
+    assert!(matches!(
+        locker.try_acquire(&key).await,
+        Err(Error::Held { .. })
+    ));
+
+    assert!(inner.release().await.unwrap());
+    assert_eq!(outer.hold_count(), 1);
+    assert_eq!(h.holder(&key).await.as_deref(), Some(outer.token()));
+    assert!(matches!(
+        stranger.try_acquire(&key).await,
+        Err(Error::Held { .. })
+    ));
+
+    assert!(outer.release().await.unwrap());
+    assert_eq!(h.holder(&key).await, None);
+    let later = stranger.try_acquire(&key).await.unwrap();
+    assert!(later.release().await.unwrap());
+}
+
+async fn plain_acquisitions_are_not_reentrant<H: Harness>(h: H) {
+    let key = h.key("not-reentrant");
+    let locker = locker(h.backend().await, patient());
+    let first = locker.try_acquire(&key).await.unwrap();
+    assert!(matches!(
+        locker.try_acquire(&key).await,
+        Err(Error::Held { .. })
+    ));
+    assert!(first.release().await.unwrap());
+}
+
+async fn try_acquire_returns_at_once_when_the_lock_is_held<H: Harness>(h: H) {
+    let key = h.key("try");
+    let locker = locker(h.backend().await, patient()); // acquire would wait up to 60 s
+    let holder = locker.try_acquire(&key).await.unwrap();
+
+    let started = Instant::now();
+    let outcome = locker.try_acquire(&key).await;
+
+    assert!(
+        matches!(outcome, Err(Error::Held { key: ref held }) if *held == key),
+        "{outcome:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(holder.release().await.unwrap());
+}
+
+async fn acquire_gives_up_at_its_deadline<H: Harness>(h: H) {
+    // Arrange: the lock is held for longer than the waiter will wait.
+    let key = h.key("deadline");
+    let holder = locker(h.backend().await, patient())
+        .try_acquire(&key)
+        .await
+        .unwrap();
+    let wait = ms(700);
+    let waiter = locker(
+        h.backend().await,
+        LockOptions::builder().wait_timeout(wait).build().unwrap(),
+    );
+
+    // Act
+    let started = Instant::now();
+    let outcome = waiter.acquire(&key).await;
+    let elapsed = started.elapsed();
+
+    // Assert: not before the deadline, and not long after it.
+    match outcome {
+        Err(Error::Timeout { waited, .. }) => assert!(waited >= wait, "{waited:?}"),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(
+        elapsed >= wait && elapsed < wait + Duration::from_secs(5),
+        "{elapsed:?}"
+    );
+    assert!(holder.release().await.unwrap());
+}
+
+async fn acquire_gets_the_lock_once_the_holder_releases_it<H: Harness>(h: H) {
+    let key = h.key("handoff");
+    let locker = locker(h.backend().await, patient());
+    let holder = locker.try_acquire(&key).await.unwrap();
+    let waiter = {
+        let (locker, key) = (locker.clone(), key.clone());
+        tokio::spawn(async move { locker.acquire(&key).await.map(|g| g.fence()) })
+    };
+    sleep(ms(100)).await;
+    let holder_fence = holder.fence();
+    assert!(holder.release().await.unwrap());
+    let fence = timeout(Duration::from_secs(30), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(fence > holder_fence);
+}
+
+async fn the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_release<H: Harness>(
+    h: H,
+) {
+    // Arrange: ttl 1.5 s, renewed every 500 ms.
+    let key = h.key("watchdog");
+    let options = LockOptions::builder().ttl(ms(1_500)).build().unwrap();
+    let locker = locker(h.backend().await, options);
+    let guard = locker.acquire(&key).await.unwrap();
+    let token = guard.token().to_owned();
+
+    // Act: work for three ttls, checking as we go.
+    for _ in 0..15 {
+        sleep(ms(300)).await;
+        assert!(guard.is_held());
+        assert_eq!(h.holder(&key).await.as_deref(), Some(token.as_str()));
+        assert!(matches!(
+            locker.try_acquire(&key).await,
+            Err(Error::Held { .. })
+        ));
+    }
+    assert!(guard.renewals() >= 6, "renewed {} times", guard.renewals());
+    assert!(guard.release().await.unwrap());
+
+    // Assert: a lock with the old token, put back, is left to expire.
+    assert_nothing_renews(&h, &key, &token, ms(500)).await;
+}
+
+async fn a_dropped_guard_stops_its_watchdog_and_releases<H: Harness>(h: H) {
+    // Arrange: a lease renewed every 300 ms, dropped without release.
+    let key = h.key("drop-watchdog");
+    let locker = locker(
+        h.backend().await,
+        LockOptions::builder().ttl(ms(900)).build().unwrap(),
+    );
+    let guard = locker.try_acquire(&key).await.unwrap();
+    let token = guard.token().to_owned();
+
+    // Act
+    drop(guard);
+
+    // Assert: released in the background, and the old token is no longer renewed.
+    wait_until_free(&h, &key, "the drop fallback did not release").await;
+    assert_nothing_renews(&h, &key, &token, ms(300)).await;
+}
+
+async fn a_dropped_reentrant_guard_counts_down_and_the_last_one_releases<H: Harness>(h: H) {
+    let key = h.key("drop-reentrant");
+    let locker = locker(h.backend().await, patient());
+    let owner = locker.owner();
+    let outer = owner.try_acquire(&key).await.unwrap();
+    let inner = owner.try_acquire(&key).await.unwrap();
+
+    drop(inner);
+    assert_eq!(outer.hold_count(), 1);
+    assert!(h.holder(&key).await.is_some());
+    drop(outer);
+
+    wait_until_free(&h, &key, "the last drop did not release").await;
+}
+
+async fn the_lost_signal_fires_when_the_lock_is_deleted_behind_the_holder<H: Harness>(h: H) {
+    let key = h.key("lost-deleted");
+    let guard = locker(
+        h.backend().await,
+        LockOptions::builder().ttl(ms(600)).build().unwrap(),
+    )
+    .acquire(&key)
+    .await
+    .unwrap();
+    assert!(guard.is_held());
+
+    h.delete(&key).await;
+
+    let why = timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .unwrap();
+    assert_eq!(why, LockLost::Expired);
+    assert!(!guard.is_held());
+    assert!(!guard.release().await.unwrap());
+}
+
+async fn the_lost_signal_fires_when_the_lock_is_taken_behind_the_holder<H: Harness>(h: H) {
+    let key = h.key("lost-taken");
+    let guard = locker(
+        h.backend().await,
+        LockOptions::builder().ttl(ms(600)).build().unwrap(),
+    )
+    .acquire(&key)
+    .await
+    .unwrap();
+
+    h.put(&key, "intruder", Duration::from_secs(60)).await;
+
+    let why = timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .unwrap();
+    assert_eq!(why, LockLost::Taken);
+    assert!(!guard.is_held());
+    assert!(!guard.release().await.unwrap());
+    assert_eq!(h.holder(&key).await.as_deref(), Some("intruder"));
+    h.delete(&key).await;
+}
+
+async fn the_holder_can_advance_its_fence_above_what_a_store_has_seen<H: Harness>(h: H) {
+    // Arrange: a store reports a fence far above ours.
+    let key = h.key("advance");
+    let locker = locker(h.backend().await, patient());
+    let guard = locker.try_acquire(&key).await.unwrap();
+    let seen = Fence(guard.fence().get() + 1_000_000);
+
+    // Act
+    let fence = guard.advance_fence(seen).await.unwrap();
+
+    // Assert: above what the store saw, kept by the guard, and the counter moved on.
+    assert!(fence > seen, "{fence} after {seen}");
+    assert_eq!(guard.fence(), fence);
+    assert!(guard.release().await.unwrap());
+    let next = locker.try_acquire(&key).await.unwrap();
+    assert!(next.fence() > fence);
+    assert!(next.release().await.unwrap());
+}
+
+async fn a_stale_holder_cannot_advance_its_fence<H: Harness>(h: H) {
+    let key = h.key("advance-stale");
+    let locker = locker(h.backend().await, short_unwatched(200));
+    let stale = locker.try_acquire(&key).await.unwrap();
+    sleep(ms(400)).await;
+    let newer = locker.try_acquire(&key).await.unwrap();
+
+    let outcome = stale.advance_fence(newer.fence()).await;
+
+    assert!(matches!(outcome, Err(Error::NotHeld { .. })), "{outcome:?}");
+    assert!(stale.fence() < newer.fence());
+    assert!(newer.release().await.unwrap());
+}
+
+async fn no_fence_can_be_advanced_past_the_largest<H: Harness>(h: H) {
+    let key = h.key("advance-max");
+    let guard = locker(h.backend().await, patient())
+        .try_acquire(&key)
+        .await
+        .unwrap();
+
+    let outcome = guard.advance_fence(Fence(Fence::MAX)).await;
+
+    assert!(
+        matches!(outcome, Err(Error::InvalidFence(_))),
+        "{outcome:?}"
+    );
+    assert!(guard.release().await.unwrap());
+}
+
+async fn a_retried_acquire_finds_its_own_token_and_succeeds<H: Harness>(h: H) {
+    // Arrange: the same request twice, as a client re-sends one whose answer was lost.
+    let key = h.key("retried-acquire");
+    let backend = h.backend().await;
+    let token = Token::new();
+    let first = backend.try_lock(&key, &token, ms(5_000)).await.unwrap();
+
+    // Act
+    let retried = backend.try_lock(&key, &token, ms(5_000)).await.unwrap();
+
+    // Assert: the retry is told the lock is ours, not that it is held (by us).
+    let (Attempt::Acquired(a), Attempt::Acquired(b)) = (first, retried) else {
+        panic!("{first:?} then {retried:?}");
+    };
+    assert!(b >= a);
+    assert_eq!(h.holder(&key).await.as_deref(), Some(token.as_str()));
+    assert_eq!(
+        backend.unlock(&key, &token).await.unwrap(),
+        Unlock::Released
+    );
+}
+
+async fn a_retried_release_still_reports_the_lock_as_ours<H: Harness>(h: H) {
+    // Arrange: a release's first try deleted the lock, but its answer was lost.
+    let key = h.key("retried-release");
+    let backend = h.backend().await;
+    let guard = locker(backend.clone(), patient())
+        .try_acquire(&key)
+        .await
+        .unwrap();
+    assert_eq!(h.holder(&key).await.as_deref(), Some(guard.token()));
+    h.delete(&key).await; // what the first try did
+
+    // Act: the retry finds nothing there.
+    let was_ours = guard.release().await.unwrap();
+
+    // Assert: the lease was still running, so nobody else can have had the lock.
+    assert!(was_ours, "a retried release reported a lost lock");
+}
+
+async fn an_empty_key_is_refused_before_the_backend_is_asked<H: Harness>(h: H) {
+    let locker = locker(h.backend().await, patient());
+    assert!(matches!(
+        locker.try_acquire("").await,
+        Err(Error::InvalidKey { .. })
+    ));
+    assert!(matches!(
+        locker.acquire("").await,
+        Err(Error::InvalidKey { .. })
+    ));
+}
+
+/// Every property, instantiated for every backend.
+macro_rules! suite {
+    ($($property:ident),* $(,)?) => {
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $property() {
+                    let harness = crate::support::RedisHarness::new(stringify!($property)).await;
+                    crate::$property(harness).await;
+                }
+            )*
+        }
+
+        mod redlock {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $property() {
+                    let harness = crate::support::RedlockHarness::start(3).await;
+                    crate::$property(harness).await;
+                }
+            )*
+        }
+
+        #[cfg(feature = "postgres")]
+        mod postgres {
+            $(
+                #[sqlx::test]
+                async fn $property(pool: sqlx::PgPool) {
+                    let harness = crate::support::PgHarness::new(pool).await;
+                    crate::$property(harness).await;
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    mutual_exclusion_keeps_a_racy_counter_exact_under_contention,
+    the_lease_frees_a_lock_whose_holder_vanished,
+    a_stale_guards_release_does_not_delete_the_next_holders_lock,
+    fences_strictly_increase_across_holders_and_a_deleted_lock,
+    fences_follow_the_order_in_which_contending_holders_held_the_lock,
+    the_same_owner_reenters_and_the_lock_goes_when_the_count_returns_to_zero,
+    plain_acquisitions_are_not_reentrant,
+    try_acquire_returns_at_once_when_the_lock_is_held,
+    acquire_gives_up_at_its_deadline,
+    acquire_gets_the_lock_once_the_holder_releases_it,
+    the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_release,
+    a_dropped_guard_stops_its_watchdog_and_releases,
+    a_dropped_reentrant_guard_counts_down_and_the_last_one_releases,
+    the_lost_signal_fires_when_the_lock_is_deleted_behind_the_holder,
+    the_lost_signal_fires_when_the_lock_is_taken_behind_the_holder,
+    the_holder_can_advance_its_fence_above_what_a_store_has_seen,
+    a_stale_holder_cannot_advance_its_fence,
+    no_fence_can_be_advanced_past_the_largest,
+    a_retried_acquire_finds_its_own_token_and_succeeds,
+    a_retried_release_still_reports_the_lock_as_ours,
+    an_empty_key_is_refused_before_the_backend_is_asked,
+);
