@@ -47,7 +47,17 @@ impl<B: Backend> Hold<B> {
     pub(crate) async fn release(&self) -> Result<bool> {
         self.stop_watchdog();
         let held_when_sent = self.lease.is_held();
-        let unlocked = self.backend.unlock(&self.key, &self.token).await?;
+        let mut unlock = std::pin::pin!(self.backend.unlock(&self.key, &self.token));
+        // Polling once sends the release; only then does the next waiter of this process get
+        // its turn. On one multiplexed connection its attempt then runs right after our
+        // release, one round trip later instead of two. (If the first poll had not sent it
+        // yet, the attempt may find the lock still held and waits for the release signal.)
+        let first = futures_util::poll!(unlock.as_mut());
+        self.turn.lock().expect("turn poisoned").take();
+        let unlocked = match first {
+            std::task::Poll::Ready(unlocked) => unlocked,
+            std::task::Poll::Pending => unlock.await,
+        }?;
         self.released.store(true, Ordering::Release);
         Ok(match unlocked {
             Unlock::Released => true,
