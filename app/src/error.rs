@@ -30,6 +30,12 @@ pub enum ApiError {
     SoldOut,
     #[error("this user already bought this product")]
     AlreadyPurchased,
+    /// An absolute stock write whose precondition failed.
+    #[error("the stock is {current}, not the {expected} you expected; nothing changed")]
+    StockChanged { current: i64, expected: i64 },
+    /// A restock that would pass the largest stock.
+    #[error("the stock would exceed {max}; nothing changed", max = crate::domain::Stock::MAX)]
+    StockTooLarge,
     #[error("too many buyers at once; retry shortly")]
     Busy,
     #[error("the purchase lost its lock before writing; nothing was recorded, retry")]
@@ -61,6 +67,8 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::SoldOut => "sold_out",
             ApiError::AlreadyPurchased => "already_purchased",
+            ApiError::StockChanged { .. } => "stock_changed",
+            ApiError::StockTooLarge => "stock_too_large",
             ApiError::Busy => "busy",
             ApiError::LockLost => "lock_lost",
             ApiError::RedisUnavailable => "redis_unavailable",
@@ -69,13 +77,18 @@ impl ApiError {
         }
     }
 
-    /// Map a database error: lost connections are 503 (retry), anything else is a bug.
-    pub fn from_db(error: sqlx::Error) -> Self {
-        if is_unavailable(&error) {
+    /// Map a database error: contention (no pooled connection in time, a row lock or a
+    /// statement that ran out of time) is 503 busy; a lost connection is 503 unavailable;
+    /// anything else is a bug.
+    pub fn from_db(error: &sqlx::Error) -> Self {
+        if is_contention(error) {
+            tracing::debug!(%error, "database busy");
+            ApiError::Busy
+        } else if is_unavailable(error) {
             tracing::warn!(%error, "database unavailable");
             ApiError::DatabaseUnavailable
         } else {
-            ApiError::Internal(error.into())
+            ApiError::Internal(anyhow::anyhow!("database: {error}"))
         }
     }
 
@@ -96,18 +109,31 @@ impl ApiError {
     }
 }
 
+/// Errors that mean "too much going on right now; try again", not "PostgreSQL is down": the
+/// pool had no connection in time, or a statement gave up waiting for a lock
+/// (`lock_timeout`, 55P03) or ran past `statement_timeout` (57014).
+fn is_contention(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::PoolTimedOut => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| matches!(code.as_ref(), "55P03" | "57014")),
+        _ => false,
+    }
+}
+
 /// Errors that mean "PostgreSQL is not there right now", as opposed to a bad query.
 fn is_unavailable(error: &sqlx::Error) -> bool {
     match error {
-        sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
+        sqlx::Error::PoolClosed
         | sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
         | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
             // 08: connection exception; 57P01-03: admin shutdown, crash shutdown, cannot
-            // connect now (pg_terminate_backend, a restart).
-            code.starts_with("08") || matches!(code.as_ref(), "57P01" | "57P02" | "57P03")
+            // connect now (pg_terminate_backend, a restart); 25P03: the session sat idle in
+            // a transaction too long and PostgreSQL ended it (this instance was paused).
+            code.starts_with("08") || matches!(code.as_ref(), "57P01" | "57P02" | "57P03" | "25P03")
         }),
         _ => false,
     }
@@ -129,7 +155,8 @@ impl From<PurchaseError> for ApiError {
                 tracing::warn!(%error, "lock service unavailable");
                 ApiError::RedisUnavailable
             }
-            PurchaseError::Database(error) => ApiError::from_db(error),
+            PurchaseError::Database(error) => ApiError::from_db(&error),
+            PurchaseError::Internal(why) => ApiError::Internal(anyhow::anyhow!(why)),
         }
     }
 }
@@ -143,7 +170,10 @@ impl ResponseError for ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::AdminDisabled => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::SoldOut | ApiError::AlreadyPurchased => StatusCode::CONFLICT,
+            ApiError::SoldOut
+            | ApiError::AlreadyPurchased
+            | ApiError::StockChanged { .. }
+            | ApiError::StockTooLarge => StatusCode::CONFLICT,
             ApiError::Busy
             | ApiError::LockLost
             | ApiError::RedisUnavailable

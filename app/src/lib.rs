@@ -5,7 +5,9 @@
 //! - `startup`: [`startup::Application`] builds pools, runs migrations, binds the listener.
 //! - `routes/`: one file per group of endpoints; parse input, call in, map errors.
 //! - `domain`: checked input types (`ProductId`, `Quantity`, ...).
-//! - `sale/`: the purchase path, one module per `LOCK_STRATEGY`, and the sold-out fast path.
+//! - `sale/`: the purchase path: what the instance knows (`catalog`), the per-product desk
+//!   that sells in batches (`desk`, `batch`), the fenced write path (`fenced`), restock news.
+//! - `redis_link`: Redis connections that may come up after the service does.
 //! - `repository`: all SQL. The schema is in `../migrations`.
 //! - `error`: `ApiError`, the one JSON error format.
 //! - `metrics`, `telemetry`: Prometheus metrics and logs.
@@ -15,6 +17,7 @@
 pub mod domain;
 mod error;
 pub mod metrics;
+pub mod redis_link;
 pub mod repository;
 mod routes;
 pub mod sale;
@@ -35,6 +38,8 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     telemetry::init(settings.log_format);
     let app = Application::build(settings).await?;
+    // One plain line for whoever started us with BIND_ADDR port 0 (the load test's demo).
+    println!("listening on {}", app.address());
     app.run_until_stopped().await?;
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! Prometheus metrics, served at `/metrics`.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
 
 /// The service's metrics; cheap to clone (every field is a handle on shared state).
@@ -23,8 +23,20 @@ pub struct Metrics {
     pub locks_lost: IntCounter,
     /// Fence counters raised past the stored fence after Redis lost them.
     pub fence_resyncs: IntCounter,
-    /// Purchases answered `sold_out` by the fast path, without lock or database.
+    /// Purchases answered `sold_out` from memory, without queue, lock or database.
     pub sold_out_fast_path: IntCounter,
+    /// Orders this instance sold (the split across instances, scraped from each).
+    pub orders: IntCounter,
+    /// Purchases waiting at this instance's desks.
+    pub queued: IntGauge,
+    /// Purchases refused at once because their desk's queue was full.
+    pub queue_full: IntCounter,
+    /// Purchases whose buyer disconnected before their batch was taken (skipped).
+    pub buyers_gone: IntCounter,
+    /// Purchases per batch (one transaction).
+    pub batch_size: Histogram,
+    /// Batches sold per lock hold.
+    pub batches_per_hold: Histogram,
 }
 
 impl Metrics {
@@ -45,8 +57,18 @@ impl Metrics {
         )
         .expect("valid metric");
         let lock_wait_seconds = Histogram::with_opts(
-            HistogramOpts::new("lock_wait_seconds", "Wait for the Redis lock")
+            HistogramOpts::new("lock_wait_seconds", "A desk leader's wait for the lock")
                 .buckets(latency_buckets),
+        )
+        .expect("valid metric");
+        let counts = vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0];
+        let batch_size = Histogram::with_opts(
+            HistogramOpts::new("batch_size", "Purchases sold in one transaction")
+                .buckets(counts.clone()),
+        )
+        .expect("valid metric");
+        let batches_per_hold = Histogram::with_opts(
+            HistogramOpts::new("batches_per_hold", "Batches sold per lock hold").buckets(counts),
         )
         .expect("valid metric");
         let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("valid metric");
@@ -54,10 +76,10 @@ impl Metrics {
             purchases,
             purchase_seconds,
             lock_wait_seconds,
-            lock_acquisitions: counter("lock_acquisitions_total", "Redis locks acquired"),
+            lock_acquisitions: counter("lock_acquisitions_total", "Locks taken by desk leaders"),
             lock_timeouts: counter(
                 "lock_timeouts_total",
-                "Redis lock waits that hit LOCK_WAIT_MS",
+                "Purchases that waited LOCK_WAIT_MS without their turn (answered busy)",
             ),
             lock_renewals: counter("lock_renewals_total", "Lease renewals by the watchdog"),
             locks_lost: counter("locks_lost_total", "Purchases whose lock was lost mid-way"),
@@ -67,11 +89,27 @@ impl Metrics {
             ),
             sold_out_fast_path: counter(
                 "sold_out_fast_path_total",
-                "Sold-out answers given without lock or database",
+                "Sold-out answers given from memory, without queue, lock or database",
             ),
+            orders: counter("orders_total", "Orders this instance sold"),
+            queued: IntGauge::new(
+                "queued_purchases",
+                "Purchases waiting at this instance's desks",
+            )
+            .expect("valid metric"),
+            queue_full: counter(
+                "queue_full_total",
+                "Purchases refused at once because their desk's queue was full",
+            ),
+            buyers_gone: counter(
+                "buyers_gone_total",
+                "Purchases skipped because their buyer disconnected while queued",
+            ),
+            batch_size,
+            batches_per_hold,
             registry,
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 9] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 15] = [
             Box::new(metrics.purchases.clone()),
             Box::new(metrics.purchase_seconds.clone()),
             Box::new(metrics.lock_wait_seconds.clone()),
@@ -81,6 +119,12 @@ impl Metrics {
             Box::new(metrics.locks_lost.clone()),
             Box::new(metrics.fence_resyncs.clone()),
             Box::new(metrics.sold_out_fast_path.clone()),
+            Box::new(metrics.orders.clone()),
+            Box::new(metrics.queued.clone()),
+            Box::new(metrics.queue_full.clone()),
+            Box::new(metrics.buyers_gone.clone()),
+            Box::new(metrics.batch_size.clone()),
+            Box::new(metrics.batches_per_hold.clone()),
         ];
         for collector in collectors {
             metrics

@@ -1,12 +1,45 @@
 //! All SQL of the service. Handlers and strategies call these functions; none of them
 //! writes SQL of its own.
 //!
-//! Functions that are one step of a purchase take `&mut PgConnection`, so they run inside
-//! the caller's transaction (`&mut *tx`).
+//! Functions that are one step of a batch take `&mut PgConnection`, so they run inside the
+//! caller's transaction (`&mut *tx`).
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
-use crate::domain::{ProductId, ProductName, Quantity, Stock, UserId};
+use crate::domain::{ProductId, ProductName, Stock};
+
+/// Limits on the service's own sessions, so a hung or paused instance cannot freeze a
+/// product: set at the start of every transaction the service opens.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionBounds {
+    /// `statement_timeout`: no statement runs longer (SQLSTATE 57014).
+    pub statement_timeout_ms: u64,
+    /// `lock_timeout`: no wait for a row lock lasts longer (SQLSTATE 55P03).
+    pub lock_timeout_ms: u64,
+    /// `idle_in_transaction_session_timeout`: PostgreSQL ends a session that sits in an open
+    /// transaction this long (a paused instance), rolling it back and freeing its row locks.
+    pub idle_in_transaction_timeout_ms: u64,
+}
+
+/// Begin a transaction with `bounds` on it. `set_config(.., true)` lasts until the
+/// transaction ends, so a pooled connection carries no setting over to its next user.
+pub async fn begin(
+    pool: &PgPool,
+    bounds: SessionBounds,
+) -> sqlx::Result<Transaction<'static, Postgres>> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "SELECT set_config('statement_timeout', $1, true),
+                set_config('lock_timeout', $2, true),
+                set_config('idle_in_transaction_session_timeout', $3, true)",
+    )
+    .bind(format!("{}ms", bounds.statement_timeout_ms))
+    .bind(format!("{}ms", bounds.lock_timeout_ms))
+    .bind(format!("{}ms", bounds.idle_in_transaction_timeout_ms))
+    .execute(&mut *tx)
+    .await?;
+    Ok(tx)
+}
 
 /// A product as the admin API returns it.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -16,36 +49,34 @@ pub struct Product {
     pub stock: i64,
 }
 
-/// A product and how much of it has been sold.
+/// A product and its books: what it was supplied with, and how much of it has been sold.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ProductSales {
     pub id: i64,
     pub name: String,
     pub stock: i64,
     pub sold: i64,
+    pub supplied: i64,
 }
 
-/// The stock a purchase saw, and the restock generation it saw it in.
+/// The stock a batch saw, and the restock generation it saw it in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
 pub struct StockSeen {
     pub stock: i64,
     pub restock_gen: i64,
 }
 
-pub async fn insert_product(
-    pool: &PgPool,
-    name: &ProductName,
-    stock: Stock,
-) -> sqlx::Result<Product> {
-    sqlx::query_as("INSERT INTO products (name, stock) VALUES ($1, $2) RETURNING id, name, stock")
-        .bind(name.as_str())
-        .bind(stock.get())
-        .fetch_one(pool)
-        .await
+/// One recorded order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct Order {
+    pub id: i64,
+    pub product_id: i64,
+    pub user_id: i64,
+    pub quantity: i32,
 }
 
 #[derive(sqlx::FromRow)]
-struct Restocked {
+struct Changed {
     #[sqlx(flatten)]
     product: Product,
     restock_gen: i64,
@@ -58,27 +89,133 @@ struct StockVersion {
     version: i64,
 }
 
-/// Set the stock (a restock) and start a new restock generation. `None`: no such product.
-pub async fn restock(
+/// Create a product and record its initial stock in the ledger, in one transaction.
+pub async fn insert_product(
     pool: &PgPool,
-    id: ProductId,
+    bounds: SessionBounds,
+    name: &ProductName,
     stock: Stock,
-) -> sqlx::Result<Option<(Product, i64)>> {
-    let row: Option<Restocked> = sqlx::query_as(
-        "UPDATE products SET stock = $2, restock_gen = restock_gen + 1 WHERE id = $1
-         RETURNING id, name, stock, restock_gen",
+    actor: &str,
+) -> sqlx::Result<Product> {
+    let mut tx = begin(pool, bounds).await?;
+    let product: Product = sqlx::query_as(
+        "INSERT INTO products (name, stock) VALUES ($1, $2) RETURNING id, name, stock",
     )
-    .bind(id.get())
+    .bind(name.as_str())
     .bind(stock.get())
-    .fetch_optional(pool)
+    .fetch_one(&mut *tx)
     .await?;
-    Ok(row.map(|row| (row.product, row.restock_gen)))
+    record_change(&mut tx, product.id, stock.get(), "create", actor).await?;
+    tx.commit().await?;
+    Ok(product)
 }
 
+async fn record_change(
+    conn: &mut PgConnection,
+    product: i64,
+    delta: i64,
+    reason: &str,
+    actor: &str,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO stock_changes (product_id, delta, reason, actor) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(product)
+    .bind(delta)
+    .bind(reason)
+    .bind(actor)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// What a restock did.
+#[derive(Debug)]
+pub enum Restocked {
+    /// Done: the product now, and the restock generation the change started.
+    Done { product: Product, restock_gen: i64 },
+    /// No such product.
+    NotFound,
+    /// The stock was not what the caller expected (an absolute write), or would pass
+    /// [`Stock::MAX`] (a relative one); nothing changed.
+    Refused { current: i64 },
+}
+
+/// Add `add` units ("restock by N"), start a new restock generation and record the change.
+/// Every strategy's concurrency control sees it: the row is locked until commit and its
+/// `version` moves on, so an optimistic writer that read before it must try again.
+pub async fn add_stock(
+    pool: &PgPool,
+    bounds: SessionBounds,
+    id: ProductId,
+    add: Stock,
+    actor: &str,
+) -> sqlx::Result<Restocked> {
+    change_stock(pool, bounds, id, actor, "restock", |current| {
+        (current + add.get() <= Stock::MAX).then_some(current + add.get())
+    })
+    .await
+}
+
+/// Set the stock to `stock`, only if it is `expected` now (an absolute restock, or a
+/// withdrawal, with its precondition).
+pub async fn set_stock(
+    pool: &PgPool,
+    bounds: SessionBounds,
+    id: ProductId,
+    stock: Stock,
+    expected: i64,
+    actor: &str,
+) -> sqlx::Result<Restocked> {
+    change_stock(pool, bounds, id, actor, "set", |current| {
+        (current == expected).then_some(stock.get())
+    })
+    .await
+}
+
+/// Read the stock under the row lock, decide the new value, write it with the ledger row.
+async fn change_stock(
+    pool: &PgPool,
+    bounds: SessionBounds,
+    id: ProductId,
+    actor: &str,
+    reason: &str,
+    decide: impl FnOnce(i64) -> Option<i64>,
+) -> sqlx::Result<Restocked> {
+    let mut tx = begin(pool, bounds).await?;
+    let current: Option<i64> =
+        sqlx::query_scalar("SELECT stock FROM products WHERE id = $1 FOR UPDATE")
+            .bind(id.get())
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some(current) = current else {
+        return Ok(Restocked::NotFound);
+    };
+    let Some(stock) = decide(current) else {
+        return Ok(Restocked::Refused { current });
+    };
+    let changed: Changed = sqlx::query_as(
+        "UPDATE products SET stock = $2, restock_gen = restock_gen + 1, version = version + 1
+         WHERE id = $1 RETURNING id, name, stock, restock_gen",
+    )
+    .bind(id.get())
+    .bind(stock)
+    .fetch_one(&mut *tx)
+    .await?;
+    record_change(&mut tx, id.get(), stock - current, reason, actor).await?;
+    tx.commit().await?;
+    Ok(Restocked::Done {
+        product: changed.product,
+        restock_gen: changed.restock_gen,
+    })
+}
+
+/// The product and its books, or `None`.
 pub async fn product_sales(pool: &PgPool, id: ProductId) -> sqlx::Result<Option<ProductSales>> {
     sqlx::query_as(
         "SELECT p.id, p.name, p.stock,
-                COALESCE((SELECT SUM(o.quantity) FROM orders o WHERE o.product_id = p.id), 0)::BIGINT AS sold
+                COALESCE((SELECT SUM(o.quantity) FROM orders o WHERE o.product_id = p.id), 0)::BIGINT AS sold,
+                COALESCE((SELECT SUM(c.delta) FROM stock_changes c WHERE c.product_id = p.id), 0)::BIGINT AS supplied
          FROM products p WHERE p.id = $1",
     )
     .bind(id.get())
@@ -86,27 +223,48 @@ pub async fn product_sales(pool: &PgPool, id: ProductId) -> sqlx::Result<Option<
     .await
 }
 
-/// What a fenced write found.
+/// The product's stock and restock generation, if it exists (no lock taken).
+pub async fn find_product(pool: &PgPool, id: ProductId) -> sqlx::Result<Option<StockSeen>> {
+    sqlx::query_as("SELECT stock, restock_gen FROM products WHERE id = $1")
+        .bind(id.get())
+        .fetch_optional(pool)
+        .await
+}
+
+/// The order `user` placed for `product`, if any.
+pub async fn order_of(pool: &PgPool, product: ProductId, user: i64) -> sqlx::Result<Option<Order>> {
+    sqlx::query_as(
+        "SELECT id, product_id, user_id, quantity FROM orders WHERE product_id = $1 AND user_id = $2",
+    )
+    .bind(product.get())
+    .bind(user)
+    .fetch_optional(pool)
+    .await
+}
+
+/// What a fenced claim found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FenceClaim {
     /// Our fence is now stored and the row is locked by our transaction; here is its stock,
     /// read after the claim, so no earlier holder's write can be missed.
     Claimed(StockSeen),
-    /// The row holds a fence at or above ours.
+    /// The row holds a higher fence than ours: a newer holder has written.
     Refused {
         stored: i64,
     },
     NoSuchProduct,
 }
 
-/// Store `fence` on the product if it is above the stored one, and read the stock.
+/// Store `fence` on the product unless a higher one is there, and read the stock. One
+/// holder may claim several times with its fence (one claim per batch); two acquisitions
+/// never share a fence.
 pub async fn claim_fence(
     conn: &mut PgConnection,
     id: ProductId,
     fence: i64,
 ) -> sqlx::Result<FenceClaim> {
     let claimed: Option<StockSeen> = sqlx::query_as(
-        "UPDATE products SET fence = $2 WHERE id = $1 AND fence < $2 RETURNING stock, restock_gen",
+        "UPDATE products SET fence = $2 WHERE id = $1 AND fence <= $2 RETURNING stock, restock_gen",
     )
     .bind(id.get())
     .bind(fence)
@@ -147,6 +305,42 @@ pub async fn read_stock(
     Ok(row.map(|row| (row.seen, row.version)))
 }
 
+/// Which of `users` already have an order for the product.
+pub async fn buyers_among(
+    conn: &mut PgConnection,
+    id: ProductId,
+    users: &[i64],
+) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar("SELECT user_id FROM orders WHERE product_id = $1 AND user_id = ANY($2)")
+        .bind(id.get())
+        .bind(users)
+        .fetch_all(conn)
+        .await
+}
+
+/// Insert one order per `(user, quantity)` in one statement, under `fence` if any. A user
+/// who has an order already is skipped; returns `(user, order id)` for those inserted.
+pub async fn insert_orders(
+    conn: &mut PgConnection,
+    id: ProductId,
+    users: &[i64],
+    quantities: &[i32],
+    fence: Option<i64>,
+) -> sqlx::Result<Vec<(i64, i64)>> {
+    sqlx::query_as(
+        "INSERT INTO orders (product_id, user_id, quantity, fence)
+         SELECT $1, u, q, $4 FROM UNNEST($2::BIGINT[], $3::INT[]) AS t (u, q)
+         ON CONFLICT ON CONSTRAINT orders_one_per_user DO NOTHING
+         RETURNING user_id, id",
+    )
+    .bind(id.get())
+    .bind(users)
+    .bind(quantities)
+    .bind(fence)
+    .fetch_all(conn)
+    .await
+}
+
 /// Overwrite the stock with a value the caller computed (under its lock).
 pub async fn write_stock(conn: &mut PgConnection, id: ProductId, stock: i64) -> sqlx::Result<()> {
     sqlx::query("UPDATE products SET stock = $2, version = version + 1 WHERE id = $1")
@@ -175,43 +369,23 @@ pub async fn write_stock_if_version(
     Ok(done.rows_affected() == 1)
 }
 
-/// Take `quantity` from the stock in one guarded statement. `None`: not enough stock, or no
-/// such product.
+/// Take `sold` units in one guarded statement. `None`: fewer are left (someone sold since
+/// the caller read the stock).
 pub async fn take_stock(
     conn: &mut PgConnection,
     id: ProductId,
-    quantity: Quantity,
-) -> sqlx::Result<Option<StockSeen>> {
-    sqlx::query_as(
-        "UPDATE products SET stock = stock - $2, version = version + 1
-         WHERE id = $1 AND stock >= $2 RETURNING stock, restock_gen",
-    )
-    .bind(id.get())
-    .bind(i64::from(quantity.get()))
-    .fetch_optional(conn)
-    .await
-}
-
-/// Record an order. `None`: this user already has an order for this product.
-pub async fn insert_order(
-    conn: &mut PgConnection,
-    product: ProductId,
-    user: UserId,
-    quantity: Quantity,
-    fence: Option<i64>,
+    sold: i64,
 ) -> sqlx::Result<Option<i64>> {
     sqlx::query_scalar(
-        "INSERT INTO orders (product_id, user_id, quantity, fence) VALUES ($1, $2, $3, $4)
-         ON CONFLICT ON CONSTRAINT orders_one_per_user DO NOTHING RETURNING id",
+        "UPDATE products SET stock = stock - $2, version = version + 1
+         WHERE id = $1 AND stock >= $2 RETURNING stock",
     )
-    .bind(product.get())
-    .bind(user.get())
-    .bind(quantity.get())
-    .bind(fence)
+    .bind(id.get())
+    .bind(sold)
     .fetch_optional(conn)
     .await
 }
 
-pub async fn ping(pool: &PgPool) -> sqlx::Result<()> {
-    sqlx::query("SELECT 1").execute(pool).await.map(|_| ())
+pub async fn ping(conn: &mut PgConnection) -> sqlx::Result<()> {
+    sqlx::query("SELECT 1").execute(conn).await.map(|_| ())
 }

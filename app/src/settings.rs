@@ -4,21 +4,25 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use secrecy::{ExposeSecret, SecretString};
 
 /// A flash-sale service: sells limited stock to a flood of buyers without overselling.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "seckill", version, about, long_about = None)]
 pub struct Settings {
-    /// PostgreSQL URL. Migrations run at start-up, so an empty database works.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    /// PostgreSQL URL. Migrations run at start-up, so an empty database works. Kept out of
+    /// logs and debug output (it may hold a password).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = secret)]
+    pub database_url: SecretString,
 
-    /// Redis URL, for the lock (LOCK_STRATEGY=redis) and the sold-out marks.
+    /// Redis URL: the lock under LOCK_STRATEGY=redis, and restock messages between
+    /// instances. The pg-* strategies start and sell without it (restocks then reach other
+    /// instances within SOLD_OUT_RECHECK_MS).
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
 
-    /// Prefix for every Redis key the service writes (lock `<prefix>lock_sale_<id>`, fence,
-    /// sold-out marks), so several deployments or test runs can share one Redis.
+    /// Prefix for every Redis key and channel the service uses (lock `<prefix>lock_sale_<id>`,
+    /// its fence, the restock channel), so several deployments or test runs can share one Redis.
     #[arg(long, env = "REDIS_KEY_PREFIX", default_value = "")]
     pub redis_key_prefix: String,
 
@@ -26,30 +30,54 @@ pub struct Settings {
     #[arg(long, env = "REDLOCK_URLS", value_delimiter = ',')]
     pub redlock_urls: Vec<String>,
 
-    /// Address to listen on. Port 0 picks a free port.
+    /// Address to listen on. Port 0 picks a free port; the bound address is printed on
+    /// stdout as `listening on <address>`.
     #[arg(long, env = "BIND_ADDR", default_value = "127.0.0.1:8080")]
     pub bind_addr: SocketAddr,
 
-    /// Token for the admin routes (`Authorization: Bearer <token>`). Unset: admin routes
-    /// answer 403.
-    #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true)]
-    pub admin_token: Option<String>,
+    /// Token for the admin routes (`Authorization: Bearer <token>`), at least 16 characters
+    /// and not blank. Unset: admin routes answer 403. Kept out of logs and debug output.
+    #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true, value_parser = admin_token)]
+    pub admin_token: Option<SecretString>,
 
-    /// How a purchase is kept from racing other purchases of the same product.
+    /// How purchases of one product are kept apart across instances.
     #[arg(long, env = "LOCK_STRATEGY", value_enum, default_value_t = LockStrategy::Redis)]
     pub lock_strategy: LockStrategy,
 
-    /// Lease of the Redis lock, in ms. The watchdog renews it every third of it while a
-    /// purchase runs; a crashed holder blocks the product for at most this long.
+    /// Lease of the lock (redis, redlock, pg-lock), in ms. The watchdog renews it every third
+    /// of it while a batch is sold; a crashed holder blocks the product for at most this long.
     #[arg(long, env = "LOCK_TTL_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     pub lock_ttl_ms: u64,
 
-    /// How long a purchase waits for the Redis lock before answering 503 busy, in ms.
+    /// How long a purchase may wait in its product's queue (for the lock, and for its turn)
+    /// before answering 503 busy, in ms.
     #[arg(long, env = "LOCK_WAIT_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
     pub lock_wait_ms: u64,
 
-    /// Extra time spent inside the critical section, in ms, to show leases, renewals and
-    /// races at work. 0 in production.
+    /// Most purchases sold in one transaction. 1 sells one purchase per lock hold and per
+    /// transaction: the per-request baseline.
+    #[arg(long, env = "BATCH_MAX", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub batch_max: u32,
+
+    /// How long an instance keeps a product's lock while buyers keep queueing, in ms, before
+    /// it lets other instances have their turn.
+    #[arg(long, env = "HOLD_MS", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub hold_ms: u64,
+
+    /// Purchases that may queue for one product in one instance; beyond it, new arrivals get
+    /// an immediate 503 busy with Retry-After.
+    #[arg(long, env = "QUEUE_MAX", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub queue_max: u32,
+
+    /// How long an instance trusts its own memory that a product is sold out before it asks
+    /// PostgreSQL again, in ms: the bound on how late a restock can reach an instance that
+    /// missed the restock message (Redis down).
+    #[arg(long, env = "SOLD_OUT_RECHECK_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub sold_out_recheck_ms: u64,
+
+    /// Extra time spent inside the critical section of every batch, in ms, to show leases,
+    /// renewals and races at work. 0 in production. Must stay below
+    /// PG_IDLE_IN_TRANSACTION_TIMEOUT_MS (the pg-* strategies spend it inside a transaction).
     #[arg(long, env = "WORK_MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=600_000))]
     pub work_ms: u64,
 
@@ -61,12 +89,67 @@ pub struct Settings {
     #[arg(long, env = "DATABASE_MAX_CONNECTIONS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1_000))]
     pub database_max_connections: u32,
 
+    /// How long a request waits for a pooled connection before answering 503 busy, in ms.
+    #[arg(long, env = "DATABASE_ACQUIRE_TIMEOUT_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub database_acquire_timeout_ms: u64,
+
+    /// PostgreSQL `statement_timeout` of the service's sessions, in ms: no statement runs
+    /// longer (503 busy).
+    #[arg(long, env = "PG_STATEMENT_TIMEOUT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub pg_statement_timeout_ms: u64,
+
+    /// PostgreSQL `lock_timeout`, in ms: a purchase waiting for a row that another session
+    /// holds gives up after this long (503 busy) instead of hanging behind a hung instance.
+    #[arg(long, env = "PG_LOCK_TIMEOUT_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub pg_lock_timeout_ms: u64,
+
+    /// PostgreSQL `idle_in_transaction_session_timeout`, in ms: PostgreSQL ends a session
+    /// that sits in an open transaction this long (a hung or paused instance), rolling its
+    /// transaction back and freeing its row locks.
+    #[arg(long, env = "PG_IDLE_IN_TRANSACTION_TIMEOUT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub pg_idle_in_transaction_timeout_ms: u64,
+
     /// Log format on stdout. The level comes from RUST_LOG (default `info`).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 }
 
+/// The shortest admin token accepted: 16 characters, about 95 bits if random.
+pub const MIN_ADMIN_TOKEN_CHARS: usize = 16;
+
+fn secret(raw: &str) -> Result<SecretString, String> {
+    Ok(SecretString::from(raw))
+}
+
+/// `ADMIN_TOKEN`: refused when blank (an empty token would match a request without any
+/// `Authorization` header) or too short to be secret.
+pub fn admin_token(raw: &str) -> Result<SecretString, String> {
+    if raw.trim().is_empty() {
+        return Err(
+            "ADMIN_TOKEN is empty or blank; leave it unset to disable the admin routes".into(),
+        );
+    }
+    let chars = raw.chars().count();
+    if chars < MIN_ADMIN_TOKEN_CHARS {
+        return Err(format!(
+            "ADMIN_TOKEN has {chars} characters; use at least {MIN_ADMIN_TOKEN_CHARS} (for example `openssl rand -hex 16`)"
+        ));
+    }
+    Ok(SecretString::from(raw))
+}
+
 impl Settings {
+    /// Settings for tests and embedding: every default, with this database and Redis.
+    pub fn new(database_url: &str, redis_url: &str) -> Self {
+        Self::parse_from([
+            "seckill",
+            "--database-url",
+            database_url,
+            "--redis-url",
+            redis_url,
+        ])
+    }
+
     pub fn lock_ttl(&self) -> Duration {
         Duration::from_millis(self.lock_ttl_ms)
     }
@@ -78,20 +161,58 @@ impl Settings {
     pub fn work(&self) -> Duration {
         Duration::from_millis(self.work_ms)
     }
+
+    pub fn hold(&self) -> Duration {
+        Duration::from_millis(self.hold_ms)
+    }
+
+    pub fn sold_out_recheck(&self) -> Duration {
+        Duration::from_millis(self.sold_out_recheck_ms)
+    }
+
+    pub fn database_acquire_timeout(&self) -> Duration {
+        Duration::from_millis(self.database_acquire_timeout_ms)
+    }
+
+    /// The database URL, for connecting (never for logging).
+    pub fn database_url(&self) -> &str {
+        self.database_url.expose_secret()
+    }
+
+    /// Settings that are valid one by one but not together.
+    ///
+    /// # Errors
+    /// A message naming the settings.
+    pub fn check(&self) -> Result<(), String> {
+        if self.work_ms >= self.pg_idle_in_transaction_timeout_ms {
+            return Err(format!(
+                "WORK_MS ({}) must be below PG_IDLE_IN_TRANSACTION_TIMEOUT_MS ({}): the pg-* strategies work inside a transaction, which PostgreSQL would end",
+                self.work_ms, self.pg_idle_in_transaction_timeout_ms
+            ));
+        }
+        if self.lock_strategy == LockStrategy::Redlock && self.redlock_urls.is_empty() {
+            return Err(
+                "LOCK_STRATEGY=redlock needs REDLOCK_URLS (comma-separated Redis masters)".into(),
+            );
+        }
+        Ok(())
+    }
 }
 
-/// The purchase strategies; each lives in its own module under `sale/`.
+/// The purchase strategies; each one's way of selling a batch lives under `sale/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
 pub enum LockStrategy {
-    /// Redis lock `lock_sale_<id>` with watchdog and fencing, then one transaction.
+    /// Redis lock `lock_sale_<id>` with watchdog and fencing, then one transaction per batch.
     Redis,
     /// The same lock on a majority of the masters in REDLOCK_URLS (Redlock), same fencing.
     Redlock,
+    /// The same lock in a PostgreSQL lock table (the seed's database lock), same fencing.
+    PgLock,
     /// `SELECT ... FOR UPDATE` on the product row.
     PgRow,
     /// Optimistic: compare-and-set on a version column, with bounded retries.
     PgOptimistic,
-    /// One guarded `UPDATE ... WHERE stock >= quantity`: no lock at all needed.
+    /// One guarded `UPDATE ... WHERE stock >= sold`: no lock at all needed.
     PgAtomic,
     /// Read-modify-write with no lock: UNSAFE, shows the lost update.
     None,
@@ -103,11 +224,18 @@ impl LockStrategy {
         match self {
             LockStrategy::Redis => "redis",
             LockStrategy::Redlock => "redlock",
+            LockStrategy::PgLock => "pg-lock",
             LockStrategy::PgRow => "pg-row",
             LockStrategy::PgOptimistic => "pg-optimistic",
             LockStrategy::PgAtomic => "pg-atomic",
             LockStrategy::None => "none",
         }
+    }
+
+    /// Whether the strategy needs Redis to sell at all (the others only use it for restock
+    /// messages, and start and sell without it).
+    pub fn needs_redis(self) -> bool {
+        matches!(self, LockStrategy::Redis | LockStrategy::Redlock)
     }
 }
 
@@ -127,5 +255,35 @@ mod tests {
             let accepted = strategy.to_possible_value().expect("not hidden");
             assert_eq!(accepted.get_name(), strategy.name());
         }
+    }
+
+    #[test]
+    fn an_empty_blank_or_short_admin_token_is_refused_with_the_settings_name() {
+        for bad in ["", "   ", "\t\n", "short-token"] {
+            let why = admin_token(bad).expect_err(bad);
+            assert!(why.contains("ADMIN_TOKEN"), "{why}");
+        }
+        assert!(admin_token("0123456789abcdef").is_ok());
+    }
+
+    #[test]
+    fn secrets_stay_out_of_debug_output() {
+        let mut settings = Settings::new("postgres://app:hunter2-password@db/seckill", "redis://r");
+        settings.admin_token = Some(admin_token("super-secret-admin-token").unwrap());
+        let shown = format!("{settings:?}");
+        assert!(!shown.contains("hunter2-password"), "{shown}");
+        assert!(!shown.contains("super-secret-admin-token"), "{shown}");
+    }
+
+    #[test]
+    fn work_inside_a_transaction_must_end_before_postgres_ends_the_session() {
+        let mut settings = Settings::new("postgres://x", "redis://r");
+        settings.work_ms = 6_000;
+        assert!(
+            settings
+                .check()
+                .unwrap_err()
+                .contains("PG_IDLE_IN_TRANSACTION_TIMEOUT_MS")
+        );
     }
 }

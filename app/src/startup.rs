@@ -1,117 +1,140 @@
 //! Building the service from its settings: pools, migrations, the lock, the HTTP server.
 
 use std::net::TcpListener;
+use std::str::FromStr;
 use std::time::Duration;
 
 use actix_web::dev::Server;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context;
-use distlock::{LockOptions, Locker, Redlock};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use distlock::{LockOptions, Locker, PgLockTable, Redlock, ReleaseSignals};
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::MIGRATOR;
 use crate::metrics::Metrics;
+use crate::redis_link::RedisLink;
+use crate::repository::SessionBounds;
 use crate::routes::admin::AdminToken;
+use crate::routes::health::Health;
 use crate::routes::purchase::MaxQuantity;
 use crate::routes::{self, not_found};
-use crate::sale::Sale;
+use crate::sale::batch::Step;
+use crate::sale::{Exclusion, Sale, SaleParts};
 use crate::settings::{LockStrategy, Settings};
 
-/// The waiting buyer's backoff between lock attempts: short, since a purchase holds the lock
-/// for about one transaction.
+/// A desk leader's backoff between lock attempts when it polls (Redlock, pg-lock): short,
+/// since a hold lasts at most `HOLD_MS`. Under `redis` the leader waits for the release
+/// message instead, and this is only its backstop.
 const LOCK_RETRY_MIN: Duration = Duration::from_millis(2);
 const LOCK_RETRY_MAX: Duration = Duration::from_millis(10);
 
 /// A bound, listening, not yet running service.
 pub struct Application {
     server: Server,
-    port: u16,
+    address: std::net::SocketAddr,
 }
 
 impl Application {
-    /// Connect to PostgreSQL and Redis, run migrations, bind `BIND_ADDR`.
+    /// Connect to PostgreSQL (and Redis, when the strategy sells with it), run migrations,
+    /// bind `BIND_ADDR`.
     ///
     /// # Errors
-    /// A message naming what failed: an unreachable PostgreSQL or Redis, a failed migration,
-    /// invalid lock settings, an address that cannot be bound.
+    /// A message naming what failed: an invalid setting, an unreachable PostgreSQL or Redis,
+    /// a failed migration, an address that cannot be bound.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let pool = PgPoolOptions::new()
-            .max_connections(settings.database_max_connections)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect(&settings.database_url)
+        settings.check().map_err(anyhow::Error::msg)?;
+        let options =
+            PgConnectOptions::from_str(settings.database_url()).context("invalid DATABASE_URL")?;
+        let pool = pool_options(&settings)
+            .connect_with(options)
             .await
             .context("cannot connect to PostgreSQL (DATABASE_URL)")?;
         Self::build_with_pool(settings, pool).await
     }
 
-    /// As [`build`](Self::build), on a pool the caller made (tests hand in their own database).
+    /// As [`build`](Self::build), on a pool the caller made (tests hand in their own
+    /// database).
     ///
     /// # Errors
     /// As [`build`](Self::build).
     pub async fn build_with_pool(settings: Settings, pool: PgPool) -> anyhow::Result<Self> {
+        settings.check().map_err(anyhow::Error::msg)?;
         MIGRATOR
             .run(&pool)
             .await
             .context("cannot run database migrations")?;
-        let redis = connect_redis(&settings.redis_url).await?;
-        let lock_options = LockOptions::builder()
-            .ttl(settings.lock_ttl())
-            .wait_timeout(settings.lock_wait())
-            .retry_delay(LOCK_RETRY_MIN, LOCK_RETRY_MAX)
-            .build()
-            .context("invalid LOCK_TTL_MS / LOCK_WAIT_MS")?;
-        if settings.lock_strategy == LockStrategy::None {
+        let strategy = settings.lock_strategy;
+        let redis = if strategy.needs_redis() {
+            RedisLink::connect_now(&settings.redis_url, "REDIS_URL").await?
+        } else {
+            RedisLink::connect_in_background(&settings.redis_url, "REDIS_URL")?
+        };
+        if strategy == LockStrategy::None {
             tracing::warn!(
                 "LOCK_STRATEGY=none: purchases read and write stock WITHOUT ANY LOCK. \
                  Concurrent buyers WILL lose updates and oversell. Use only to demonstrate the race."
             );
         }
-        let redlock = match settings.lock_strategy {
-            LockStrategy::Redlock => {
-                Some(connect_redlock(&settings.redlock_urls, lock_options.clone()).await?)
-            }
-            _ => None,
-        };
-        let sale = Sale {
-            locker: Locker::new(redis.clone(), lock_options).context("invalid lock settings")?,
-            redlock,
-            pool,
-            redis,
+        let exclusion = exclusion(&settings, &pool, &redis).await?;
+        let metrics = Metrics::new();
+        let sale = Sale::new(SaleParts {
+            pool: pool.clone(),
+            strategy,
+            exclusion,
+            metrics,
+            redis_url: settings.redis_url.clone(),
+            redis: redis.clone(),
             key_prefix: settings.redis_key_prefix.clone(),
-            strategy: settings.lock_strategy,
+            batch_max: settings.batch_max as usize,
+            queue_max: settings.queue_max as usize,
+            hold: settings.hold(),
             work: settings.work(),
-            metrics: Metrics::new(),
-        };
+            wait: settings.lock_wait(),
+            sold_out_recheck: settings.sold_out_recheck(),
+            bounds: SessionBounds {
+                statement_timeout_ms: settings.pg_statement_timeout_ms,
+                lock_timeout_ms: settings.pg_lock_timeout_ms,
+                idle_in_transaction_timeout_ms: settings.pg_idle_in_transaction_timeout_ms,
+            },
+        });
 
         let listener = TcpListener::bind(settings.bind_addr)
             .with_context(|| format!("cannot listen on {} (BIND_ADDR)", settings.bind_addr))?;
-        let port = listener.local_addr()?.port();
+        let address = listener.local_addr()?;
         let sale = web::Data::new(sale);
+        let health = web::Data::new(Health {
+            postgres: pool.connect_options().as_ref().clone(),
+            redis,
+        });
         let admin = web::Data::new(AdminToken(settings.admin_token.clone()));
         let max_quantity = web::Data::new(MaxQuantity(settings.max_quantity));
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(sale.clone())
+                .app_data(health.clone())
                 .app_data(admin.clone())
                 .app_data(max_quantity.clone())
                 .configure(routes::configure)
                 .default_service(web::to(not_found))
         })
+        // A buyer who disconnects while queued (EOF on the socket) has their request dropped,
+        // so the desk skips them instead of selling to nobody.
+        .h1_allow_half_closed(false)
         .listen(listener)?
         .run();
-        tracing::info!(
-            port,
-            strategy = settings.lock_strategy.name(),
-            "seckill listening"
-        );
-        Ok(Self { server, port })
+        tracing::info!(%address, strategy = strategy.name(), "seckill listening");
+        Ok(Self { server, address })
     }
 
     /// The port actually bound (useful with port 0).
     pub fn port(&self) -> u16 {
-        self.port
+        self.address.port()
+    }
+
+    /// The address actually bound.
+    pub fn address(&self) -> std::net::SocketAddr {
+        self.address
     }
 
     /// Serve until the process is asked to stop (SIGINT, SIGTERM).
@@ -123,36 +146,58 @@ impl Application {
     }
 }
 
-/// One multiplexed, self-reconnecting Redis connection for the whole service.
-async fn connect_redis(url: &str) -> anyhow::Result<ConnectionManager> {
-    let client = redis::Client::open(url).context("invalid REDIS_URL")?;
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(1)))
-        .set_response_timeout(Some(Duration::from_secs(2)))
-        .set_number_of_retries(2)
-        .set_max_delay(Duration::from_millis(500));
-    ConnectionManager::new_with_config(client, config)
-        .await
-        .context("cannot connect to Redis (REDIS_URL)")
+fn pool_options(settings: &Settings) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(settings.database_max_connections)
+        .acquire_timeout(settings.database_acquire_timeout())
 }
 
-/// One connection per Redlock master; all must answer at start-up.
-async fn connect_redlock(
-    urls: &[String],
-    lock_options: LockOptions,
-) -> anyhow::Result<Locker<Redlock<ConnectionManager>>> {
-    anyhow::ensure!(
-        !urls.is_empty(),
-        "LOCK_STRATEGY=redlock needs REDLOCK_URLS (comma-separated Redis masters)"
-    );
-    let mut nodes = Vec::new();
-    for url in urls {
-        nodes.push(
-            connect_redis(url)
+/// How batches of different instances are kept apart, for the configured strategy.
+async fn exclusion(
+    settings: &Settings,
+    pool: &PgPool,
+    redis: &RedisLink,
+) -> anyhow::Result<Exclusion> {
+    let options = || {
+        LockOptions::builder()
+            .ttl(settings.lock_ttl())
+            .wait_timeout(settings.lock_wait())
+            .retry_delay(LOCK_RETRY_MIN, LOCK_RETRY_MAX)
+            .build()
+            .context("invalid LOCK_TTL_MS / LOCK_WAIT_MS")
+    };
+    Ok(match settings.lock_strategy {
+        LockStrategy::Redis => {
+            let conn = redis.get().expect("connected at start-up under redis");
+            let client = redis::Client::open(settings.redis_url.as_str())?;
+            let signals = ReleaseSignals::connect(&client)
                 .await
-                .with_context(|| format!("REDLOCK_URLS: cannot connect to {url}"))?,
-        );
-    }
-    let redlock = Redlock::new(nodes).context("invalid REDLOCK_URLS")?;
-    Locker::new(redlock, lock_options).context("invalid Redlock settings")
+                .context("cannot subscribe to lock releases (REDIS_URL)")?;
+            let locker = Locker::new(conn, options()?).context("invalid lock settings")?;
+            Exclusion::Redis(locker.with_release_signals(signals))
+        }
+        LockStrategy::Redlock => {
+            let mut nodes = Vec::new();
+            for url in &settings.redlock_urls {
+                let node = RedisLink::connect_now(url, &format!("REDLOCK_URLS: {url}")).await?;
+                nodes.push(node.get().expect("connected"));
+            }
+            let redlock = Redlock::new(nodes).context("invalid REDLOCK_URLS")?;
+            Exclusion::Redlock(
+                Locker::new(redlock, options()?).context("invalid Redlock settings")?,
+            )
+        }
+        LockStrategy::PgLock => {
+            let table = PgLockTable::new(pool.clone());
+            table
+                .install()
+                .await
+                .context("cannot create the lock table in PostgreSQL")?;
+            Exclusion::PgLock(Locker::new(table, options()?).context("invalid lock settings")?)
+        }
+        LockStrategy::PgRow => Exclusion::Transaction(Step::RowLock),
+        LockStrategy::PgOptimistic => Exclusion::Transaction(Step::Optimistic),
+        LockStrategy::PgAtomic => Exclusion::Transaction(Step::Atomic),
+        LockStrategy::None => Exclusion::Transaction(Step::Unsafe),
+    })
 }

@@ -52,7 +52,8 @@ impl<B: Backend> Hold<B> {
         // its turn. On one multiplexed connection its attempt then runs right after our
         // release, one round trip later instead of two. (If the first poll had not sent it
         // yet, the attempt may find the lock still held and waits for the release signal.)
-        let first = futures_util::poll!(unlock.as_mut());
+        let first =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(unlock.as_mut().poll(cx))).await;
         self.turn.lock().expect("turn poisoned").take();
         let unlocked = match first {
             std::task::Poll::Ready(unlocked) => unlocked,

@@ -2,52 +2,88 @@ use std::time::Duration;
 
 use actix_web::{HttpResponse, web};
 use serde_json::json;
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgConnection};
 
+use crate::redis_link::RedisLink;
 use crate::repository;
-use crate::sale::Sale;
+use crate::sale::{Exclusion, Sale};
+
+/// What `/readyz` checks with. PostgreSQL is asked over a connection of the check's own,
+/// opened and closed for each check, so a pool busy with purchases cannot make a healthy
+/// instance look unready (and no idle connection is kept for it).
+pub struct Health {
+    pub postgres: PgConnectOptions,
+    pub redis: RedisLink,
+}
+
+/// Connect, `SELECT 1`, close.
+async fn postgres_answers(options: &PgConnectOptions) -> bool {
+    let Ok(mut conn) = PgConnection::connect_with(options).await else {
+        return false;
+    };
+    let answered = repository::ping(&mut conn).await.is_ok();
+    let _ = conn.close().await;
+    answered
+}
 
 /// The process is up.
 pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
 }
 
-/// PostgreSQL and Redis answer within a second (with `LOCK_STRATEGY=redlock`, also a
-/// majority of the Redlock masters).
-pub async fn readyz(sale: web::Data<Sale>) -> HttpResponse {
+/// Ready when PostgreSQL answers, and whatever the strategy sells with answers: Redis under
+/// `redis`, a majority of the masters under `redlock`. Under the other strategies Redis only
+/// carries restock news, so a Redis that is down makes the instance `degraded` (200), not
+/// unready.
+pub async fn readyz(sale: web::Data<Sale>, health: web::Data<Health>) -> HttpResponse {
     let limit = Duration::from_secs(1);
-    let postgres = matches!(
-        tokio::time::timeout(limit, repository::ping(&sale.pool)).await,
-        Ok(Ok(()))
-    );
-    let ping = async {
-        redis::cmd("PING")
-            .query_async::<String>(&mut sale.redis.clone())
-            .await
+    let postgres = tokio::time::timeout(limit, postgres_answers(&health.postgres))
+        .await
+        .unwrap_or(false);
+    let redis = match health.redis.get() {
+        Some(mut conn) => {
+            let ping = redis::cmd("PING");
+            let ping = ping.query_async::<String>(&mut conn);
+            matches!(tokio::time::timeout(limit, ping).await, Ok(Ok(_)))
+        }
+        None => false,
     };
-    let redis = matches!(tokio::time::timeout(limit, ping).await, Ok(Ok(_)));
-    let redlock = match &sale.redlock {
-        Some(redlock) => {
-            let nodes = redlock.backend();
+    let redlock = match sale.exclusion() {
+        Exclusion::Redlock(locker) => {
+            let nodes = locker.backend();
             Some((nodes.reachable_nodes(limit).await, nodes.quorum()))
         }
-        None => None,
+        _ => None,
     };
-    let redlock_ok = redlock.is_none_or(|(reachable, quorum)| reachable >= quorum);
-    let mut body = json!({"postgres": postgres, "redis": redis});
+    let mut body = json!({
+        "postgres": postgres,
+        "redis": redis,
+        "restock_news": sale.hears_restocks(),
+    });
     if let Some((reachable, quorum)) = redlock {
         body["redlock"] = json!({"reachable": reachable, "needed": quorum});
     }
-    if postgres && redis && redlock_ok {
-        return HttpResponse::Ok().json(body);
-    }
-    let down = if !postgres {
-        "postgres is unreachable"
-    } else if !redis {
-        "redis is unreachable"
+    let problem = if !postgres {
+        Some("postgres is unreachable")
+    } else if !redis && sale.strategy.needs_redis() {
+        Some("redis is unreachable")
+    } else if redlock.is_some_and(|(reachable, quorum)| reachable < quorum) {
+        Some("a majority of the Redlock masters is unreachable")
     } else {
-        "a majority of the Redlock masters is unreachable"
+        None
     };
-    body["error"] = json!("not_ready");
-    body["message"] = json!(down);
-    HttpResponse::ServiceUnavailable().json(body)
+    if let Some(problem) = problem {
+        body["status"] = json!("not_ready");
+        body["error"] = json!("not_ready");
+        body["message"] = json!(problem);
+        return HttpResponse::ServiceUnavailable().json(body);
+    }
+    body["status"] = json!(if redis { "ready" } else { "degraded" });
+    if !redis {
+        body["message"] = json!(
+            "redis is unreachable: sales go on; restocks reach other instances within SOLD_OUT_RECHECK_MS"
+        );
+    }
+    HttpResponse::Ok().json(body)
 }

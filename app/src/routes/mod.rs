@@ -2,11 +2,13 @@
 //! repository or the sale, and map errors to `ApiError`; they hold no SQL.
 
 pub(crate) mod admin;
-mod health;
+pub(crate) mod health;
 mod metrics;
+mod orders;
 mod products;
 pub(crate) mod purchase;
 
+use actix_web::middleware::from_fn;
 use actix_web::{HttpResponse, web};
 
 use crate::error::ApiError;
@@ -23,12 +25,35 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     .route("/healthz", web::get().to(health::healthz))
     .route("/readyz", web::get().to(health::readyz))
     .route("/metrics", web::get().to(metrics::metrics))
-    .route("/api/products", web::post().to(products::create))
+    .service(
+        web::resource("/api/products").route(
+            web::post()
+                .to(products::create)
+                .wrap(from_fn(admin::require_admin)),
+        ),
+    )
     .route("/api/products/{id}", web::get().to(products::show))
-    .route("/api/products/{id}/stock", web::put().to(products::restock))
+    .service(
+        web::resource("/api/products/{id}/restock").route(
+            web::post()
+                .to(products::restock)
+                .wrap(from_fn(admin::require_admin)),
+        ),
+    )
+    .service(
+        web::resource("/api/products/{id}/stock").route(
+            web::put()
+                .to(products::set_stock)
+                .wrap(from_fn(admin::require_admin)),
+        ),
+    )
     .route(
         "/api/products/{id}/purchase",
         web::post().to(purchase::purchase),
+    )
+    .route(
+        "/api/products/{id}/orders/{user_id}",
+        web::get().to(orders::show),
     );
 }
 

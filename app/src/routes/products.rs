@@ -2,11 +2,11 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::admin::{AdminToken, require_admin};
+use super::admin::actor;
 use crate::domain::{ProductId, ProductName, Stock};
 use crate::error::ApiError;
-use crate::repository;
-use crate::sale::{Sale, sold_out};
+use crate::repository::{self, Product, Restocked};
+use crate::sale::Sale;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -15,61 +15,116 @@ pub struct NewProduct {
     stock: i64,
 }
 
+fn product_json(product: &Product) -> serde_json::Value {
+    json!({"id": product.id, "name": product.name, "stock": product.stock})
+}
+
 /// `POST /api/products` (admin): 201 `{"id", "name", "stock"}`.
 pub async fn create(
     req: HttpRequest,
-    admin: web::Data<AdminToken>,
     sale: web::Data<Sale>,
     body: web::Json<NewProduct>,
 ) -> Result<HttpResponse, ApiError> {
-    require_admin(&req, &admin)?;
     let NewProduct { name, stock } = body.into_inner();
     let name = ProductName::parse(name).map_err(ApiError::InvalidInput)?;
     let stock = Stock::parse(stock).map_err(ApiError::InvalidInput)?;
-    let product = repository::insert_product(&sale.pool, &name, stock)
+    let product = repository::insert_product(&sale.pool, sale.bounds, &name, stock, &actor(&req))
         .await
-        .map_err(ApiError::from_db)?;
+        .map_err(|e| ApiError::from_db(&e))?;
     tracing::info!(
         product_id = product.id,
         stock = product.stock,
         "product created"
     );
-    Ok(HttpResponse::Created().json(json!({
-        "id": product.id, "name": product.name, "stock": product.stock,
-    })))
+    Ok(HttpResponse::Created().json(product_json(&product)))
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Restock {
-    stock: i64,
+pub struct AddStock {
+    add: i64,
 }
 
-/// `PUT /api/products/{id}/stock` (admin): set the stock; 200 `{"id", "name", "stock"}`.
+/// `POST /api/products/{id}/restock` (admin) `{"add": N}`: add N units; 200 the product.
 pub async fn restock(
     req: HttpRequest,
-    admin: web::Data<AdminToken>,
     sale: web::Data<Sale>,
     path: web::Path<String>,
-    body: web::Json<Restock>,
+    body: web::Json<AddStock>,
 ) -> Result<HttpResponse, ApiError> {
-    require_admin(&req, &admin)?;
     let id = ProductId::parse(&path).map_err(ApiError::InvalidInput)?;
-    let stock = Stock::parse(body.stock).map_err(ApiError::InvalidInput)?;
-    let (product, restock_gen) = repository::restock(&sale.pool, id, stock)
+    let add = Stock::parse(body.add)
+        .ok()
+        .filter(|add| add.get() > 0)
+        .ok_or_else(|| {
+            ApiError::InvalidInput(format!(
+                "add must be between 1 and {}, got {}",
+                Stock::MAX,
+                body.add
+            ))
+        })?;
+    let outcome = repository::add_stock(&sale.pool, sale.bounds, id, add, &actor(&req))
         .await
-        .map_err(ApiError::from_db)?
-        .ok_or_else(|| ApiError::NotFound("no such product".into()))?;
-    if let Err(error) = sold_out::mark_open(&sale, id, restock_gen).await {
-        tracing::warn!(%error, product_id = %id, "restocked, but could not clear the sold-out mark; it expires by itself");
-    }
-    tracing::info!(product_id = %id, stock = product.stock, "restocked");
-    Ok(HttpResponse::Ok().json(json!({
-        "id": product.id, "name": product.name, "stock": product.stock,
-    })))
+        .map_err(|e| ApiError::from_db(&e))?;
+    changed(&sale, id, outcome, None)
 }
 
-/// `GET /api/products/{id}`: 200 `{"id", "name", "stock", "sold"}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetStock {
+    stock: i64,
+    /// The stock the admin believes is there now; nothing changes unless it is.
+    expected_stock: i64,
+}
+
+/// `PUT /api/products/{id}/stock` (admin) `{"stock", "expected_stock"}`: set the stock, only
+/// if it is still `expected_stock`; 200 the product, or 409 `stock_changed`.
+pub async fn set_stock(
+    req: HttpRequest,
+    sale: web::Data<Sale>,
+    path: web::Path<String>,
+    body: web::Json<SetStock>,
+) -> Result<HttpResponse, ApiError> {
+    let id = ProductId::parse(&path).map_err(ApiError::InvalidInput)?;
+    let stock = Stock::parse(body.stock).map_err(ApiError::InvalidInput)?;
+    let outcome = repository::set_stock(
+        &sale.pool,
+        sale.bounds,
+        id,
+        stock,
+        body.expected_stock,
+        &actor(&req),
+    )
+    .await
+    .map_err(|e| ApiError::from_db(&e))?;
+    changed(&sale, id, outcome, Some(body.expected_stock))
+}
+
+/// Answer a stock change, and tell every instance about a committed one.
+fn changed(
+    sale: &Sale,
+    id: ProductId,
+    outcome: Restocked,
+    expected: Option<i64>,
+) -> Result<HttpResponse, ApiError> {
+    match outcome {
+        Restocked::Done {
+            product,
+            restock_gen,
+        } => {
+            sale.restocked(id, restock_gen);
+            tracing::info!(product_id = %id, stock = product.stock, "stock changed");
+            Ok(HttpResponse::Ok().json(product_json(&product)))
+        }
+        Restocked::NotFound => Err(ApiError::NotFound("no such product".into())),
+        Restocked::Refused { current } => Err(match expected {
+            Some(expected) => ApiError::StockChanged { current, expected },
+            None => ApiError::StockTooLarge,
+        }),
+    }
+}
+
+/// `GET /api/products/{id}`: 200 `{"id", "name", "stock", "sold", "supplied"}`.
 pub async fn show(
     sale: web::Data<Sale>,
     path: web::Path<String>,
@@ -77,9 +132,10 @@ pub async fn show(
     let id = ProductId::parse(&path).map_err(ApiError::InvalidInput)?;
     let product = repository::product_sales(&sale.pool, id)
         .await
-        .map_err(ApiError::from_db)?
+        .map_err(|e| ApiError::from_db(&e))?
         .ok_or_else(|| ApiError::NotFound("no such product".into()))?;
     Ok(HttpResponse::Ok().json(json!({
-        "id": product.id, "name": product.name, "stock": product.stock, "sold": product.sold,
+        "id": product.id, "name": product.name, "stock": product.stock,
+        "sold": product.sold, "supplied": product.supplied,
     })))
 }

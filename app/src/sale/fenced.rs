@@ -1,114 +1,87 @@
-//! The fenced write path shared by `LOCK_STRATEGY=redis` and `redlock`, once the lock is held.
+//! Selling under a lock with a fence: the write path of `redis`, `redlock` and `pg-lock`.
 //!
-//! 1. `WORK_MS` of work, outside any transaction: a holder that stalls here holds no row
-//!    lock, so it cannot block the next holder once its lease has run out.
-//! 2. One transaction: claim the row with our fence (`UPDATE ... SET fence = ours WHERE
-//!    fence < ours RETURNING stock`), check the stock, insert the order, write the stock,
-//!    commit.
-//! 3. Release, by the caller's lock.
-//!
-//! The claim comes *before* the read so that the stock we check is the one after every write
-//! with a lower fence; a holder whose fence is refused writes nothing. A refusal means one
-//! of two things, told apart by [`FencedGuard::advance_fence`]: we are stale (our lease ran
-//! out and a newer holder wrote: answer 503 `lock_lost`), or Redis restarted and lost the
-//! counter (it now issues fences below the stored one: we still hold the key, so we take a
-//! fence above the stored one and claim again). Without that second branch, every purchase
-//! after a Redis restart would be refused forever.
+//! The leader holds the product's lock; for each batch it claims the row with the lock's
+//! fence (`UPDATE ... SET fence = ours WHERE fence <= ours RETURNING stock`) before reading
+//! the stock, inside the batch's transaction. A refused claim writes nothing. It means one
+//! of two things, told apart by [`FencedGuard::advance_fence`]: either we are stale (our
+//! lease ran out and a newer holder wrote: every buyer in the batch gets 503 `lock_lost`),
+//! or the counter went back below the stored fence (a counter reset by hand: we still hold
+//! the lock, so we take a fence above the stored one and claim again). A Redis that lost
+//! its counter in a restart needs no such repair: its new counter starts above the clock.
+
+use std::time::Duration;
 
 use distlock::{Error as LockError, Fence, FencedGuard};
-use tokio::time::Instant;
+use sqlx::PgPool;
 
-use super::{Bought, PurchaseError, PurchaseRequest, Sale, finish};
+use super::batch::{self, BatchError, Step};
+use super::{Bought, PurchaseError, PurchaseRequest};
 use crate::domain::ProductId;
-use crate::repository::{self, FenceClaim};
+use crate::metrics::Metrics;
+use crate::repository::SessionBounds;
 
 /// The lock key of a product, as the documents this project grew from name it
 /// (`lock_sale_<id>`), after `REDIS_KEY_PREFIX`.
-pub fn lock_key(sale: &Sale, id: ProductId) -> String {
-    format!("{}lock_sale_{id}", sale.key_prefix)
+pub fn lock_key(prefix: &str, id: ProductId) -> String {
+    format!("{prefix}lock_sale_{id}")
 }
 
-/// A refused claim is resynced at most this often before giving up; more than once only if
-/// Redis loses its counter again within the same purchase.
+/// A refused claim is resynced at most this often before giving up.
 const MAX_RESYNCS: usize = 3;
 
-/// Map a failed acquisition to the purchase's answer.
-pub(crate) fn acquire_failed(sale: &Sale, error: LockError) -> PurchaseError {
+/// Map a lock error to the purchase's answer.
+pub(crate) fn lock_failed(metrics: &Metrics, error: LockError) -> PurchaseError {
     match error {
         LockError::Timeout { .. } => {
-            sale.metrics.lock_timeouts.inc();
+            metrics.lock_timeouts.inc();
             PurchaseError::Busy
         }
-        LockError::Redis(error) => PurchaseError::Redis(error),
-        other => PurchaseError::LockService(other),
+        LockError::Redis(error) => PurchaseError::Redis(error.into()),
+        LockError::Postgres(error) => PurchaseError::Database(error.into()),
+        other => PurchaseError::LockService(other.into()),
     }
 }
 
-/// Record the acquisition, run the purchase under `guard`, release.
-pub(crate) async fn purchase_locked<G: FencedGuard>(
-    sale: &Sale,
-    asked: Instant,
-    guard: G,
-    request: PurchaseRequest,
-) -> Result<Bought, PurchaseError> {
-    sale.metrics
-        .lock_wait_seconds
-        .observe(asked.elapsed().as_secs_f64());
-    sale.metrics.lock_acquisitions.inc();
-    tracing::Span::current().record("fence", guard.fence().get());
-
-    let outcome = purchase_holding(sale, &guard, request).await;
-
-    sale.metrics.lock_renewals.inc_by(guard.renewals());
-    match guard.release().await {
-        Ok(true) => {}
-        Ok(false) => {
-            sale.metrics.locks_lost.inc();
-            tracing::warn!("the lease ran out during the purchase; the fence kept the data safe");
-        }
-        Err(error) => tracing::warn!(%error, "could not release the lock; its lease will free it"),
-    }
-    outcome
-}
-
-/// Steps 1 and 2, for a caller that already holds `guard`. Public so that tests can drive a
-/// stale guard through the real write path.
-///
-/// # Errors
-/// [`PurchaseError::LockLost`] when the fence is refused and the guard no longer holds the
-/// lock: nothing is written.
-pub async fn purchase_holding<G: FencedGuard>(
-    sale: &Sale,
+/// Sell one batch of `product` under `guard`, in one transaction. Every answer is decided
+/// by the commit: all of them are 503 `lock_lost` when the fence is refused and we no longer
+/// hold the lock, and nothing is written then. Public so that tests can drive a stale guard
+/// through the real write path.
+pub async fn sell_holding<G: FencedGuard>(
+    pool: &PgPool,
+    bounds: SessionBounds,
+    metrics: &Metrics,
     guard: &G,
-    request: PurchaseRequest,
-) -> Result<Bought, PurchaseError> {
-    sale.work().await;
-    let mut tx = sale.pool.begin().await?;
-    let mut fence = guard.fence();
+    product: ProductId,
+    requests: &[PurchaseRequest],
+) -> Vec<Result<Bought, PurchaseError>> {
+    let all = |error: PurchaseError| vec![Err(error); requests.len()];
     for resync in 0..=MAX_RESYNCS {
-        let stored =
-            match repository::claim_fence(&mut tx, request.product_id, fence.get() as i64).await? {
-                FenceClaim::Claimed(seen) => {
-                    return finish(tx, request, seen, Some(fence.get() as i64)).await;
-                }
-                FenceClaim::NoSuchProduct => return Err(PurchaseError::NotFound),
-                FenceClaim::Refused { stored } => stored,
-            };
+        let fence = guard.fence();
+        let step = Step::Fenced(fence.as_i64());
+        let sold = batch::sell(pool, bounds, product, step, requests, Duration::ZERO).await;
+        let stored = match sold {
+            Ok(answers) => return answers,
+            Err(BatchError::Refused { stored }) => stored,
+            Err(BatchError::Failed(error)) => return all(error),
+            // Only the lock-free writes can conflict.
+            Err(BatchError::Conflict) => return all(PurchaseError::Busy),
+        };
         if resync == MAX_RESYNCS {
             break;
         }
-        fence = match guard.advance_fence(Fence(stored as u64)).await {
-            Ok(fence) => fence,
-            Err(LockError::NotHeld { .. }) => {
-                sale.metrics.locks_lost.inc();
-                tracing::warn!(ours = %guard.fence(), stored, "fence refused: this holder is stale; nothing written");
-                return Err(PurchaseError::LockLost);
+        match guard.advance_fence(Fence(stored as u64)).await {
+            Ok(new) => {
+                metrics.fence_resyncs.inc();
+                tracing::warn!(stored, %new, "the fence counter was behind the database; resynced");
+                tracing::Span::current().record("fence", new.get());
             }
-            Err(error) => return Err(acquire_failed(sale, error)),
-        };
-        sale.metrics.fence_resyncs.inc();
-        tracing::warn!(stored, new = %fence, "the fence counter was behind the database (Redis lost it); resynced");
-        tracing::Span::current().record("fence", fence.get());
+            Err(LockError::NotHeld { .. }) => {
+                metrics.locks_lost.inc();
+                tracing::warn!(ours = %fence, stored, "fence refused: this holder is stale; the batch wrote nothing");
+                return all(PurchaseError::LockLost);
+            }
+            Err(error) => return all(lock_failed(metrics, error)),
+        }
     }
-    Err(PurchaseError::LockLost)
+    all(PurchaseError::LockLost)
 }

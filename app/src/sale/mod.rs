@@ -1,35 +1,43 @@
-//! The purchase path: the sold-out fast path, then one of five strategies, all sharing the
-//! repository code and answering with the same [`Bought`] or [`PurchaseError`].
+//! The purchase path.
 //!
-//! | strategy | module | what keeps two purchases of one product apart |
+//! 1. [`catalog`]: is the product known to exist, and is it sold out (from memory)? Unknown
+//!    products and sold-out answers never reach a desk, a lock or Redis.
+//! 2. [`desk`]: the purchase queues at its product's desk, where one leader task per
+//!    instance sells batches of purchases, each in one transaction ([`batch`]).
+//! 3. The strategy decides how batches of different instances are kept apart:
+//!
+//! | strategy | what keeps two instances' batches apart | write path |
 //! |---|---|---|
-//! | `redis` | [`redis_lock`] | the Redis lock `lock_sale_<id>`, plus a fence checked by PostgreSQL ([`fenced`]) |
-//! | `redlock` | [`redlock`] | the same lock on a majority of independent Redis masters, same fence |
-//! | `pg-row` | [`pg_row`] | `SELECT ... FOR UPDATE` on the product row |
-//! | `pg-optimistic` | [`pg_optimistic`] | a version compare-and-set, retried a bounded number of times |
-//! | `pg-atomic` | [`pg_atomic`] | one guarded `UPDATE ... WHERE stock >= quantity` |
-//! | `none` | [`no_lock`] | nothing: unsafe on purpose, to show the lost update |
+//! | `redis` | the Redis lock `lock_sale_<id>`, and a fence checked by PostgreSQL | [`fenced`] |
+//! | `redlock` | the same lock on a majority of independent Redis masters, same fence | [`fenced`] |
+//! | `pg-lock` | the same lock in PostgreSQL's lock table (the seed's database lock), same fence | [`fenced`] |
+//! | `pg-row` | `SELECT ... FOR UPDATE` on the product row | [`batch::Step::RowLock`] |
+//! | `pg-optimistic` | a version compare-and-set, retried a bounded number of times | [`batch::Step::Optimistic`] |
+//! | `pg-atomic` | one guarded `UPDATE ... WHERE stock >= sold` | [`batch::Step::Atomic`] |
+//! | `none` | nothing: unsafe on purpose, to show the lost update | [`batch::Step::Unsafe`] |
+//!
+//! [`restocks`] carries restock news between instances.
 
+pub mod batch;
+pub(crate) mod catalog;
+pub(crate) mod desk;
 pub mod fenced;
-pub mod no_lock;
-pub mod pg_atomic;
-pub mod pg_optimistic;
-pub mod pg_row;
-pub mod redis_lock;
-pub mod redlock;
-pub mod sold_out;
+pub(crate) mod restocks;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::{Locker, Redlock};
-use redis::aio::ConnectionManager;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::PgPool;
 use tokio::time::Instant;
 
 use crate::domain::{ProductId, Quantity, UserId};
 use crate::metrics::Metrics;
-use crate::repository::{self, StockSeen};
+use crate::repository::{self, SessionBounds, StockSeen};
 use crate::settings::LockStrategy;
+use catalog::{Catalog, Known};
+pub use desk::Exclusion;
+use desk::{Desk, DeskShared};
+use restocks::Restocks;
 
 /// One purchase, checked.
 #[derive(Debug, Clone, Copy)]
@@ -39,35 +47,44 @@ pub struct PurchaseRequest {
     pub quantity: Quantity,
 }
 
-/// A recorded order, and the stock it left.
+/// A recorded order, and the stock its batch left.
 #[derive(Debug, Clone, Copy)]
 pub struct Bought {
     pub order_id: i64,
     pub left: StockSeen,
 }
 
-/// Why a purchase did not happen.
-#[derive(Debug, thiserror::Error)]
+/// Why a purchase did not happen. Cheap to clone: one batch's error goes to every buyer in it.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum PurchaseError {
     #[error("no such product")]
     NotFound,
+    /// Sold out; with the stock the batch saw, when a batch decided it.
     #[error("sold out")]
     SoldOut(Option<StockSeen>),
     #[error("this user already bought this product")]
     AlreadyPurchased,
-    /// The lock (or, for `pg-optimistic`, a winning write) did not come in time.
+    /// The queue is full, or the buyer's turn did not come in time.
     #[error("too many buyers at once; try again")]
     Busy,
     /// Our lease ran out before we could write; the fence turned the write away.
     #[error("the purchase lost its lock before it could write; nothing was recorded")]
     LockLost,
     #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
+    Redis(Arc<redis::RedisError>),
     /// The lock service could not decide (a Redlock majority unreachable).
     #[error("lock service: {0}")]
-    LockService(distlock::Error),
+    LockService(Arc<distlock::Error>),
     #[error("database: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(Arc<sqlx::Error>),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<sqlx::Error> for PurchaseError {
+    fn from(error: sqlx::Error) -> Self {
+        PurchaseError::Database(Arc::new(error))
+    }
 }
 
 impl PurchaseError {
@@ -81,40 +98,97 @@ impl PurchaseError {
             PurchaseError::LockLost => "lock_lost",
             PurchaseError::Redis(_) | PurchaseError::LockService(_) => "redis_unavailable",
             PurchaseError::Database(_) => "database_error",
+            PurchaseError::Internal(_) => "internal",
         }
     }
 }
 
 /// Everything a purchase needs; built once at start-up and shared by all workers.
-#[derive(Clone)]
 pub struct Sale {
     pub pool: PgPool,
-    /// For the sold-out marks (and, through `locker`, the lock).
-    pub redis: ConnectionManager,
-    pub locker: Locker<ConnectionManager>,
-    /// The masters of `REDLOCK_URLS`, for `LOCK_STRATEGY=redlock`.
-    pub redlock: Option<Locker<Redlock<ConnectionManager>>>,
-    /// `REDIS_KEY_PREFIX`, put before every Redis key.
-    pub key_prefix: String,
+    /// Limits on every transaction the service opens.
+    pub bounds: SessionBounds,
     pub strategy: LockStrategy,
-    /// `WORK_MS`: time spent inside the critical section.
-    pub work: Duration,
     pub metrics: Metrics,
+    catalog: Arc<Catalog>,
+    desks: Arc<DeskShared>,
+    restocks: Restocks,
+    /// `LOCK_WAIT_MS`: how long a buyer may wait at the desk.
+    wait: Duration,
+}
+
+/// How a [`Sale`] is put together (see [`crate::startup`]).
+pub struct SaleParts {
+    pub pool: PgPool,
+    pub strategy: LockStrategy,
+    pub exclusion: Exclusion,
+    pub metrics: Metrics,
+    pub redis_url: String,
+    pub redis: crate::redis_link::RedisLink,
+    pub key_prefix: String,
+    pub batch_max: usize,
+    pub queue_max: usize,
+    pub hold: Duration,
+    pub work: Duration,
+    pub wait: Duration,
+    pub sold_out_recheck: Duration,
+    pub bounds: SessionBounds,
 }
 
 impl Sale {
+    /// Put the sale together; starts listening for restock news in the background.
+    pub fn new(parts: SaleParts) -> Self {
+        let catalog = Arc::new(Catalog::new(parts.sold_out_recheck));
+        let restocks = Restocks::start(
+            &parts.redis_url,
+            &parts.key_prefix,
+            parts.redis,
+            Arc::downgrade(&catalog),
+        );
+        let desks = Arc::new(DeskShared {
+            pool: parts.pool.clone(),
+            bounds: parts.bounds,
+            exclusion: parts.exclusion,
+            key_prefix: parts.key_prefix,
+            batch_max: parts.batch_max,
+            queue_max: parts.queue_max,
+            hold: parts.hold,
+            work: parts.work,
+            metrics: parts.metrics.clone(),
+        });
+        Self {
+            pool: parts.pool,
+            bounds: parts.bounds,
+            strategy: parts.strategy,
+            metrics: parts.metrics,
+            catalog,
+            desks,
+            restocks,
+            wait: parts.wait,
+        }
+    }
+
+    /// How batches are kept apart (for readiness checks of the lock service).
+    pub fn exclusion(&self) -> &Exclusion {
+        &self.desks.exclusion
+    }
+
+    /// Whether restock news from other instances is being heard.
+    pub fn hears_restocks(&self) -> bool {
+        self.restocks.listening()
+    }
+
     /// Sell `request.quantity` units to `request.user_id`, or say why not.
     ///
     /// # Errors
     /// Every [`PurchaseError`]. None leaves anything written, with one exception no server can
     /// rule out: a commit that PostgreSQL carried out but whose answer was lost with the
-    /// connection is reported as a database error (the order and its decrement are then both
-    /// there, never one without the other).
+    /// connection is reported as a database error (the orders and their decrement are then
+    /// all there, never one without the other; `GET /api/products/{id}/orders/{user}` tells).
     #[tracing::instrument(name = "purchase", skip_all, fields(
         product_id = %request.product_id,
         user_id = request.user_id.get(),
         strategy = self.strategy.name(),
-        fence = tracing::field::Empty,
     ))]
     pub async fn purchase(&self, request: PurchaseRequest) -> Result<Bought, PurchaseError> {
         let started = Instant::now();
@@ -132,75 +206,48 @@ impl Sale {
     }
 
     async fn purchase_uncounted(&self, request: PurchaseRequest) -> Result<Bought, PurchaseError> {
-        if sold_out::is_marked(self, request.product_id).await {
+        let product = self.known(request.product_id).await?;
+        if self.catalog.is_sold_out(&product) {
             self.metrics.sold_out_fast_path.inc();
             return Err(PurchaseError::SoldOut(None));
         }
-        let outcome = match self.strategy {
-            LockStrategy::Redis => redis_lock::purchase(self, request).await,
-            LockStrategy::Redlock => redlock::purchase(self, request).await,
-            LockStrategy::PgRow => pg_row::purchase(self, request).await,
-            LockStrategy::PgOptimistic => pg_optimistic::purchase(self, request).await,
-            LockStrategy::PgAtomic => pg_atomic::purchase(self, request).await,
-            LockStrategy::None => no_lock::purchase(self, request).await,
-        };
+        let deadline = Instant::now() + self.wait;
+        let answer = product
+            .desk
+            .submit(request, deadline, self.desks.queue_max, &self.metrics)?;
+        let outcome = answer.await.unwrap_or_else(|_| {
+            Err(PurchaseError::Internal(
+                "the desk dropped a purchase".into(),
+            ))
+        });
         let seen = match &outcome {
             Ok(bought) => Some(bought.left),
             Err(PurchaseError::SoldOut(seen)) => *seen,
             Err(_) => None,
         };
-        if let Some(seen) = seen.filter(|seen| seen.stock == 0)
-            && let Err(error) =
-                sold_out::mark_sold(self, request.product_id, seen.restock_gen).await
-        {
-            tracing::warn!(%error, "could not mark the product sold out; the fast path stays off");
+        if let Some(seen) = seen.filter(|seen| seen.stock == 0) {
+            product.mark_sold_out(seen.restock_gen);
         }
         outcome
     }
 
-    /// `WORK_MS` of pretend work inside the critical section.
-    pub(crate) async fn work(&self) {
-        if !self.work.is_zero() {
-            tokio::time::sleep(self.work).await;
+    /// The product, if it exists: from memory, or else from one lookup in PostgreSQL.
+    async fn known(&self, id: ProductId) -> Result<Arc<Known>, PurchaseError> {
+        if let Some(known) = self.catalog.get(id) {
+            return Ok(known);
         }
+        let found = repository::find_product(&self.pool, id)
+            .await?
+            .ok_or(PurchaseError::NotFound)?;
+        Ok(self.catalog.remember(id, found.restock_gen, || {
+            Desk::open(id, Arc::clone(&self.desks))
+        }))
     }
-}
 
-/// The common end of a purchase, once the caller has read `seen` under whatever keeps other
-/// purchases away: check the stock, record the order, write the new stock, commit.
-pub(crate) async fn finish(
-    mut tx: Transaction<'_, Postgres>,
-    request: PurchaseRequest,
-    seen: StockSeen,
-    fence: Option<i64>,
-) -> Result<Bought, PurchaseError> {
-    let quantity = i64::from(request.quantity.get());
-    if seen.stock < quantity {
-        return Err(PurchaseError::SoldOut(Some(seen)));
+    /// A restock of `id` committed, starting restock generation `generation`: reopen it here
+    /// at once, and tell the other instances.
+    pub fn restocked(&self, id: ProductId, generation: i64) {
+        self.catalog.reopen(id, generation);
+        self.restocks.publish(id, generation);
     }
-    let order_id = record_order(&mut tx, request, fence).await?;
-    let left = StockSeen {
-        stock: seen.stock - quantity,
-        restock_gen: seen.restock_gen,
-    };
-    repository::write_stock(&mut tx, request.product_id, left.stock).await?;
-    tx.commit().await?;
-    Ok(Bought { order_id, left })
-}
-
-/// Insert the order; [`PurchaseError::AlreadyPurchased`] when this user already has one.
-pub(crate) async fn record_order(
-    tx: &mut Transaction<'_, Postgres>,
-    request: PurchaseRequest,
-    fence: Option<i64>,
-) -> Result<i64, PurchaseError> {
-    repository::insert_order(
-        tx,
-        request.product_id,
-        request.user_id,
-        request.quantity,
-        fence,
-    )
-    .await?
-    .ok_or(PurchaseError::AlreadyPurchased)
 }

@@ -1,16 +1,29 @@
-//! Many buyers at once on several instances: every strategy but `none` must sell the stock
-//! exactly, with no oversell, no lost update and one order per user.
+//! Many buyers at once on several instances, with a restock in the middle: every strategy
+//! but `none` must sell exactly what was supplied, with no oversell, no lost update, and at
+//! most one order per buyer even when a buyer asks two instances at the same moment.
+
+use std::collections::HashMap;
 
 use futures::future::join_all;
 use seckill::LockStrategy;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use crate::helpers::{Books, books, settings, shared_redis_url, spawn_instances};
+use crate::helpers::{TestApp, books, settings, shared_redis_url, spawn_instances};
 
 const STOCK: i64 = 40;
+const RESTOCK: i64 = 10;
 const BUYERS: i64 = 120;
 
-/// `BUYERS` distinct users (plus every tenth one trying twice) hit three instances at once.
+/// One purchase: (user, status, order id of a 201).
+async fn buy(app: &TestApp, id: i64, user: i64) -> (i64, u16, Option<i64>) {
+    let response = app.purchase(id, user, 1).await;
+    let status = response.status().as_u16();
+    let body: serde_json::Value = response.json().await.unwrap_or_default();
+    (user, status, body["order_id"].as_i64())
+}
+
+/// `BUYERS` distinct users hit three instances at once; every tenth one asks two instances
+/// at the same moment; halfway, an admin restocks.
 async fn flood(strategy: LockStrategy, pool_options: PgPoolOptions, connect: PgConnectOptions) {
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("flood"));
     settings.lock_strategy = strategy;
@@ -28,44 +41,89 @@ async fn flood_with(
     let apps = spawn_instances(3, &pool_options, &connect, &settings).await;
     let id = apps[0].create_product("Phone", STOCK).await;
 
-    // Act
-    let attempts = (1..=BUYERS).chain((1..=BUYERS).step_by(10));
-    let answers = join_all(attempts.enumerate().map(|(i, user)| {
-        let app = &apps[i % apps.len()];
-        async move { app.purchase(id, user, 1).await.status().as_u16() }
-    }))
-    .await;
+    // Act: the first wave of buyers; a restock once some of them have been answered; then
+    // a second wave, so that buyers remain for what the restock added.
+    let started = tokio::time::Instant::now();
+    let answered = std::sync::atomic::AtomicUsize::new(0);
+    let purchases = (1..=BUYERS).flat_map(|user| {
+        let first = &apps[user as usize % 3];
+        let twice = (user % 10 == 0).then(|| &apps[(user as usize + 1) % 3]);
+        std::iter::once(first)
+            .chain(twice)
+            .map(move |app| (app, user))
+    });
+    let (mut answers, restocked) = tokio::join!(
+        join_all(purchases.map(|(app, user)| {
+            let answered = &answered;
+            async move {
+                let answer = buy(app, id, user).await;
+                answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                answer
+            }
+        })),
+        async {
+            while answered.load(std::sync::atomic::Ordering::SeqCst) < 20 {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            apps[1].restock(id, RESTOCK).await.status().as_u16()
+        }
+    );
+    let second_wave = BUYERS + 1..=BUYERS + 40;
+    answers.extend(join_all(second_wave.map(|user| buy(&apps[user as usize % 3], id, user))).await);
+    eprintln!(
+        "{strategy:?}: {} purchases answered in {:?}",
+        answers.len(),
+        started.elapsed()
+    );
 
-    // Assert
-    let created = answers.iter().filter(|&&s| s == 201).count() as i64;
+    // Assert: only expected answers; nobody got two orders; every 201 is its buyer's order.
+    assert_eq!(restocked, 200);
     let unexpected: Vec<_> = answers
         .iter()
-        .filter(|&&s| s != 201 && s != 409 && s != 503)
+        .filter(|(_, s, _)| !matches!(s, 201 | 409))
         .collect();
     assert!(
         unexpected.is_empty(),
         "{strategy:?}: unexpected answers {unexpected:?}"
     );
-    let books = books(&apps[0].pool, id).await;
-    assert_eq!(
-        books,
-        Books {
-            stock: STOCK - created,
-            orders: created,
-            sold: created,
-            users_with_two_orders: 0,
-        },
-        "{strategy:?}"
-    );
-    assert!(books.sold <= STOCK, "{strategy:?} oversold");
-    if strategy != LockStrategy::PgOptimistic {
-        // Only the optimistic strategy may give up (503 busy) under contention.
-        assert_eq!(created, STOCK, "{strategy:?} did not sell out: {answers:?}");
+    let mut created: HashMap<i64, i64> = HashMap::new();
+    for (user, status, order) in &answers {
+        if *status == 201 {
+            let order = order.expect("a 201 names its order");
+            assert!(
+                created.insert(*user, order).is_none(),
+                "{strategy:?}: user {user} got two orders"
+            );
+        }
     }
+    for (user, order) in &created {
+        assert_eq!(
+            apps[2].order_of(id, *user).await,
+            Some(*order),
+            "{strategy:?}"
+        );
+    }
+    let books = books(&apps[0].pool, id).await;
+    assert_eq!(books.supplied, STOCK + RESTOCK, "{strategy:?}");
+    assert!(
+        books.balance(),
+        "{strategy:?}: the books do not balance: {books:?}"
+    );
+    assert_eq!(
+        books.orders,
+        created.len() as i64,
+        "{strategy:?}: {books:?}"
+    );
+    // Enough buyers for everything supplied, so every strategy must sell out.
+    assert_eq!(
+        (books.sold, books.stock),
+        (STOCK + RESTOCK, 0),
+        "{strategy:?} did not sell out: {books:?}"
+    );
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn the_redis_lock_sells_the_stock_exactly_across_instances(
+async fn the_redis_lock_sells_exactly_what_was_supplied_across_instances(
     o: PgPoolOptions,
     c: PgConnectOptions,
 ) {
@@ -73,7 +131,15 @@ async fn the_redis_lock_sells_the_stock_exactly_across_instances(
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn the_row_lock_sells_the_stock_exactly_across_instances(
+async fn the_lock_table_sells_exactly_what_was_supplied_across_instances(
+    o: PgPoolOptions,
+    c: PgConnectOptions,
+) {
+    flood(LockStrategy::PgLock, o, c).await;
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn the_row_lock_sells_exactly_what_was_supplied_across_instances(
     o: PgPoolOptions,
     c: PgConnectOptions,
 ) {
@@ -81,7 +147,7 @@ async fn the_row_lock_sells_the_stock_exactly_across_instances(
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn the_optimistic_strategy_never_oversells_across_instances(
+async fn the_optimistic_strategy_sells_exactly_what_was_supplied_across_instances(
     o: PgPoolOptions,
     c: PgConnectOptions,
 ) {
@@ -89,11 +155,27 @@ async fn the_optimistic_strategy_never_oversells_across_instances(
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn the_atomic_update_sells_the_stock_exactly_across_instances(
+async fn the_atomic_update_sells_exactly_what_was_supplied_across_instances(
     o: PgPoolOptions,
     c: PgConnectOptions,
 ) {
     flood(LockStrategy::PgAtomic, o, c).await;
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn redlock_sells_exactly_what_was_supplied_across_instances(
+    o: PgPoolOptions,
+    c: PgConnectOptions,
+) {
+    let masters: Vec<testkit::RedisServer> =
+        (0..3).map(|_| testkit::RedisServer::start()).collect();
+    let mut settings = settings(
+        &shared_redis_url(),
+        &testkit::unique_prefix("flood-redlock"),
+    );
+    settings.lock_strategy = LockStrategy::Redlock;
+    settings.redlock_urls = masters.iter().map(testkit::RedisServer::url).collect();
+    flood_with(settings, o, c).await;
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -106,32 +188,13 @@ async fn without_a_lock_concurrent_buyers_lose_updates(o: PgPoolOptions, c: PgCo
     let apps = spawn_instances(3, &o, &c, &settings).await;
     let id = apps[0].create_product("Phone", STOCK).await;
 
-    let answers = join_all((1..=BUYERS).map(|user| {
-        let app = &apps[user as usize % apps.len()];
-        async move { app.purchase(id, user, 1).await.status().as_u16() }
-    }))
-    .await;
+    let answers = join_all((1..=BUYERS).map(|user| buy(&apps[user as usize % 3], id, user))).await;
 
     let books = books(&apps[0].pool, id).await;
-    let created = answers.iter().filter(|&&s| s == 201).count() as i64;
+    let created = answers.iter().filter(|(_, s, _)| *s == 201).count() as i64;
     assert_eq!(books.orders, created);
     assert!(
-        STOCK - books.stock < books.sold,
-        "no lost update showed: stock {} after {} units sold",
-        books.stock,
-        books.sold
+        !books.balance(),
+        "no lost update showed: {books:?} after {created} orders"
     );
-}
-
-#[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn redlock_sells_the_stock_exactly_across_instances(o: PgPoolOptions, c: PgConnectOptions) {
-    let masters: Vec<testkit::RedisServer> =
-        (0..3).map(|_| testkit::RedisServer::start()).collect();
-    let mut settings = settings(
-        &shared_redis_url(),
-        &testkit::unique_prefix("flood-redlock"),
-    );
-    settings.lock_strategy = LockStrategy::Redlock;
-    settings.redlock_urls = masters.iter().map(testkit::RedisServer::url).collect();
-    flood_with(settings, o, c).await;
 }

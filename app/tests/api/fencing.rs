@@ -6,14 +6,21 @@ use distlock::{LockOptions, Locker};
 use redis::aio::ConnectionManager;
 use seckill::domain::{ProductId, Quantity, UserId};
 use seckill::metrics::Metrics;
-use seckill::sale::{PurchaseError, PurchaseRequest, Sale, fenced};
+use seckill::repository::SessionBounds;
+use seckill::sale::{PurchaseError, PurchaseRequest, fenced};
 use sqlx::PgPool;
 
 use crate::helpers::{books, settings, shared_redis_url, spawn_with};
 
+const BOUNDS: SessionBounds = SessionBounds {
+    statement_timeout_ms: 5_000,
+    lock_timeout_ms: 2_000,
+    idle_in_transaction_timeout_ms: 5_000,
+};
+
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_stale_holder_is_fenced_off_and_writes_nothing(pool: PgPool) {
-    // Arrange: the service, and beside it a "paused" holder with a short lease and no
+async fn a_stale_leaders_whole_batch_is_fenced_off_and_writes_nothing(pool: PgPool) {
+    // Arrange: the service, and beside it a "paused" leader with a short lease and no
     // watchdog, on the same Redis keys and database.
     let prefix = testkit::unique_prefix("stale");
     let app = spawn_with(settings(&shared_redis_url(), &prefix), pool.clone()).await;
@@ -26,51 +33,44 @@ async fn a_stale_holder_is_fenced_off_and_writes_nothing(pool: PgPool) {
         .without_watchdog()
         .build()
         .unwrap();
-    let stale = Sale {
-        pool: pool.clone(),
-        redis: redis.clone(),
-        locker: Locker::new(redis, short_lease).unwrap(),
-        redlock: None,
-        key_prefix: prefix.clone(),
-        strategy: seckill::LockStrategy::Redis,
-        work: Duration::ZERO,
-        metrics: Metrics::new(),
-    };
-    let product_id = ProductId::parse(&id.to_string()).unwrap();
+    let stale = Locker::new(redis, short_lease).unwrap();
+    let product = ProductId::parse(&id.to_string()).unwrap();
     let guard = stale
-        .locker
-        .try_acquire(&fenced::lock_key(&stale, product_id))
+        .try_acquire(&fenced::lock_key(&prefix, product))
         .await
         .unwrap();
 
-    // The lease runs out while the holder is "paused"; another buyer gets the lock and writes.
+    // The lease runs out while the leader is "paused"; another buyer gets the lock and writes.
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(app.purchase(id, 1, 1).await.status(), 201);
 
-    // Act: the stale holder wakes up and tries its write.
-    let request = PurchaseRequest {
-        product_id,
-        user_id: UserId::parse(2).unwrap(),
-        quantity: Quantity::parse(1, 5).unwrap(),
-    };
-    let outcome = fenced::purchase_holding(&stale, &guard, request).await;
+    // Act: the stale leader wakes up and sells its batch of four buyers.
+    let batch: Vec<PurchaseRequest> = (2..=5)
+        .map(|user| PurchaseRequest {
+            product_id: product,
+            user_id: UserId::parse(user).unwrap(),
+            quantity: Quantity::parse(1, 5).unwrap(),
+        })
+        .collect();
+    let answers =
+        fenced::sell_holding(&pool, BOUNDS, &Metrics::new(), &guard, product, &batch).await;
 
-    // Assert
-    assert!(
-        matches!(outcome, Err(PurchaseError::LockLost)),
-        "{outcome:?}"
-    );
+    // Assert: every buyer in it is told lock_lost, and none of it was written.
+    assert_eq!(answers.len(), 4);
+    for answer in &answers {
+        assert!(matches!(answer, Err(PurchaseError::LockLost)), "{answer:?}");
+    }
     let books = books(&pool, id).await;
     assert_eq!(
         (books.stock, books.orders),
         (9, 1),
-        "the stale write went through"
+        "the stale batch went through"
     );
     let stored: i64 = sqlx::query_scalar("SELECT fence FROM products WHERE id = $1")
         .bind(id)
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert!(stored > guard.fence().get() as i64);
+    assert!(stored > guard.fence().as_i64());
     assert!(!guard.release().await.unwrap());
 }

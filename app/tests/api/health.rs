@@ -17,6 +17,7 @@ async fn readyz_reports_both_backends_reachable(pool: PgPool) {
     assert_eq!(status, 200);
     assert_eq!(body["postgres"], true);
     assert_eq!(body["redis"], true);
+    assert_eq!(body["status"], "ready");
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -36,6 +37,12 @@ async fn metrics_are_served_in_prometheus_format(pool: PgPool) {
         "seckill_lock_renewals_total",
         "seckill_locks_lost_total",
         "seckill_sold_out_fast_path_total",
+        "seckill_orders_total 1",
+        "seckill_queued_purchases 0",
+        "seckill_batch_size_count 1",
+        "seckill_batches_per_hold_count 1",
+        "seckill_queue_full_total 0",
+        "seckill_buyers_gone_total 0",
     ] {
         assert!(text.contains(name), "missing {name} in\n{text}");
     }

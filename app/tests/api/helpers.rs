@@ -8,25 +8,19 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-pub const ADMIN_TOKEN: &str = "test-admin-token";
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123";
 
 /// Settings for a test instance: port 0, a unique Redis key prefix, a patient lock.
 pub fn settings(redis_url: &str, prefix: &str) -> Settings {
-    Settings {
-        database_url: "unused: the test hands in its pool".into(),
-        redis_url: redis_url.into(),
-        redis_key_prefix: prefix.into(),
-        redlock_urls: Vec::new(),
-        bind_addr: "127.0.0.1:0".parse().unwrap(),
-        admin_token: Some(ADMIN_TOKEN.into()),
-        lock_strategy: LockStrategy::Redis,
-        lock_ttl_ms: 5_000,
-        lock_wait_ms: 30_000,
-        work_ms: 0,
-        max_quantity: 5,
-        database_max_connections: 5,
-        log_format: seckill::settings::LogFormat::Text,
-    }
+    let mut settings = Settings::new("postgres://unused-the-test-hands-in-its-pool", redis_url);
+    settings.redis_key_prefix = prefix.into();
+    settings.bind_addr = "127.0.0.1:0".parse().unwrap();
+    settings.admin_token = Some(seckill::settings::admin_token(ADMIN_TOKEN).unwrap());
+    settings.lock_strategy = LockStrategy::Redis;
+    settings.lock_ttl_ms = 5_000;
+    settings.lock_wait_ms = 30_000;
+    settings.database_max_connections = 5;
+    settings
 }
 
 pub fn shared_redis_url() -> String {
@@ -106,14 +100,42 @@ impl TestApp {
             .unwrap()
     }
 
-    pub async fn restock(&self, id: i64, stock: i64) -> Response {
+    /// `POST .../restock {"add": add}`.
+    pub async fn restock(&self, id: i64, add: i64) -> Response {
         self.client
-            .put(self.url(&format!("/api/products/{id}/stock")))
+            .post(self.url(&format!("/api/products/{id}/restock")))
             .bearer_auth(ADMIN_TOKEN)
-            .json(&json!({"stock": stock}))
+            .json(&json!({"add": add}))
             .send()
             .await
             .unwrap()
+    }
+
+    /// `PUT .../stock {"stock", "expected_stock"}`.
+    pub async fn set_stock(&self, id: i64, stock: i64, expected: i64) -> Response {
+        self.client
+            .put(self.url(&format!("/api/products/{id}/stock")))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({"stock": stock, "expected_stock": expected}))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// `GET .../orders/{user}`: the buyer's order id, or `None` on 404.
+    pub async fn order_of(&self, id: i64, user: i64) -> Option<i64> {
+        let (status, body) = self
+            .get_json(&format!("/api/products/{id}/orders/{user}"))
+            .await;
+        match status {
+            200 => {
+                assert_eq!(body["user_id"], user, "{body}");
+                assert_eq!(body["product_id"], id, "{body}");
+                Some(body["order_id"].as_i64().unwrap())
+            }
+            404 => None,
+            other => panic!("GET order answered {other}: {body}"),
+        }
     }
 
     pub async fn purchase(&self, id: i64, user: i64, quantity: i64) -> Response {
@@ -155,16 +177,16 @@ impl TestApp {
         response.text().await.unwrap()
     }
 
-    /// The value of one metric line (without labels, or with its exact label set).
+    /// The value of one metric line (without labels, or with its exact label set). Panics
+    /// when the metric is not there, so a misspelt name cannot read as zero.
     pub async fn metric(&self, name: &str) -> f64 {
-        self.metrics_text()
-            .await
-            .lines()
+        let text = self.metrics_text().await;
+        text.lines()
             .find_map(|line| {
                 let (key, value) = line.rsplit_once(' ')?;
                 (key == name).then(|| value.parse().unwrap())
             })
-            .unwrap_or(0.0)
+            .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
     }
 }
 
@@ -174,7 +196,15 @@ pub struct Books {
     pub stock: i64,
     pub orders: i64,
     pub sold: i64,
-    pub users_with_two_orders: i64,
+    /// What the stock ledger says the product was supplied with.
+    pub supplied: i64,
+}
+
+impl Books {
+    /// `supplied = stock + sold`: no unit lost, none sold twice.
+    pub fn balance(&self) -> bool {
+        self.supplied == self.stock + self.sold && self.stock >= 0
+    }
 }
 
 pub async fn books(pool: &PgPool, product: i64) -> Books {
@@ -190,9 +220,8 @@ pub async fn books(pool: &PgPool, product: i64) -> Books {
     .fetch_one(pool)
     .await
     .unwrap();
-    let (users_with_two_orders,): (i64,) = sqlx::query_as(
-        "SELECT COUNT(*) FROM (SELECT user_id FROM orders WHERE product_id = $1
-         GROUP BY user_id HAVING COUNT(*) > 1) d",
+    let (supplied,): (i64,) = sqlx::query_as(
+        "SELECT COALESCE(SUM(delta), 0)::BIGINT FROM stock_changes WHERE product_id = $1",
     )
     .bind(product)
     .fetch_one(pool)
@@ -202,8 +231,27 @@ pub async fn books(pool: &PgPool, product: i64) -> Books {
         stock,
         orders,
         sold,
-        users_with_two_orders,
+        supplied,
     }
+}
+
+/// Every key under `prefix` in the Redis at `url` (lock keys, fence counters).
+pub async fn redis_keys(url: &str, prefix: &str) -> Vec<String> {
+    let mut conn = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mut keys = Vec::new();
+    for pattern in [format!("{prefix}*"), format!("{{{prefix}*")] {
+        let found: Vec<String> = redis::cmd("KEYS")
+            .arg(&pattern)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        keys.extend(found);
+    }
+    keys
 }
 
 pub async fn error_code(response: Response) -> (u16, String) {

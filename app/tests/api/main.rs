@@ -2,6 +2,8 @@
 //! and a real Redis (the shared one under a unique key prefix, or a private `redis-server`
 //! for tests that kill it).
 
+mod batches;
+mod bounds;
 mod concurrency;
 mod fencing;
 mod health;

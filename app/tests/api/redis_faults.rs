@@ -123,3 +123,126 @@ async fn redlock_with_a_majority_down_answers_503_and_writes_nothing(pool: PgPoo
     let books = books(&pool, id).await;
     assert_eq!((books.stock, books.orders), (10, 0));
 }
+
+/// The strategies that do not sell with Redis.
+const WITHOUT_REDIS: [seckill::LockStrategy; 4] = [
+    seckill::LockStrategy::PgLock,
+    seckill::LockStrategy::PgRow,
+    seckill::LockStrategy::PgOptimistic,
+    seckill::LockStrategy::PgAtomic,
+];
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn the_pg_strategies_start_and_sell_without_redis(pool: PgPool) {
+    let dead = format!("redis://127.0.0.1:{}", testkit::free_port());
+    for strategy in WITHOUT_REDIS {
+        // Arrange: nothing listens at REDIS_URL.
+        let mut settings = settings(&dead, "");
+        settings.lock_strategy = strategy;
+        let app = spawn_with(settings, pool.clone()).await;
+        let id = app.create_product("Phone", 10).await;
+
+        // Act
+        let started = tokio::time::Instant::now();
+        let mut statuses = Vec::new();
+        for user in 1..=5 {
+            statuses.push(app.purchase(id, user, 1).await.status().as_u16());
+        }
+        let took = started.elapsed();
+        let (ready, body) = app.get_json("/readyz").await;
+
+        // Assert: sold, with no Redis timeout in the way, and ready though degraded.
+        assert_eq!(statuses, [201; 5], "{strategy:?}");
+        assert!(
+            took < Duration::from_secs(2),
+            "{strategy:?}: five purchases took {took:?}"
+        );
+        assert_eq!(
+            (ready, body["status"].as_str()),
+            (200, Some("degraded")),
+            "{strategy:?}: {body}"
+        );
+        assert_eq!(body["redis"], false);
+    }
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn the_pg_strategies_keep_selling_at_full_speed_when_redis_dies(pool: PgPool) {
+    for strategy in WITHOUT_REDIS {
+        // Arrange: Redis is up at start, then dies.
+        let mut redis = RedisServer::start();
+        let mut settings = settings(&redis.url(), "");
+        settings.lock_strategy = strategy;
+        let app = spawn_with(settings, pool.clone()).await;
+        let id = app.create_product("Phone", 10).await;
+        assert_eq!(app.purchase(id, 1, 1).await.status(), 201);
+        redis.kill();
+
+        // Act: purchases of a product with stock, and of one that is sold out.
+        let mut slowest = Duration::ZERO;
+        for user in 2..=6 {
+            let started = tokio::time::Instant::now();
+            assert_eq!(
+                app.purchase(id, user, 1).await.status(),
+                201,
+                "{strategy:?}"
+            );
+            slowest = slowest.max(started.elapsed());
+        }
+        let sold_out = app.create_product("Gone", 1).await;
+        assert_eq!(app.purchase(sold_out, 1, 1).await.status(), 201);
+        let started = tokio::time::Instant::now();
+        assert_eq!(app.purchase(sold_out, 2, 1).await.status(), 409);
+        slowest = slowest.max(started.elapsed());
+
+        // Assert: none waited on the dead Redis (its timeout is 1 to 2 s).
+        assert!(
+            slowest < Duration::from_millis(800),
+            "{strategy:?}: slowest {slowest:?}"
+        );
+        let (ready, body) = app.get_json("/readyz").await;
+        assert_eq!(
+            (ready, body["status"].as_str()),
+            (200, Some("degraded")),
+            "{body}"
+        );
+    }
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn purchases_of_unknown_products_write_nothing_to_redis(pool: PgPool) {
+    // Arrange: one product exists; the lock keys of the ids below would be new.
+    let prefix = testkit::unique_prefix("unknown-ids");
+    let app = spawn_with(settings(&crate::helpers::shared_redis_url(), &prefix), pool).await;
+    app.create_product("Phone", 10).await;
+    let before = crate::helpers::redis_keys(&crate::helpers::shared_redis_url(), &prefix).await;
+
+    // Act: 300 anonymous purchases of ids that do not exist.
+    for id in 1_000..1_300 {
+        assert_eq!(error_code(app.purchase(id, 1, 1).await).await.0, 404);
+    }
+
+    // Assert
+    let after = crate::helpers::redis_keys(&crate::helpers::shared_redis_url(), &prefix).await;
+    assert_eq!(after, before, "unknown ids left keys in Redis");
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn under_redlock_unknown_products_write_nothing_to_any_master(pool: PgPool) {
+    let (masters, app) = redlock_app(pool).await;
+    app.create_product("Phone", 10).await;
+
+    for id in 1_000..1_100 {
+        assert_eq!(error_code(app.purchase(id, 1, 1).await).await.0, 404);
+    }
+
+    for master in &masters {
+        let mut conn = redis::Client::open(master.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let keys: i64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+        assert_eq!(keys, 0, "a master keeps keys for unknown products");
+    }
+}

@@ -1,36 +1,109 @@
+//! Sold out, from memory: no queue, no lock, no round trip; and restocks that reach every
+//! instance within a stated bound.
+
+use std::time::Duration;
+
+use seckill::LockStrategy;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::time::Instant;
 
-use crate::helpers::{books, error_code, settings, shared_redis_url, spawn_instances};
+use crate::helpers::{TestApp, books, error_code, settings, shared_redis_url, spawn_instances};
+
+/// Buy as `user` until it works or `within` has passed; how long it took.
+async fn buys_within(app: &TestApp, id: i64, user: i64, within: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < within {
+        let response = app.purchase(id, user, 1).await;
+        match response.status().as_u16() {
+            201 => return Some(started.elapsed()),
+            409 => tokio::time::sleep(Duration::from_millis(10)).await,
+            other => panic!("unexpected {other}: {}", response.text().await.unwrap()),
+        }
+    }
+    None
+}
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn once_sold_out_other_instances_answer_without_lock_or_database_until_a_restock(
+async fn once_an_instance_has_seen_the_sell_out_it_answers_from_memory(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
     // Arrange: two instances; A sells the last unit.
-    let settings = settings(&shared_redis_url(), &testkit::unique_prefix("sold-out"));
+    let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("sold-out"));
+    settings.sold_out_recheck_ms = 60_000;
     let apps = spawn_instances(2, &pool_options, &connect, &settings).await;
     let (a, b) = (&apps[0], &apps[1]);
     let id = a.create_product("Phone", 1).await;
     assert_eq!(a.purchase(id, 1, 1).await.status(), 201);
 
-    // Act: B is asked twice after the sell-out.
-    let first = b.purchase(id, 2, 1).await;
-    let second = b.purchase(id, 3, 1).await;
+    // Act: A is asked again; B is asked twice (it has not seen the sell-out yet).
+    let from_a = a.purchase(id, 2, 1).await;
+    let first_b = b.purchase(id, 3, 1).await;
+    let second_b = b.purchase(id, 4, 1).await;
 
-    // Assert: B took no lock at all; the fast path answered.
-    assert_eq!(error_code(first).await, (409, "sold_out".to_owned()));
-    assert_eq!(error_code(second).await, (409, "sold_out".to_owned()));
-    assert_eq!(b.metric("seckill_lock_acquisitions_total").await, 0.0);
-    assert_eq!(b.metric("seckill_sold_out_fast_path_total").await, 2.0);
-
-    // A restock through A is seen by B at once.
-    assert_eq!(a.restock(id, 2).await.status(), 200);
-    assert_eq!(b.purchase(id, 2, 1).await.status(), 201);
+    // Assert: A answered from memory at once; B learnt it from one batch, then from memory.
+    for response in [from_a, first_b, second_b] {
+        assert_eq!(error_code(response).await, (409, "sold_out".to_owned()));
+    }
+    assert_eq!(a.metric("seckill_sold_out_fast_path_total").await, 1.0);
+    assert_eq!(a.metric("seckill_lock_acquisitions_total").await, 1.0);
+    assert_eq!(b.metric("seckill_sold_out_fast_path_total").await, 1.0);
     assert_eq!(b.metric("seckill_lock_acquisitions_total").await, 1.0);
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_restock_reaches_another_instance_by_message_at_once(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange: B remembers the product as sold out, and would for a minute without news.
+    let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("restock-news"));
+    settings.sold_out_recheck_ms = 60_000;
+    let apps = spawn_instances(2, &pool_options, &connect, &settings).await;
+    let (a, b) = (&apps[0], &apps[1]);
+    let id = a.create_product("Phone", 1).await;
+    assert_eq!(b.purchase(id, 1, 1).await.status(), 201);
+    assert_eq!(b.purchase(id, 2, 1).await.status(), 409);
+    assert_eq!(b.metric("seckill_sold_out_fast_path_total").await, 1.0);
+    wait_until_listening(b).await;
+
+    // Act: restock through A.
+    assert_eq!(a.restock(id, 2).await.status(), 200);
+
+    // Assert: B sells at once (well inside the 60 s its memory would last).
+    let took = buys_within(b, id, 3, Duration::from_secs(2)).await;
+    assert!(took.is_some(), "the restock did not reach B by message");
     let books = books(&a.pool, id).await;
     assert_eq!((books.stock, books.orders), (1, 2));
+    assert!(books.balance(), "{books:?}");
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn without_redis_a_restock_reaches_another_instance_within_the_recheck(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange: pg-row instances with no Redis at all (so no restock message can arrive);
+    // B remembers the product as sold out, for at most 500 ms at a time.
+    let dead_redis = format!("redis://127.0.0.1:{}", testkit::free_port());
+    let mut settings = settings(&dead_redis, "");
+    settings.lock_strategy = LockStrategy::PgRow;
+    settings.sold_out_recheck_ms = 500;
+    let apps = spawn_instances(2, &pool_options, &connect, &settings).await;
+    let (a, b) = (&apps[0], &apps[1]);
+    let id = a.create_product("Phone", 1).await;
+    assert_eq!(b.purchase(id, 1, 1).await.status(), 201);
+    assert_eq!(b.purchase(id, 2, 1).await.status(), 409);
+
+    // Act
+    assert_eq!(a.restock(id, 2).await.status(), 200);
+
+    // Assert: B sells once its memory is due for a recheck: within the 500 ms bound, plus
+    // room for a busy machine.
+    let took = buys_within(b, id, 3, Duration::from_secs(5)).await;
+    let took = took.expect("the restock never reached B");
+    assert!(took < Duration::from_millis(500 + 1_500), "took {took:?}");
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -44,4 +117,17 @@ async fn a_product_with_stock_left_is_not_marked_sold_out(pool: PgPool) {
     );
     assert_eq!(app.purchase(id, 2, 1).await.status(), 201);
     assert_eq!(app.metric("seckill_sold_out_fast_path_total").await, 0.0);
+}
+
+/// Wait until the instance's restock subscription is up (it connects in the background).
+async fn wait_until_listening(app: &TestApp) {
+    let started = Instant::now();
+    loop {
+        let (_, body) = app.get_json("/readyz").await;
+        if body["restock_news"] == true {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

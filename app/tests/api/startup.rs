@@ -21,7 +21,8 @@ async fn an_unreachable_postgres_stops_start_up_with_a_clear_message() {
     settings.database_url = format!(
         "postgres://postgres@127.0.0.1:{}/nowhere",
         testkit::free_port()
-    );
+    )
+    .into();
     let message = build_error(settings, None).await;
     assert!(
         message.contains("cannot connect to PostgreSQL"),
@@ -66,6 +67,15 @@ fn the_command_line_refuses_invalid_settings() {
             "not-an-address",
         ],
         vec!["seckill", "--database-url", "x", "--work-ms", "-5"],
+        vec!["seckill", "--database-url", "x", "--batch-max", "0"],
+        vec!["seckill", "--database-url", "x", "--queue-max", "0"],
+        vec![
+            "seckill",
+            "--database-url",
+            "x",
+            "--pg-lock-timeout-ms",
+            "0",
+        ],
     ] {
         // The environment must not supply what a case leaves out.
         if std::env::var_os("DATABASE_URL").is_some() && args.len() == 1 {
@@ -84,4 +94,45 @@ async fn redlock_without_masters_stops_start_up_with_a_clear_message(pool: PgPoo
     settings.lock_strategy = seckill::LockStrategy::Redlock;
     let message = build_error(settings, Some(pool)).await;
     assert!(message.contains("REDLOCK_URLS"), "{message}");
+}
+
+#[test]
+fn an_empty_blank_or_short_admin_token_stops_start_up_with_a_message_naming_it() {
+    use clap::Parser;
+    for token in ["", "   ", "short"] {
+        let error = seckill::Settings::try_parse_from([
+            "seckill",
+            "--database-url",
+            "x",
+            "--admin-token",
+            token,
+        ])
+        .expect_err("a weak token was accepted");
+        assert!(error.to_string().contains("ADMIN_TOKEN"), "{error}");
+    }
+}
+
+#[test]
+fn an_empty_admin_token_in_the_environment_is_refused_too() {
+    // Run the real binary, so the environment is its own.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .env("DATABASE_URL", "postgres://nowhere")
+        .env("ADMIN_TOKEN", "")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("ADMIN_TOKEN"), "{stderr}");
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn work_that_would_outlast_postgres_idle_timeout_is_refused(pool: PgPool) {
+    let mut settings = settings(&shared_redis_url(), "");
+    settings.work_ms = 5_000;
+    settings.pg_idle_in_transaction_timeout_ms = 1_000;
+    let message = build_error(settings, Some(pool)).await;
+    assert!(
+        message.contains("PG_IDLE_IN_TRANSACTION_TIMEOUT_MS"),
+        "{message}"
+    );
 }

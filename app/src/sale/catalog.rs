@@ -1,0 +1,180 @@
+//! What this instance knows about products: which exist, each one's desk, and which are
+//! sold out as of which restock.
+//!
+//! - **Known products.** An id is looked up in PostgreSQL once; after that, the instance
+//!   remembers it (products are never deleted). A purchase of an unknown id gets 404 after
+//!   that one lookup and never reaches a desk, a lock or Redis, so anonymous requests cannot
+//!   make the service create keys.
+//! - **Sold out, from memory.** A batch that leaves the stock at 0 marks the product sold
+//!   out at its restock generation; later purchases are answered 409 without a queue, a lock
+//!   or a round trip. A restock starts a new generation: the instance that made it reopens
+//!   the product at once, and the restock message ([`super::restocks`]) reopens it on every
+//!   other instance. A mark of an older generation than one already seen is ignored, so a
+//!   slow batch that read the stock before a restock cannot hide it.
+//! - **The backstop.** A mark is trusted for `SOLD_OUT_RECHECK_MS` only; then one batch asks
+//!   PostgreSQL again. A restock whose message was lost (Redis down) therefore reaches every
+//!   instance within that bound.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::desk::Desk;
+use crate::domain::ProductId;
+
+/// The products this instance has seen, each with its desk and sold-out mark.
+pub(crate) struct Catalog {
+    products: Mutex<HashMap<ProductId, Arc<Known>>>,
+    /// `SOLD_OUT_RECHECK_MS`.
+    recheck: Duration,
+}
+
+/// One product known to exist.
+pub(crate) struct Known {
+    pub(crate) desk: Desk,
+    marks: Mutex<Marks>,
+}
+
+#[derive(Debug, Default)]
+struct Marks {
+    /// The newest restock generation this instance has heard of.
+    generation: i64,
+    /// Sold out at `generation`, as of the instant.
+    sold_out: Option<(i64, Instant)>,
+}
+
+impl Catalog {
+    pub(crate) fn new(recheck: Duration) -> Self {
+        Self {
+            products: Mutex::new(HashMap::new()),
+            recheck,
+        }
+    }
+
+    /// The product, if this instance already knows it.
+    pub(crate) fn get(&self, id: ProductId) -> Option<Arc<Known>> {
+        self.products().get(&id).cloned()
+    }
+
+    /// Remember a product that exists, at restock generation `generation`, with the desk
+    /// `open_desk` makes (called only if it was not known yet).
+    pub(crate) fn remember(
+        &self,
+        id: ProductId,
+        generation: i64,
+        open_desk: impl FnOnce() -> Desk,
+    ) -> Arc<Known> {
+        let mut products = self.products();
+        let known = products.entry(id).or_insert_with(|| {
+            Arc::new(Known {
+                desk: open_desk(),
+                marks: Mutex::new(Marks {
+                    generation,
+                    sold_out: None,
+                }),
+            })
+        });
+        known.reopen(generation);
+        Arc::clone(known)
+    }
+
+    /// A restock started `generation` (heard from this instance or from a message).
+    pub(crate) fn reopen(&self, id: ProductId, generation: i64) {
+        if let Some(known) = self.get(id) {
+            known.reopen(generation);
+        }
+    }
+
+    /// Whether purchases of `known` can be answered "sold out" from memory.
+    pub(crate) fn is_sold_out(&self, known: &Known) -> bool {
+        let marks = known.marks();
+        marks.sold_out.is_some_and(|(generation, at)| {
+            generation >= marks.generation && at.elapsed() < self.recheck
+        })
+    }
+
+    fn products(&self) -> std::sync::MutexGuard<'_, HashMap<ProductId, Arc<Known>>> {
+        self.products.lock().expect("catalog poisoned")
+    }
+}
+
+impl Known {
+    /// A batch found the stock at 0 in restock generation `generation`.
+    pub(crate) fn mark_sold_out(&self, generation: i64) {
+        let mut marks = self.marks();
+        if generation >= marks.generation {
+            marks.generation = generation;
+            marks.sold_out = Some((generation, Instant::now()));
+        }
+    }
+
+    fn reopen(&self, generation: i64) {
+        let mut marks = self.marks();
+        if generation > marks.generation {
+            marks.generation = generation;
+        }
+        if marks
+            .sold_out
+            .is_some_and(|(sold_at, _)| sold_at < generation)
+        {
+            marks.sold_out = None;
+        }
+    }
+
+    fn marks(&self) -> std::sync::MutexGuard<'_, Marks> {
+        self.marks.lock().expect("marks poisoned")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn catalog_with_product(recheck: Duration) -> (Catalog, Arc<Known>) {
+        let catalog = Catalog::new(recheck);
+        let known = catalog.remember(ProductId::parse("1").unwrap(), 0, Desk::closed);
+        (catalog, known)
+    }
+
+    #[tokio::test]
+    async fn a_sold_out_mark_is_answered_from_memory_until_a_restock() {
+        let (catalog, known) = catalog_with_product(Duration::from_secs(60));
+        assert!(!catalog.is_sold_out(&known));
+
+        known.mark_sold_out(0);
+        assert!(catalog.is_sold_out(&known));
+
+        catalog.reopen(ProductId::parse("1").unwrap(), 1);
+        assert!(!catalog.is_sold_out(&known));
+    }
+
+    #[tokio::test]
+    async fn a_late_mark_of_an_older_generation_cannot_hide_a_restock() {
+        // A batch read the stock at 0 in generation 3; a restock to generation 4 was heard
+        // first; the batch's mark arrives afterwards.
+        let (catalog, known) = catalog_with_product(Duration::from_secs(60));
+        catalog.reopen(ProductId::parse("1").unwrap(), 4);
+
+        known.mark_sold_out(3);
+
+        assert!(!catalog.is_sold_out(&known), "a stale mark hid the restock");
+        known.mark_sold_out(4);
+        assert!(catalog.is_sold_out(&known));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_mark_is_trusted_only_until_the_recheck() {
+        let (catalog, known) = catalog_with_product(Duration::from_millis(1_000));
+        known.mark_sold_out(0);
+
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert!(catalog.is_sold_out(&known));
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert!(
+            !catalog.is_sold_out(&known),
+            "the mark outlived its recheck"
+        );
+    }
+}

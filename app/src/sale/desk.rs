@@ -1,0 +1,395 @@
+//! The sale desk: one queue and one leader task per product in each instance.
+//!
+//! Purchases of a product queue at its desk ([`Desk::submit`]); a bounded queue, so a flood
+//! beyond `QUEUE_MAX` gets an immediate 503 instead of a slow one. The leader is the only
+//! task of this instance that sells the product. It takes everything waiting, up to
+//! `BATCH_MAX` purchases, sells it in one transaction ([`super::batch`]) and answers each
+//! buyer. There is no timer: a batch is whatever queued while the previous one was sold, so
+//! nothing is added to latency at low load.
+//!
+//! Under a lock strategy the leader takes the product's lock once and keeps it while buyers
+//! keep coming, up to `HOLD_MS`; then it releases it and, if buyers are still waiting,
+//! pauses briefly so another instance's leader can have its turn. Buyers queue in memory,
+//! not on Redis or on the connection pool: only the leaders contend for the lock.
+//!
+//! A buyer who disconnected before their batch was taken is skipped; one already taken is
+//! decided with the batch (their order, if any, can be looked up afterwards). A buyer still
+//! waiting at their deadline (`LOCK_WAIT_MS` after arriving) gets 503 `busy`.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use distlock::{Backend, Error as LockError, Locker, PgLockTable, Redlock};
+use rand::Rng;
+use redis::aio::ConnectionManager;
+use sqlx::PgPool;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{Instant, sleep, timeout_at};
+
+use super::batch::{self, BatchError, Step};
+use super::fenced::{lock_failed, lock_key, sell_holding};
+use super::{Bought, PurchaseError, PurchaseRequest};
+use crate::domain::ProductId;
+use crate::metrics::Metrics;
+use crate::repository::SessionBounds;
+
+/// A buyer's answer.
+pub(crate) type Answer = Result<Bought, PurchaseError>;
+
+/// How the desks of one instance keep batches of a product apart from other instances'.
+pub enum Exclusion {
+    /// The Redis lock `lock_sale_<id>`, fenced.
+    Redis(Locker<ConnectionManager>),
+    /// The same lock on a majority of independent Redis masters, fenced.
+    Redlock(Locker<Redlock<ConnectionManager>>),
+    /// The same lock in PostgreSQL's lock table, fenced.
+    PgLock(Locker<PgLockTable>),
+    /// No lock of ours: the batch's transaction reads and writes the stock `step`'s way.
+    Transaction(Step),
+}
+
+/// What every desk of an instance shares.
+pub(crate) struct DeskShared {
+    pub(crate) pool: PgPool,
+    pub(crate) bounds: SessionBounds,
+    pub(crate) exclusion: Exclusion,
+    /// `REDIS_KEY_PREFIX`, before the lock key.
+    pub(crate) key_prefix: String,
+    /// `BATCH_MAX`.
+    pub(crate) batch_max: usize,
+    /// `QUEUE_MAX`.
+    pub(crate) queue_max: usize,
+    /// `HOLD_MS`.
+    pub(crate) hold: Duration,
+    /// `WORK_MS`, spent once per batch.
+    pub(crate) work: Duration,
+    pub(crate) metrics: Metrics,
+}
+
+/// A purchase waiting at a desk.
+struct Order {
+    request: PurchaseRequest,
+    reply: oneshot::Sender<Answer>,
+    /// When the buyer stops waiting: answered `busy` if still queued then.
+    deadline: Instant,
+}
+
+/// A handle on one product's desk; cheap to clone. The leader ends when every handle is gone.
+#[derive(Clone)]
+pub(crate) struct Desk {
+    queue: mpsc::UnboundedSender<Order>,
+    /// Purchases queued and not yet taken into a batch or answered; at most `QUEUE_MAX`.
+    depth: Arc<AtomicUsize>,
+}
+
+/// After giving up the lock with buyers still waiting, the leader waits this long before
+/// asking for it again, so that a leader of another instance, woken by the release, gets it.
+const HANDOFF_PAUSE: Duration = Duration::from_millis(2);
+
+/// A batch that conflicts with a concurrent writer (optimistic, atomic) is retried this
+/// often before its buyers are told busy.
+const MAX_ATTEMPTS: u32 = 20;
+
+impl Desk {
+    /// Open the desk of `product` and start its leader.
+    pub(crate) fn open(product: ProductId, shared: Arc<DeskShared>) -> Self {
+        let (queue, orders) = mpsc::unbounded_channel();
+        let depth = Arc::new(AtomicUsize::new(0));
+        let leader = Leader {
+            product,
+            orders,
+            waiting: VecDeque::new(),
+            depth: Arc::clone(&depth),
+            shared,
+        };
+        tokio::spawn(leader.run());
+        Self { queue, depth }
+    }
+
+    /// A desk whose leader is gone, for tests of what holds desks.
+    #[cfg(test)]
+    pub(crate) fn closed() -> Self {
+        let (queue, _orders) = mpsc::unbounded_channel();
+        Self {
+            queue,
+            depth: Arc::default(),
+        }
+    }
+
+    /// Queue a purchase; the receiver gets its answer.
+    ///
+    /// # Errors
+    /// [`PurchaseError::Busy`] at once when the queue is full.
+    pub(crate) fn submit(
+        &self,
+        request: PurchaseRequest,
+        deadline: Instant,
+        queue_max: usize,
+        metrics: &Metrics,
+    ) -> Result<oneshot::Receiver<Answer>, PurchaseError> {
+        if self.depth.fetch_add(1, Ordering::AcqRel) >= queue_max {
+            self.depth.fetch_sub(1, Ordering::AcqRel);
+            metrics.queue_full.inc();
+            return Err(PurchaseError::Busy);
+        }
+        let (reply, answer) = oneshot::channel();
+        let order = Order {
+            request,
+            reply,
+            deadline,
+        };
+        if self.queue.send(order).is_err() {
+            self.depth.fetch_sub(1, Ordering::AcqRel);
+            return Err(PurchaseError::Internal(
+                "the product's desk has stopped".into(),
+            ));
+        }
+        metrics.queued.inc();
+        Ok(answer)
+    }
+}
+
+/// The task that sells one product for this instance.
+struct Leader {
+    product: ProductId,
+    orders: mpsc::UnboundedReceiver<Order>,
+    /// Orders taken off the channel and not yet answered.
+    waiting: VecDeque<Order>,
+    /// Shared with the desk's handles: how many orders are queued or waiting.
+    depth: Arc<AtomicUsize>,
+    shared: Arc<DeskShared>,
+}
+
+impl Leader {
+    async fn run(mut self) {
+        let shared = Arc::clone(&self.shared);
+        match &shared.exclusion {
+            Exclusion::Redis(locker) => self.lead_locked(locker).await,
+            Exclusion::Redlock(locker) => self.lead_locked(locker).await,
+            Exclusion::PgLock(locker) => self.lead_locked(locker).await,
+            Exclusion::Transaction(step) => self.lead(*step).await,
+        }
+    }
+
+    /// Take the lock, sell batches while buyers keep coming (up to the hold budget),
+    /// release, and start again.
+    async fn lead_locked<B: Backend>(&mut self, locker: &Locker<B>) {
+        let key = lock_key(&self.shared.key_prefix, self.product);
+        let metrics = self.shared.metrics.clone();
+        while self.wait_for_work().await {
+            // Wait for the lock until the first waiting buyer's deadline; then answer the
+            // buyers whose time is up, and wait again for the others.
+            self.take_queued();
+            self.answer_overdue();
+            let Some(until) = self.waiting.iter().map(|o| o.deadline).min() else {
+                continue;
+            };
+            let asked = Instant::now();
+            let guard = match timeout_at(until, locker.acquire(&key)).await {
+                Ok(Ok(guard)) => guard,
+                Err(_elapsed) => continue,
+                Ok(Err(error @ LockError::Timeout { .. })) => {
+                    lock_failed(&metrics, error);
+                    continue;
+                }
+                Ok(Err(error)) => {
+                    let error = lock_failed(&metrics, error);
+                    tracing::warn!(%error, product_id = %self.product, "cannot take the lock");
+                    self.answer_all_waiting(error);
+                    continue;
+                }
+            };
+            metrics
+                .lock_wait_seconds
+                .observe(asked.elapsed().as_secs_f64());
+            metrics.lock_acquisitions.inc();
+            let held_since = Instant::now();
+            let mut batches = 0;
+            let still_waiting = loop {
+                let batch = self.take_batch();
+                if batch.is_empty() {
+                    break false;
+                }
+                batches += 1;
+                if !self.shared.work.is_zero() {
+                    // Outside any transaction: a holder that stalls here holds no row lock.
+                    sleep(self.shared.work).await;
+                }
+                let requests: Vec<PurchaseRequest> = batch.iter().map(|o| o.request).collect();
+                let answers = sell_holding(
+                    &self.shared.pool,
+                    self.shared.bounds,
+                    &metrics,
+                    &guard,
+                    self.product,
+                    &requests,
+                )
+                .await;
+                let lost = answers
+                    .iter()
+                    .any(|a| matches!(a, Err(PurchaseError::LockLost)));
+                self.answer(batch, answers);
+                if lost
+                    || self.shared.batch_max == 1
+                    || held_since.elapsed() >= self.shared.hold
+                    || !guard.is_held()
+                {
+                    break self.has_work();
+                }
+            };
+            metrics.batches_per_hold.observe(f64::from(batches));
+            metrics.lock_renewals.inc_by(guard.renewals());
+            match guard.release().await {
+                Ok(true) => {}
+                Ok(false) => {
+                    metrics.locks_lost.inc();
+                    tracing::warn!(product_id = %self.product, "the lease ran out while selling; the fence kept the data safe");
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "could not release the lock; its lease will free it")
+                }
+            }
+            if still_waiting {
+                sleep(HANDOFF_PAUSE).await;
+            }
+        }
+    }
+
+    /// Sell batches back to back; the transaction is the only guard.
+    async fn lead(&mut self, step: Step) {
+        while self.wait_for_work().await {
+            let batch = self.take_batch();
+            if batch.is_empty() {
+                continue;
+            }
+            let requests: Vec<PurchaseRequest> = batch.iter().map(|o| o.request).collect();
+            let answers = self.sell_retrying(step, &requests).await;
+            self.answer(batch, answers);
+        }
+    }
+
+    async fn sell_retrying(&self, step: Step, requests: &[PurchaseRequest]) -> Vec<Answer> {
+        let all = |error: PurchaseError| vec![Err(error); requests.len()];
+        for attempt in 0..MAX_ATTEMPTS {
+            match batch::sell(
+                &self.shared.pool,
+                self.shared.bounds,
+                self.product,
+                step,
+                requests,
+                self.shared.work,
+            )
+            .await
+            {
+                Ok(answers) => return answers,
+                Err(BatchError::Conflict) => {
+                    // Jittered backoff so two instances do not collide again in lock step.
+                    let cap = 1u64 << attempt.min(6);
+                    let pause = rand::rng().random_range(0..=cap);
+                    sleep(Duration::from_millis(pause)).await;
+                }
+                Err(BatchError::Failed(error)) => return all(error),
+                Err(BatchError::Refused { .. }) => return all(PurchaseError::LockLost),
+            }
+        }
+        all(PurchaseError::Busy)
+    }
+
+    /// Wait until there is something to sell. `false` when every handle is gone.
+    async fn wait_for_work(&mut self) -> bool {
+        if !self.waiting.is_empty() {
+            return true;
+        }
+        match self.orders.recv().await {
+            Some(order) => {
+                self.waiting.push_back(order);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// One order left the queue (taken into a batch, or answered without one).
+    fn dequeued(&self) {
+        self.depth.fetch_sub(1, Ordering::AcqRel);
+        self.shared.metrics.queued.dec();
+    }
+
+    fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.orders.is_empty()
+    }
+
+    /// Move everything queued on the channel into `waiting`.
+    fn take_queued(&mut self) {
+        while let Ok(order) = self.orders.try_recv() {
+            self.waiting.push_back(order);
+        }
+    }
+
+    /// Up to `BATCH_MAX` live orders, in arrival order. Buyers who left are skipped; buyers
+    /// past their deadline are told busy.
+    fn take_batch(&mut self) -> Vec<Order> {
+        let now = Instant::now();
+        let mut batch = Vec::new();
+        while batch.len() < self.shared.batch_max {
+            let Some(order) = self
+                .waiting
+                .pop_front()
+                .or_else(|| self.orders.try_recv().ok())
+            else {
+                break;
+            };
+            self.dequeued();
+            if order.reply.is_closed() {
+                self.shared.metrics.buyers_gone.inc();
+            } else if order.deadline <= now {
+                let _ = order.reply.send(Err(PurchaseError::Busy));
+            } else {
+                batch.push(order);
+            }
+        }
+        batch
+    }
+
+    /// Tell buyers past their deadline that they waited too long; forget buyers who left.
+    fn answer_overdue(&mut self) {
+        let now = Instant::now();
+        let mut live = VecDeque::with_capacity(self.waiting.len());
+        for order in std::mem::take(&mut self.waiting) {
+            if order.reply.is_closed() {
+                self.dequeued();
+                self.shared.metrics.buyers_gone.inc();
+            } else if order.deadline <= now {
+                self.dequeued();
+                self.shared.metrics.lock_timeouts.inc();
+                let _ = order.reply.send(Err(PurchaseError::Busy));
+            } else {
+                live.push_back(order);
+            }
+        }
+        self.waiting = live;
+    }
+
+    /// Give every waiting buyer the same error (the lock service is down: waiting would not help).
+    fn answer_all_waiting(&mut self, error: PurchaseError) {
+        self.take_queued();
+        for order in std::mem::take(&mut self.waiting) {
+            self.dequeued();
+            let _ = order.reply.send(Err(error.clone()));
+        }
+    }
+
+    fn answer(&self, batch: Vec<Order>, answers: Vec<Answer>) {
+        let metrics = &self.shared.metrics;
+        metrics.batch_size.observe(batch.len() as f64);
+        for (order, answer) in batch.into_iter().zip(answers) {
+            if answer.is_ok() {
+                metrics.orders.inc();
+            }
+            // A buyer who left after the batch was taken still has their order, if any.
+            let _ = order.reply.send(answer);
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! The sale desk: buyers queue while the product's lock is held elsewhere, then are sold in
+//! one batch, each with their own answer.
+
+use std::time::Duration;
+
+use distlock::{LockGuard, LockOptions, Locker};
+use redis::aio::ConnectionManager;
+use reqwest::Response;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::helpers::{TestApp, books, error_code, settings, shared_redis_url, spawn_with};
+
+/// An instance (under `redis`) and a product whose lock the test can hold from outside, so
+/// that buyers queue at the instance's desk until the test lets go.
+struct Desk {
+    app: TestApp,
+    id: i64,
+    locker: Locker<ConnectionManager>,
+    key: String,
+}
+
+impl Desk {
+    async fn open(pool: PgPool, stock: i64, tune: impl FnOnce(&mut seckill::Settings)) -> Self {
+        let prefix = testkit::unique_prefix("batch");
+        let mut settings = settings(&shared_redis_url(), &prefix);
+        tune(&mut settings);
+        let app = spawn_with(settings, pool).await;
+        let id = app.create_product("Phone", stock).await;
+        let conn = ConnectionManager::new(redis::Client::open(shared_redis_url()).unwrap())
+            .await
+            .unwrap();
+        Self {
+            app,
+            id,
+            locker: Locker::new(conn, LockOptions::default()).unwrap(),
+            key: format!("{prefix}lock_sale_{id}"),
+        }
+    }
+
+    /// Take the product's lock from outside.
+    async fn hold(&self) -> LockGuard<ConnectionManager> {
+        self.locker.acquire(&self.key).await.unwrap()
+    }
+
+    /// Send a purchase in the background and wait until it is queued at the desk, so that
+    /// buyers queue in the order this is called.
+    async fn queue(&self, user: i64, quantity: i64) -> JoinHandle<Response> {
+        let before = self.queued().await;
+        let sent = self.send(user, quantity, Duration::from_secs(60));
+        self.wait_for_queue(before + 1.0).await;
+        sent
+    }
+
+    fn send(&self, user: i64, quantity: i64, timeout: Duration) -> JoinHandle<Response> {
+        let request = self
+            .app
+            .client
+            .post(self.app.url(&format!("/api/products/{}/purchase", self.id)))
+            .timeout(timeout)
+            .json(&json!({"user_id": user, "quantity": quantity}));
+        tokio::spawn(async move { request.send().await.expect("an answer") })
+    }
+
+    async fn queued(&self) -> f64 {
+        self.app.metric("seckill_queued_purchases").await
+    }
+
+    async fn wait_for_queue(&self, depth: f64) {
+        let started = Instant::now();
+        while self.queued().await < depth {
+            assert!(started.elapsed() < Duration::from_secs(10), "never queued");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+async fn answer(sent: JoinHandle<Response>) -> (u16, Value) {
+    let response = sent.await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn one_batch_answers_each_buyer_on_their_own(pool: PgPool) {
+    // Arrange: stock 4, of which user 7 buys one; then the lock is held from outside while
+    // seven buyers queue, in this order: new ones, a user twice, the user who already
+    // bought, and more demand than the 3 units left.
+    let desk = Desk::open(pool.clone(), 4, |_| {}).await;
+    assert_eq!(desk.app.purchase(desk.id, 7, 1).await.status(), 201);
+    let held = desk.hold().await;
+    let mut queued = Vec::new();
+    for (user, quantity) in [(1, 1), (2, 1), (2, 1), (7, 1), (3, 2), (4, 1), (5, 1)] {
+        queued.push((user, desk.queue(user, quantity).await));
+    }
+
+    // Act: the desk's leader gets the lock and sells everything waiting in one batch.
+    assert!(held.release().await.unwrap());
+    let mut answers = Vec::new();
+    for (user, sent) in queued {
+        answers.push((user, answer(sent).await));
+    }
+
+    // Assert: each answer is right and each 201 carries that buyer's own order.
+    let codes: Vec<(i64, u16, String)> = answers
+        .iter()
+        .map(|(user, (status, body))| {
+            let code = body["error"].as_str().unwrap_or("").to_owned();
+            (*user, *status, code)
+        })
+        .collect();
+    let expect = |user: i64, status: u16, code: &str| (user, status, code.to_owned());
+    assert_eq!(
+        codes,
+        vec![
+            expect(1, 201, ""),
+            expect(2, 201, ""),
+            expect(2, 409, "already_purchased"),
+            expect(7, 409, "already_purchased"),
+            expect(3, 409, "sold_out"),
+            expect(4, 201, ""),
+            expect(5, 409, "sold_out"),
+        ]
+    );
+    for (user, (status, body)) in &answers {
+        if *status == 201 {
+            assert_eq!(body["user_id"], *user);
+            let own = desk.app.order_of(desk.id, *user).await;
+            assert_eq!(own, body["order_id"].as_i64(), "user {user}");
+        }
+    }
+    assert_eq!(desk.app.order_of(desk.id, 3).await, None);
+    assert_eq!(desk.app.order_of(desk.id, 5).await, None);
+    // Two batches in all: user 7's purchase, then the seven queued buyers together.
+    assert_eq!(desk.app.metric("seckill_batch_size_count").await, 2.0);
+    assert_eq!(desk.app.metric("seckill_batch_size_sum").await, 8.0);
+    let books = books(&pool, desk.id).await;
+    assert_eq!((books.stock, books.orders, books.sold), (0, 4, 4));
+    assert!(books.balance(), "{books:?}");
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_buyer_who_left_before_the_batch_was_taken_is_skipped(pool: PgPool) {
+    // Arrange: the lock is held; buyer 9 gives up after 300 ms; buyer 10 waits.
+    let desk = Desk::open(pool.clone(), 5, |_| {}).await;
+    let held = desk.hold().await;
+    let impatient = desk.send(9, 1, Duration::from_millis(300));
+    desk.wait_for_queue(1.0).await;
+    assert!(
+        impatient.await.is_err(),
+        "the impatient buyer got an answer"
+    );
+    let patient = desk.queue(10, 1).await;
+
+    // Act
+    assert!(held.release().await.unwrap());
+
+    // Assert: buyer 10 bought; buyer 9's purchase was never made.
+    assert_eq!(answer(patient).await.0, 201);
+    assert_eq!(desk.app.order_of(desk.id, 9).await, None);
+    assert_eq!(desk.app.metric("seckill_buyers_gone_total").await, 1.0);
+    let books = books(&pool, desk.id).await;
+    assert_eq!((books.stock, books.orders), (4, 1));
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn beyond_a_full_queue_buyers_are_told_busy_at_once(pool: PgPool) {
+    // Arrange: a queue of two, and the lock held, with buyers allowed to wait 30 s.
+    let desk = Desk::open(pool.clone(), 10, |s| s.queue_max = 2).await;
+    let held = desk.hold().await;
+    let first = desk.queue(1, 1).await;
+    let second = desk.queue(2, 1).await;
+
+    // Act: three more arrive.
+    let started = Instant::now();
+    let mut refused = Vec::new();
+    for user in 3..=5 {
+        refused.push(desk.app.purchase(desk.id, user, 1).await);
+    }
+    let took = started.elapsed();
+
+    // Assert: refused fast with 503 busy and Retry-After; the queued two still buy.
+    for response in refused {
+        assert_eq!(response.headers()["retry-after"], "1");
+        assert_eq!(error_code(response).await, (503, "busy".to_owned()));
+    }
+    assert!(took < Duration::from_secs(5), "the refusals took {took:?}");
+    assert_eq!(desk.app.metric("seckill_queue_full_total").await, 3.0);
+    assert!(held.release().await.unwrap());
+    assert_eq!(answer(first).await.0, 201);
+    assert_eq!(answer(second).await.0, 201);
+    assert_eq!(books(&pool, desk.id).await.orders, 2);
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn batch_max_one_sells_one_purchase_per_transaction_and_per_hold(pool: PgPool) {
+    let desk = Desk::open(pool.clone(), 10, |s| s.batch_max = 1).await;
+    let held = desk.hold().await;
+    let mut queued = Vec::new();
+    for user in 1..=4 {
+        queued.push(desk.queue(user, 1).await);
+    }
+
+    assert!(held.release().await.unwrap());
+    for sent in queued {
+        assert_eq!(answer(sent).await.0, 201);
+    }
+
+    assert_eq!(desk.app.metric("seckill_batch_size_count").await, 4.0);
+    assert_eq!(desk.app.metric("seckill_batch_size_sum").await, 4.0);
+    assert_eq!(
+        desk.app.metric("seckill_lock_acquisitions_total").await,
+        4.0
+    );
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_buyer_can_look_up_their_order(pool: PgPool) {
+    let desk = Desk::open(pool, 10, |_| {}).await;
+    let response = desk.app.purchase(desk.id, 42, 2).await;
+    let order: Value = response.json().await.unwrap();
+
+    let (status, found) = desk
+        .app
+        .get_json(&format!("/api/products/{}/orders/42", desk.id))
+        .await;
+    let (missing, _) = desk
+        .app
+        .get_json(&format!("/api/products/{}/orders/43", desk.id))
+        .await;
+    let (bad, _) = desk
+        .app
+        .get_json(&format!("/api/products/{}/orders/zero", desk.id))
+        .await;
+
+    assert_eq!(status, 200);
+    assert_eq!(found["order_id"], order["order_id"]);
+    assert_eq!(found["quantity"], 2);
+    assert_eq!((missing, bad), (404, 400));
+}

@@ -1,0 +1,118 @@
+//! The service's own PostgreSQL sessions are bounded: a purchase stuck behind a row that
+//! another session holds answers 503 busy in bounded time; a full pool is contention, not an
+//! outage; `/readyz` keeps telling the truth under load.
+
+use std::time::Duration;
+
+use seckill::LockStrategy;
+use sqlx::PgPool;
+use tokio::time::Instant;
+
+use crate::helpers::{error_code, settings, shared_redis_url, spawn_with};
+
+/// Every strategy that takes the product row in its transaction.
+const STRATEGIES: [LockStrategy; 5] = [
+    LockStrategy::Redis,
+    LockStrategy::PgLock,
+    LockStrategy::PgRow,
+    LockStrategy::PgOptimistic,
+    LockStrategy::PgAtomic,
+];
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_purchase_behind_a_hung_session_answers_busy_within_the_lock_timeout(pool: PgPool) {
+    for strategy in STRATEGIES {
+        // Arrange: a session that took the product row and hangs, as an instance paused
+        // inside its transaction would; PG_LOCK_TIMEOUT_MS is 500 ms.
+        let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("hung"));
+        settings.lock_strategy = strategy;
+        settings.pg_lock_timeout_ms = 500;
+        let app = spawn_with(settings, pool.clone()).await;
+        let id = app.create_product("Phone", 10).await;
+        let mut hung = pool.begin().await.unwrap();
+        sqlx::query("SELECT stock FROM products WHERE id = $1 FOR UPDATE")
+            .bind(id)
+            .execute(&mut *hung)
+            .await
+            .unwrap();
+
+        // Act
+        let started = Instant::now();
+        let response = app.purchase(id, 1, 1).await;
+        let took = started.elapsed();
+
+        // Assert: 503 busy with Retry-After, after the lock timeout and not much later.
+        assert_eq!(response.headers()["retry-after"], "1", "{strategy:?}");
+        assert_eq!(
+            error_code(response).await,
+            (503, "busy".to_owned()),
+            "{strategy:?}"
+        );
+        assert!(took >= Duration::from_millis(500), "{strategy:?}: {took:?}");
+        assert!(took < Duration::from_secs(5), "{strategy:?}: took {took:?}");
+        hung.rollback().await.unwrap();
+        assert_eq!(app.purchase(id, 1, 1).await.status(), 201, "{strategy:?}");
+    }
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn postgres_ends_a_session_left_idle_in_its_transaction(pool: PgPool) {
+    // The bound the service puts on its own transactions, seen from PostgreSQL: a
+    // transaction begun with the service's bounds and then left alone is rolled back.
+    let bounds = seckill::repository::SessionBounds {
+        statement_timeout_ms: 5_000,
+        lock_timeout_ms: 5_000,
+        idle_in_transaction_timeout_ms: 300,
+    };
+    let mut tx = seckill::repository::begin(&pool, bounds).await.unwrap();
+    sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let after = sqlx::query("SELECT 1").execute(&mut *tx).await;
+
+    let error = after.expect_err("the idle transaction was left open");
+    let code = error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.into_owned());
+    // 25P03 on the next statement, or the connection is already gone.
+    assert!(
+        code.as_deref() == Some("25P03") || error.as_database_error().is_none(),
+        "{error}"
+    );
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_full_pool_answers_busy_and_the_instance_stays_ready(pool: PgPool) {
+    // Arrange: a pool of one connection, taken by someone else for the whole test.
+    let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("pool"));
+    settings.lock_strategy = LockStrategy::PgRow;
+    settings.database_max_connections = 1;
+    settings.database_acquire_timeout_ms = 300;
+    let small = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_with(pool.connect_options().as_ref().clone())
+        .await
+        .unwrap();
+    let app = spawn_with(settings, small.clone()).await;
+    let id = app.create_product("Phone", 10).await;
+    let _taken = small.acquire().await.unwrap();
+
+    // Act
+    let purchase = app.purchase(id, 1, 1).await;
+    let show = app
+        .client
+        .get(app.url(&format!("/api/products/{id}")))
+        .send()
+        .await
+        .unwrap();
+    let (ready, body) = app.get_json("/readyz").await;
+
+    // Assert: contention (503 busy, retry), not "database unavailable"; and still ready.
+    assert_eq!(purchase.headers()["retry-after"], "1");
+    assert_eq!(error_code(purchase).await, (503, "busy".to_owned()));
+    assert_eq!(error_code(show).await, (503, "busy".to_owned()));
+    assert_eq!(ready, 200, "{body}");
+    assert_eq!(body["postgres"], true);
+}
