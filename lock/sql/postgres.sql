@@ -18,5 +18,6 @@ CREATE TABLE IF NOT EXISTS distlock_locks (
 -- acquisition), so a name's fences strictly increase for ever.
 CREATE TABLE IF NOT EXISTS distlock_fences (
     name  TEXT   PRIMARY KEY,
-    fence BIGINT NOT NULL CHECK (fence > 0)
+    -- Never past 2^62 (distlock's Fence::MAX): an increment past it fails loudly.
+    fence BIGINT NOT NULL CHECK (fence > 0 AND fence <= 4611686018427387904)
 );

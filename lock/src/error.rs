@@ -49,8 +49,9 @@ pub enum Error {
     #[error("invalid lock options: {0}")]
     InvalidOptions(String),
 
-    /// The key cannot be used as a lock key (empty, too long, or its fence key could not
-    /// share its Redis Cluster slot).
+    /// The key cannot be used as a lock key: empty; on Redis, named like another lock's fence
+    /// key or release channel, or unable to share its fence key's cluster slot; in the
+    /// PostgreSQL table, too long or containing a NUL byte.
     #[error("invalid lock key {key:?}: {reason}")]
     InvalidKey {
         /// The rejected key.
@@ -59,8 +60,8 @@ pub enum Error {
         reason: &'static str,
     },
 
-    /// A fence that no store could have accepted: above [`Fence::MAX`](crate::Fence::MAX).
-    #[error("fence {0} is above the largest fence, {max}", max = crate::Fence::MAX)]
+    /// A fence at or above the largest one, 2^62 (`Fence::MAX`): nothing can follow it.
+    #[error("fence {0} leaves no room for a larger one (the largest fence is 2^62)")]
     InvalidFence(u64),
 
     /// Redis could not be reached, or answered with an error.

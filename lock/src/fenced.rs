@@ -40,9 +40,11 @@ use crate::error::Result;
 pub struct Fence(pub u64);
 
 impl Fence {
-    /// The largest fence: Redis counts in signed 64 bits, and so do SQL `BIGINT` columns.
-    /// [`LockGuard::advance_fence`](crate::LockGuard::advance_fence) refuses to go past it.
-    pub const MAX: u64 = i64::MAX as u64;
+    /// The largest fence, 2^62: well inside the signed 64 bits that Redis counts in and SQL
+    /// `BIGINT` columns hold, with room above it so that no increment can overflow. Backends
+    /// refuse to hand out a fence past it, and
+    /// [`LockGuard::advance_fence`](crate::LockGuard::advance_fence) refuses to go there.
+    pub const MAX: u64 = 1 << 62;
 
     /// The number.
     pub fn get(self) -> u64 {

@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinHandle;
 
 use crate::backend::{Backend, Unlock};
@@ -13,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::fenced::{Fence, FencedGuard};
 use crate::lease::{self, Lease, LockLost};
 use crate::token::Token;
+use crate::waiting::LocalKey;
 
 /// One acquisition of one key: shared by every guard of a reentrant owner.
 pub(crate) struct Hold<B: Backend> {
@@ -27,9 +27,9 @@ pub(crate) struct Hold<B: Backend> {
     pub(crate) lease: Arc<Lease>,
     /// Aborted before release: no renewal after unlock.
     pub(crate) watchdog: Option<JoinHandle<()>>,
-    /// This process's turn at the key (see [`ReleaseSignals`](crate::ReleaseSignals)):
-    /// the next local waiter's turn starts when the hold ends, or when it is found lost.
-    pub(crate) turn: Mutex<Option<OwnedSemaphorePermit>>,
+    /// With [`ReleaseSignals`](crate::ReleaseSignals): the key's local state, whose waiter
+    /// is woken as soon as our release has been sent.
+    pub(crate) local: Option<Arc<LocalKey>>,
     /// Set once the backend has answered the release, so `Drop` need not release again.
     pub(crate) released: AtomicBool,
 }
@@ -41,20 +41,27 @@ impl<B: Backend> Hold<B> {
         }
     }
 
-    /// Stop renewing, then delete the lock if it still holds our token. `true` when it was
-    /// still ours: our token was there, or nothing was there while our own lease was still
-    /// running (a retried release whose first try deleted it).
+    /// Stop renewing, then delete the lock if it still holds our token.
+    ///
+    /// `true` when it was still ours as far as this process can tell: our token was there;
+    /// or our own lease was still running when we sent the release and the lock was gone or
+    /// held by someone else. Under the crate's timing assumptions nobody else can have had
+    /// the lock while our lease ran, so that is a re-sent release whose first try deleted it
+    /// (and, perhaps, the next holder that took it since). A lock deleted behind our back
+    /// (an operator, a failover) and not yet noticed by the watchdog reads the same way.
     pub(crate) async fn release(&self) -> Result<bool> {
         self.stop_watchdog();
         let held_when_sent = self.lease.is_held();
         let mut unlock = std::pin::pin!(self.backend.unlock(&self.key, &self.token));
-        // Polling once sends the release; only then does the next waiter of this process get
-        // its turn. On one multiplexed connection its attempt then runs right after our
-        // release, one round trip later instead of two. (If the first poll had not sent it
-        // yet, the attempt may find the lock still held and waits for the release signal.)
+        // Polling once sends the release; only then is the waiting task of this process
+        // woken. On one multiplexed connection its attempt then runs right after our
+        // release: one round trip later instead of two. (Had the first poll not sent it
+        // yet, the attempt finds the lock still held and waits for the release message.)
         let first =
             std::future::poll_fn(|cx| std::task::Poll::Ready(unlock.as_mut().poll(cx))).await;
-        self.turn.lock().expect("turn poisoned").take();
+        if let Some(local) = &self.local {
+            local.ring();
+        }
         let unlocked = match first {
             std::task::Poll::Ready(unlocked) => unlocked,
             std::task::Poll::Pending => unlock.await,
@@ -62,8 +69,7 @@ impl<B: Backend> Hold<B> {
         self.released.store(true, Ordering::Release);
         Ok(match unlocked {
             Unlock::Released => true,
-            Unlock::Gone => held_when_sent,
-            Unlock::Taken => false,
+            Unlock::Gone | Unlock::Taken => held_when_sent,
         })
     }
 
@@ -83,14 +89,20 @@ impl<B: Backend> Drop for Hold<B> {
         }
         let key = std::mem::take(&mut self.key);
         let token = self.token.take();
-        release_in_background(Arc::clone(&self.backend), key, token);
+        release_in_background(Arc::clone(&self.backend), key, token, self.local.take());
     }
 }
 
-/// Delete `key` if it still holds `token`, in a task spawned on the current tokio runtime:
-/// the release of every `Drop` that cannot await. Outside a runtime nothing can be spawned,
-/// and the lease frees the lock within one ttl.
-pub(crate) fn release_in_background<B: Backend>(backend: Arc<B>, key: String, token: Token) {
+/// Delete `key` if it still holds `token`, in a task spawned on the current tokio runtime
+/// (then wake the local waiter, if any): the release of whatever cannot await, a dropped
+/// guard or an abandoned attempt. Outside a runtime nothing can be spawned, and the lease
+/// frees the lock within one ttl.
+pub(crate) fn release_in_background<B: Backend>(
+    backend: Arc<B>,
+    key: String,
+    token: Token,
+    local: Option<Arc<LocalKey>>,
+) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(%key, "lock dropped outside a tokio runtime; the lease will free it");
         return;
@@ -101,6 +113,9 @@ pub(crate) fn release_in_background<B: Backend>(backend: Arc<B>, key: String, to
             Err(error) => {
                 tracing::warn!(%key, %error, "could not release a dropped lock; the lease will free it")
             }
+        }
+        if let Some(local) = local {
+            local.ring();
         }
     });
 }
@@ -303,8 +318,6 @@ impl<B: Backend> OwnerTable<B> {
         let mut held = self.held.lock().expect("owner table poisoned");
         let entry = held.get_mut(key)?;
         if !entry.hold.is_held() {
-            // A lost acquisition must not keep the owner's own next attempt out of its turn.
-            entry.hold.turn.lock().expect("turn poisoned").take();
             return None;
         }
         entry.count += 1;

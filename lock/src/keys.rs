@@ -20,6 +20,11 @@ pub fn fence_key(key: &str) -> Result<String> {
     companion(key, "fence")
 }
 
+/// Whether `key` can be a lock key on Redis (see [`fence_key`]), without building anything.
+pub(crate) fn check(key: &str) -> Result<()> {
+    fence_key(key).map(drop)
+}
+
 /// The pub/sub channel on which the release of lock `key` is announced
 /// (`{lock_sale_1}:released`), named like [`fence_key`] so that it hashes to the lock's slot.
 ///
@@ -35,6 +40,14 @@ fn companion(key: &str, suffix: &str) -> Result<String> {
         return Err(Error::InvalidKey {
             key: key.to_owned(),
             reason: "the key is empty",
+        });
+    }
+    // `{x}:fence` is the fence counter of lock `x`: taken as a lock key, it would hold a
+    // token where the counter is, and lock `x` could never be taken again.
+    if key.ends_with(":fence") || key.ends_with(":released") {
+        return Err(Error::InvalidKey {
+            key: key.to_owned(),
+            reason: "it ends like a fence key or a release channel (`:fence`, `:released`)",
         });
     }
     let name = if hash_tag(key) == key {
@@ -101,6 +114,16 @@ mod tests {
             release_channel("{user:7}:cart").unwrap(),
             "{user:7}:cart:released"
         );
+    }
+
+    #[test]
+    fn a_key_named_like_another_locks_fence_or_channel_is_refused() {
+        for key in ["{x}:fence", "{u}:a:fence", "lock:released"] {
+            assert!(
+                matches!(fence_key(key), Err(Error::InvalidKey { .. })),
+                "{key}"
+            );
+        }
     }
 
     #[test]

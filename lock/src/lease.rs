@@ -193,6 +193,8 @@ pub(crate) struct Watchdog<B> {
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
     pub(crate) every: Duration,
+    /// When the acquire command was sent: the first renewal is due `every` after it.
+    pub(crate) first_sent: Instant,
     pub(crate) lease: Arc<Lease>,
 }
 
@@ -205,17 +207,21 @@ impl<B: Backend> Watchdog<B> {
     }
 
     async fn run(self) {
+        let mut last_sent = self.first_sent;
         loop {
             // TIMING: renewing every `ttl / 3` leaves two thirds of a lease for a renewal to
             // reach the backend, for the runtime to schedule this task, and for retries after
-            // an error. A process paused for longer (GC-like stall, SIGSTOP) loses the lock;
-            // fencing, not this task, protects the data then.
-            sleep(self.every).await;
+            // an error. Renewals are due `every` after the previous one was *sent* (the
+            // lease counts from then), however long its answer took. A process paused for
+            // longer (GC-like stall, SIGSTOP) loses the lock; fencing, not this task,
+            // protects the data then.
+            sleep_until(last_sent + self.every).await;
             loop {
                 if !self.lease.is_held() {
                     return;
                 }
                 let sent = Instant::now();
+                last_sent = sent;
                 let left = self.lease.until().saturating_duration_since(sent);
                 let renewal = self.backend.renew(&self.key, &self.token, self.ttl);
                 match timeout(left, renewal).await {

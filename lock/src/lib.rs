@@ -31,8 +31,8 @@
 //!   with a unique name per lock.
 //!
 //! # Layout
-//! - `locker`: [`Locker`], one attempt and the deadline-bounded wait (backoff, or wake-ups
-//!   from `signals`: [`ReleaseSignals`]).
+//! - `locker`: [`Locker`], one attempt and the deadline-bounded wait (backoff, or wake-ups:
+//!   `signals`, the pub/sub subscription [`ReleaseSignals`]; `waiting`, the local turns).
 //! - `guard`: [`LockGuard`], the state of one acquisition, release and the drop fallback.
 //! - `lease`: the watchdog task and the lost signal ([`LockLost`]).
 //! - `owner`: [`Owner`], the explicit identity behind reentrancy.
@@ -42,8 +42,9 @@
 //! - `fenced`: [`Fence`] and [`FencedGuard`]. `options`: [`LockOptions`]. `token`: [`Token`].
 //!   `retry`: backoff and deadlines. `error`: [`enum@Error`].
 //!
-//! Dependencies point one way: the backends know nothing of lockers and guards; the guard
-//! knows nothing of the locker.
+//! Dependencies point one way, with no cycle: `owner` → `locker` → `guard` → `lease` →
+//! `backend`; the backends know nothing of lockers and guards, and the guard nothing of the
+//! locker.
 //!
 //! # Example
 //! ```no_run
@@ -119,6 +120,7 @@ mod retry;
 mod scripts;
 mod signals;
 mod token;
+mod waiting;
 
 pub use backend::{Attempt, Backend, Renewal, Unlock};
 pub use error::{Error, Result};

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 /// | option | default | meaning |
 /// |---|---|---|
 /// | `ttl` | 10 s | lease: how long the backend keeps the lock if the holder stops renewing it (whole ms, 1 ms to [`LockOptions::MAX_TTL`]) |
-/// | `renew_interval` | `ttl / 3` | how often the watchdog renews the lease; `None` turns it off |
+/// | `renew_interval` | `ttl / 3` | how often the watchdog renews the lease (at most 3/4 of the ttl); `None` turns it off |
 /// | `wait_timeout` | 5 s | how long [`acquire`](crate::Locker::acquire) waits before [`Error::Timeout`]; `Duration::MAX` waits for ever |
 /// | `retry_delay` | 5 ms to 100 ms | backoff between attempts while waiting, doubled each time, with jitter; with [release signals](crate::ReleaseSignals), the longest wait for a signal before trying again |
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,7 +109,8 @@ impl LockOptionsBuilder {
         self
     }
 
-    /// Renew the lease this often instead of every `ttl / 3`. Must be shorter than the ttl.
+    /// Renew the lease this often instead of every `ttl / 3`: at most three quarters of the
+    /// ttl, so a renewal has time to land.
     pub fn renew_interval(mut self, every: Duration) -> Self {
         self.renewal = Renewal::Every(every);
         self
@@ -140,8 +141,8 @@ impl LockOptionsBuilder {
     ///
     /// # Errors
     /// [`Error::InvalidOptions`] when the ttl is under 1 ms or over [`LockOptions::MAX_TTL`],
-    /// the renewal interval is zero or not below the ttl, or the backoff is zero or has
-    /// `min > max`.
+    /// the renewal interval is zero or above three quarters of the ttl, or the backoff is
+    /// zero or has `min > max`.
     pub fn build(self) -> Result<LockOptions> {
         let invalid = |why: String| Err(Error::InvalidOptions(why));
         if self.ttl < Duration::from_millis(1) {
@@ -165,9 +166,11 @@ impl LockOptionsBuilder {
             if every.is_zero() {
                 return invalid("renew interval must be above zero".into());
             }
-            if every >= ttl {
+            // TIMING: a renewal sent `every` after the last must still land within the ttl;
+            // a quarter of it is left for the round trip, scheduling and a retry.
+            if every * 4 > ttl * 3 {
                 return invalid(format!(
-                    "renew interval {every:?} must be below the ttl {ttl:?}, or the lease runs out before it is renewed"
+                    "renew interval {every:?} must be at most three quarters of the ttl {ttl:?}, or the lease may run out before a renewal lands"
                 ));
             }
         }
@@ -214,12 +217,19 @@ mod tests {
     }
 
     #[test]
-    fn a_renew_interval_not_below_the_ttl_is_refused() {
-        let ttl = Duration::from_millis(300);
-        for every in [ttl, ttl * 2] {
+    fn a_renew_interval_that_leaves_no_time_to_renew_is_refused() {
+        let ttl = Duration::from_millis(400);
+        for every in [Duration::from_millis(301), ttl, ttl * 2] {
             let why = refused(LockOptions::builder().ttl(ttl).renew_interval(every));
-            assert!(why.contains("below the ttl"), "{why}");
+            assert!(why.contains("three quarters"), "{why}");
         }
+        assert!(
+            LockOptions::builder()
+                .ttl(ttl)
+                .renew_interval(Duration::from_millis(300))
+                .build()
+                .is_ok()
+        );
         assert!(
             refused(LockOptions::builder().renew_interval(Duration::ZERO)).contains("above zero")
         );

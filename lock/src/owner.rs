@@ -42,11 +42,17 @@ impl<B: Backend> Clone for Owner<B> {
     }
 }
 
-impl<B: Backend> Owner<B> {
-    pub(crate) fn new(locker: Locker<B>, table: Arc<OwnerTable<B>>) -> Self {
-        Self { locker, table }
+impl<B: Backend> Locker<B> {
+    /// A new owner identity, for locks that must be reentrant (see [`Owner`]).
+    pub fn owner(&self) -> Owner<B> {
+        Owner {
+            locker: self.clone(),
+            table: Arc::new(OwnerTable::new()),
+        }
     }
+}
 
+impl<B: Backend> Owner<B> {
     /// Like [`Locker::try_acquire`], but re-enters a lock this owner already holds.
     ///
     /// # Errors

@@ -162,6 +162,9 @@ impl Backend for PgLockTable {
     }
 
     async fn advance_fence(&self, key: &str, token: &Token, seen: Fence) -> Result<Option<Fence>> {
+        if seen.get() >= Fence::MAX {
+            return Err(Error::InvalidFence(seen.get()));
+        }
         let fence: Option<i64> = sqlx::query_scalar(
             "UPDATE distlock_fences f SET fence = GREATEST(f.fence, $3) + 1
              WHERE f.name = $1 AND EXISTS (

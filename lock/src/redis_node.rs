@@ -23,7 +23,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn check_key(&self, key: &str) -> Result<()> {
-        fence_key(key).map(drop)
+        crate::keys::check(key)
     }
 
     async fn try_lock(&self, key: &str, token: &Token, ttl: Duration) -> Result<Attempt> {

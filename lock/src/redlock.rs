@@ -216,7 +216,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Redlock<C> {
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
     fn check_key(&self, key: &str) -> Result<()> {
-        fence_key(key).map(drop)
+        crate::keys::check(key)
     }
 
     /// The ttl must leave validity after the drift and two rounds (acquire, then the fence
@@ -392,6 +392,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
             if let Some(Ok(Some(fence))) = answer {
                 fences.push(parse_fence(fence)?);
             }
+        }
+        let reachable = answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count();
+        if reachable < self.quorum() {
+            // Too few answered to know whether we still hold it: not the same as stale.
+            return Err(self.no_quorum(key, reachable));
         }
         if fences.len() < self.quorum() {
             return Ok(None);

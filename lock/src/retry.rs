@@ -20,7 +20,7 @@ impl Backoff {
     /// The next pause.
     pub(crate) fn next_pause(&mut self) -> Duration {
         let pause = jittered(self.step);
-        self.step = (self.step * 2).min(self.max);
+        self.step = self.step.saturating_mul(2).min(self.max);
         pause
     }
 }
@@ -34,13 +34,6 @@ pub(crate) fn jittered(step: Duration) -> Duration {
 /// When a wait ends: `None` when `wait` is too long to represent (it then never ends).
 pub(crate) fn deadline_after(start: Instant, wait: Duration) -> Option<Instant> {
     start.checked_add(wait)
-}
-
-/// What is left until `deadline` (a day-long stand-in for "never", so callers can sleep on it).
-pub(crate) fn left_until(deadline: Option<Instant>) -> Duration {
-    deadline.map_or(Duration::from_secs(86_400), |d| {
-        d.saturating_duration_since(Instant::now())
-    })
 }
 
 #[cfg(test)]
@@ -63,6 +56,13 @@ mod tests {
     #[test]
     fn a_wait_too_long_to_represent_never_ends() {
         assert_eq!(deadline_after(Instant::now(), Duration::MAX), None);
-        assert!(left_until(None) >= Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn the_backoff_cannot_overflow() {
+        let mut backoff = Backoff::new(Duration::MAX / 2, Duration::MAX);
+        for _ in 0..3 {
+            backoff.next_pause();
+        }
     }
 }

@@ -19,7 +19,14 @@ use redis::Script;
 /// `above(a, b)`: whether decimal string `a` is a larger number than `b` (no signs, no
 /// leading zeros, as Redis writes integers). `clock()`: the server's clock, in microseconds
 /// since the epoch, as a decimal string (seconds and zero-padded microseconds, joined).
+///
+/// `next_fence(key)`: the counter's next fence, written back; `nil`, with the counter left
+/// as it was, when it has reached `MAX` ([`Fence::MAX`](crate::Fence::MAX), 2^62). A new
+/// counter (`INCR` answers 1) starts at the clock. Below 2^53 (`EXACT`) `INCR`'s answer is
+/// exact as a Lua number and is formatted as an integer; above, it is read back as a string.
 const COMMON: &str = r"
+local MAX = '4611686018427387904'
+local EXACT = 9007199254740992
 local function above(a, b)
   if #a ~= #b then return #a > #b end
   return a > b
@@ -29,12 +36,20 @@ local function clock()
   return t[1] .. string.format('%06d', tonumber(t[2]))
 end
 local function next_fence(fence_key)
-  redis.call('INCR', fence_key)
-  local fence = redis.call('GET', fence_key)
-  local now = clock()
-  if above(now, fence) then
+  local n = redis.call('INCR', fence_key)
+  if n == 1 then
+    -- A new counter (never used, or lost): start it at the clock, above every fence the
+    -- lost one can have handed out.
+    local now = clock()
     redis.call('SET', fence_key, now)
     return now
+  elseif n < EXACT then
+    return string.format('%d', n)
+  end
+  local fence = redis.call('GET', fence_key)
+  if above(fence, MAX) then
+    redis.call('DECR', fence_key)
+    return nil
   end
   return fence
 end
@@ -50,31 +65,39 @@ fn with_common(body: &str) -> Script {
 /// Returns `{1, fence}` when the lock is ours, `{0, pttl}` when another token holds it.
 ///
 /// `SET NX PX` sets the value and the expiry together: there is no moment at which the key
-/// exists without a TTL. The fence counter has no TTL on purpose: it must never go back. It
-/// never falls below the server's clock in microseconds either, so a counter that Redis lost
-/// (a restart without persistence, an eviction) starts again above every fence it issued.
+/// exists without a TTL. The fence counter has no TTL on purpose: it must never go back. A
+/// counter that Redis lost (a restart without persistence, an eviction) is recreated at the
+/// server's clock in microseconds, so it starts again above every fence it handed out.
 ///
-// TIMING: that holds while the Redis host's clock does not step back, and while one key is
-// acquired less than once per microsecond (each acquisition adds 1 to the counter; the clock
-// adds 1 per microsecond).
+// TIMING: a counter started at the clock at time t0 and taken k times since has handed out
+// at most clock(t0) + k, which is below the clock as long as the key is taken less than once
+// per microsecond on average; a lost counter restarts at a later clock reading, so above it,
+// provided the Redis host's clock does not step back. (A counter raised past the clock by
+// `advance_fence` loses that guarantee until the clock catches up.)
 ///
-/// A re-sent request whose first try took the lock finds its own token and returns the
-/// fence it took, instead of reporting the lock held (by itself) and leaving it set for a
-/// whole ttl with no watchdog.
+/// `SET NX GET` takes the key and tells what was there in one call. A re-sent request whose
+/// first try took the lock finds its own token and returns the fence it took, instead of
+/// reporting the lock held (by itself) and leaving it set for a whole ttl with no watchdog.
+/// A counter at its maximum takes the key back off and answers an error.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     with_common(
         r"
-local holder = redis.call('GET', KEYS[1])
+local holder = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
 if holder == ARGV[1] then
   local fence = redis.call('GET', KEYS[2])
   if fence then
     return {1, fence}
   end
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 elseif holder then
   return {0, redis.call('PTTL', KEYS[1])}
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {1, next_fence(KEYS[2])}
+local fence = next_fence(KEYS[2])
+if not fence then
+  redis.call('DEL', KEYS[1])
+  return redis.error_reply('the fence counter of ' .. KEYS[1] .. ' is at its maximum')
+end
+return {1, fence}
 ",
     )
 });
@@ -130,11 +153,18 @@ pub(crate) static ADVANCE_FENCE: LazyLock<Script> = LazyLock::new(|| {
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return false
 end
+if not above(MAX, ARGV[2]) then
+  return redis.error_reply('no fence can follow ' .. ARGV[2])
+end
 local current = redis.call('GET', KEYS[2]) or '0'
 if above(ARGV[2], current) then
   redis.call('SET', KEYS[2], ARGV[2])
 end
-return next_fence(KEYS[2])
+local fence = next_fence(KEYS[2])
+if not fence then
+  return redis.error_reply('the fence counter of ' .. KEYS[1] .. ' is at its maximum')
+end
+return fence
 ",
     )
 });
@@ -149,6 +179,9 @@ pub(crate) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| {
         r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
+end
+if above(ARGV[2], MAX) then
+  return redis.error_reply('no fence can be above the largest')
 end
 local current = redis.call('GET', KEYS[2]) or '0'
 if above(ARGV[2], current) then

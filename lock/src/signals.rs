@@ -88,7 +88,9 @@ impl ReleaseSignals {
         })
     }
 
-    /// Watch `channel` until the returned [`Watch`] is dropped; subscribes if needed.
+    /// Watch `channel` until the returned [`Watch`] is dropped; subscribes if needed. The
+    /// caller bounds the wait (a subscription connection that is reconnecting can take a
+    /// while), and falls back to polling.
     pub(crate) async fn watch(&self, channel: &str) -> Result<Watch> {
         if let Some(watch) = self.join(channel) {
             return Ok(watch);
@@ -97,8 +99,8 @@ impl ReleaseSignals {
         if let Some(watch) = self.join(channel) {
             return Ok(watch);
         }
-        self.unsubscribe_idle().await;
         self.inner.conn.clone().subscribe(channel).await?;
+        self.unsubscribe_idle_in_background();
         let notify = Arc::new(Notify::new());
         self.channels().insert(
             channel.to_owned(),
@@ -129,25 +131,30 @@ impl ReleaseSignals {
     }
 
     /// Drop subscriptions nobody has watched for a while, so a process that locks many
-    /// different keys does not stay subscribed to all of them. Called with `changes` held.
-    async fn unsubscribe_idle(&self) {
-        let idle: Vec<String> = {
-            let mut channels = self.channels();
-            let idle: Vec<String> = channels
-                .iter()
-                .filter(|(_, c)| c.idle_since.is_some_and(|t| t.elapsed() > IDLE_UNSUBSCRIBE))
-                .map(|(name, _)| name.clone())
-                .collect();
-            for name in &idle {
-                channels.remove(name);
+    /// different keys does not stay subscribed to all of them. In a task of its own: no
+    /// waiter waits on it.
+    fn unsubscribe_idle_in_background(&self) {
+        let signals = self.clone();
+        tokio::spawn(async move {
+            let _change = signals.inner.changes.lock().await;
+            let idle: Vec<String> = {
+                let mut channels = signals.channels();
+                let idle: Vec<String> = channels
+                    .iter()
+                    .filter(|(_, c)| c.idle_since.is_some_and(|t| t.elapsed() > IDLE_UNSUBSCRIBE))
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                for name in &idle {
+                    channels.remove(name);
+                }
+                idle
+            };
+            if !idle.is_empty()
+                && let Err(error) = signals.inner.conn.clone().unsubscribe(&idle).await
+            {
+                tracing::debug!(%error, "could not unsubscribe idle release channels");
             }
-            idle
-        };
-        if !idle.is_empty()
-            && let Err(error) = self.inner.conn.clone().unsubscribe(&idle).await
-        {
-            tracing::debug!(%error, "could not unsubscribe idle release channels");
-        }
+        });
     }
 
     fn channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Channel>> {

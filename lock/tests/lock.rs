@@ -133,7 +133,7 @@ async fn fences_stay_above_every_fence_issued_before_when_redis_loses_the_counte
 }
 
 #[tokio::test]
-async fn every_fence_is_at_least_the_servers_clock_in_microseconds() {
+async fn a_new_fence_counter_starts_at_the_servers_clock_in_microseconds() {
     let (key, _cleanup) = unique_key("fence-clock");
     let mut conn = shared_redis().await;
     let before = server_clock_us(&mut conn).await;
@@ -182,7 +182,8 @@ async fn the_lost_signal_fires_when_redis_is_unreachable_until_the_lease_ends() 
     server.kill();
     let killed_at = Instant::now();
 
-    // Assert: lost once the lease the holder last knew of runs out, not before.
+    // Assert: lost once the lease the holder last knew of runs out (at most a ttl after its
+    // last renewal, plus room for a busy machine).
     let why = timeout(Duration::from_secs(10), lost).await.unwrap();
     assert_eq!(why, LockLost::Unreachable);
     assert!(!guard.is_held());
@@ -385,7 +386,7 @@ async fn a_signalled_waiter_never_waits_past_its_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_in_one_process_take_the_lock_in_the_order_they_asked() {
-    // Arrange: the lock is held; five waiters of one locker ask for it 50 ms apart.
+    // Arrange: the lock is held; five waiters of one locker ask for it 200 ms apart.
     let (key, _cleanup) = unique_key("turns");
     let holder = locker(shared_redis().await, patient())
         .try_acquire(&key)
@@ -402,7 +403,7 @@ async fn waiters_in_one_process_take_the_lock_in_the_order_they_asked() {
             sleep(ms(5)).await;
             assert!(guard.release().await.unwrap());
         }));
-        sleep(ms(50)).await;
+        sleep(ms(200)).await; // long enough to join the queue on a busy machine
     }
 
     // Act
@@ -413,4 +414,87 @@ async fn waiters_in_one_process_take_the_lock_in_the_order_they_asked() {
 
     // Assert
     assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_its_subscription_is_killed_a_waiter_is_woken_by_messages_again() {
+    // Arrange: a waiter with a 5 s backstop, so only a message can wake it quickly.
+    let server = RedisServer::start();
+    let mut admin = connect(&server.url()).await;
+    let holder = locker(connect(&server.url()).await, patient())
+        .try_acquire("lock_sale_1")
+        .await
+        .unwrap();
+    let waiter = signalled_locker(
+        &server.url(),
+        Duration::from_secs(5),
+        Duration::from_secs(60),
+    )
+    .await;
+    let waiting = tokio::spawn(async move {
+        let guard = waiter.acquire("lock_sale_1").await.unwrap();
+        let got_it = Instant::now();
+        assert!(guard.release().await.unwrap());
+        got_it
+    });
+    sleep(ms(200)).await;
+
+    // Act: kill the subscription; give it time to resubscribe; then a normal release.
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    sleep(ms(1_500)).await;
+    let released_at = Instant::now();
+    assert!(holder.release().await.unwrap());
+    let got_it = timeout(Duration::from_secs(30), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // Assert: woken by the release message on the new subscription, not by the backstop.
+    assert_eq!(killed, 1);
+    let waited = got_it.duration_since(released_at);
+    assert!(
+        waited < ms(1_000),
+        "took {waited:?}: the subscription did not come back"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tasks_of_one_owner_both_get_in_while_another_process_holds_the_lock() {
+    // Arrange: another "process" holds the lock; two tasks of one owner wait for it.
+    let (key, _cleanup) = unique_key("owner-turns");
+    let other = locker(shared_redis().await, patient())
+        .try_acquire(&key)
+        .await
+        .unwrap();
+    let owner = signalled_locker(&redis_url(), ms(50), Duration::from_secs(60))
+        .await
+        .owner();
+    let (a, b) = (owner.clone(), owner.clone());
+    let (key_a, key_b) = (key.clone(), key.clone());
+    let first = tokio::spawn(async move { a.acquire(&key_a).await.unwrap() });
+    let second = tokio::spawn(async move { b.acquire(&key_b).await.unwrap() });
+    sleep(ms(200)).await;
+
+    // Act
+    assert!(other.release().await.unwrap());
+
+    // Assert: both get in (one acquisition, re-entered); neither waits for the other.
+    let first = timeout(Duration::from_secs(5), first)
+        .await
+        .expect("the first task hung")
+        .unwrap();
+    let second = timeout(Duration::from_secs(5), second)
+        .await
+        .expect("the second task hung")
+        .unwrap();
+    assert_eq!(first.fence(), second.fence());
+    assert_eq!(first.hold_count(), 2);
+    assert!(second.release().await.unwrap());
+    assert!(first.release().await.unwrap());
 }

@@ -111,7 +111,7 @@ async fn a_stale_guards_release_does_not_delete_the_next_holders_lock<H: Harness
 }
 
 async fn fences_strictly_increase_across_holders_and_a_deleted_lock<H: Harness>(h: H) {
-    let key = h.key("fence");
+    let key = h.key("fences");
     let mut previous = Fence(0);
     for round in 0..12 {
         // A new backend handle and locker each time: a new holder, as in another process.
@@ -321,7 +321,28 @@ async fn the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_releas
     assert_nothing_renews(&h, &key, &token, ms(500)).await;
 }
 
-async fn a_dropped_guard_stops_its_watchdog_and_releases<H: Harness>(h: H) {
+async fn a_dropped_guard_releases_the_lock<H: Harness>(h: H) {
+    // Arrange: a 30 s lease, so only the drop fallback can free the lock within the test.
+    let key = h.key("drop");
+    let options = LockOptions::builder()
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let guard = locker(h.backend().await, options)
+        .try_acquire(&key)
+        .await
+        .unwrap();
+
+    // Act
+    let dropped = Instant::now();
+    drop(guard);
+
+    // Assert
+    wait_until_free(&h, &key, "the drop fallback did not release").await;
+    assert!(dropped.elapsed() < Duration::from_secs(3));
+}
+
+async fn a_dropped_guard_stops_its_watchdog<H: Harness>(h: H) {
     // Arrange: a lease renewed every 300 ms, dropped without release.
     let key = h.key("drop-watchdog");
     let locker = locker(
@@ -334,7 +355,7 @@ async fn a_dropped_guard_stops_its_watchdog_and_releases<H: Harness>(h: H) {
     // Act
     drop(guard);
 
-    // Assert: released in the background, and the old token is no longer renewed.
+    // Assert: the old token, put back, is no longer renewed.
     wait_until_free(&h, &key, "the drop fallback did not release").await;
     assert_nothing_renews(&h, &key, &token, ms(300)).await;
 }
@@ -498,6 +519,47 @@ async fn an_empty_key_is_refused_before_the_backend_is_asked<H: Harness>(h: H) {
     ));
 }
 
+async fn a_retried_release_that_finds_the_next_holder_still_reports_the_lock_as_ours<H: Harness>(
+    h: H,
+) {
+    // Arrange: the first try deleted the lock, and a waiter took it before the re-sent
+    // request arrived.
+    let key = h.key("retried-release-taken");
+    let guard = locker(h.backend().await, patient())
+        .try_acquire(&key)
+        .await
+        .unwrap();
+    h.delete(&key).await;
+    h.put(&key, "the-next-holder", Duration::from_secs(30))
+        .await;
+
+    // Act
+    let was_ours = guard.release().await.unwrap();
+
+    // Assert: ours until we released it; the next holder's lock is left alone.
+    assert!(was_ours, "a retried release reported a lost lock");
+    assert_eq!(h.holder(&key).await.as_deref(), Some("the-next-holder"));
+    h.delete(&key).await;
+}
+
+async fn a_counter_at_the_largest_fence_refuses_cleanly_and_leaves_nothing<H: Harness>(h: H) {
+    // Arrange: a store's fence just below the largest pushes the counter to it.
+    let key = h.key("fence-exhausted");
+    let locker = locker(h.backend().await, patient());
+    let guard = locker.try_acquire(&key).await.unwrap();
+    let top = guard.advance_fence(Fence(Fence::MAX - 1)).await.unwrap();
+    assert_eq!(top, Fence(Fence::MAX));
+    assert!(guard.release().await.unwrap());
+
+    // Act: no fence can follow, so no acquisition can be made.
+    let outcome = locker.try_acquire(&key).await;
+
+    // Assert: an error, and no lock left behind that would block everyone for a ttl.
+    assert!(outcome.is_err(), "{outcome:?}");
+    assert!(!matches!(outcome, Err(Error::Held { .. })), "{outcome:?}");
+    assert_eq!(h.holder(&key).await, None, "a failed acquire left its lock");
+}
+
 /// Every property, instantiated for every backend.
 macro_rules! suite {
     ($($property:ident),* $(,)?) => {
@@ -546,7 +608,8 @@ suite!(
     acquire_gives_up_at_its_deadline,
     acquire_gets_the_lock_once_the_holder_releases_it,
     the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_release,
-    a_dropped_guard_stops_its_watchdog_and_releases,
+    a_dropped_guard_releases_the_lock,
+    a_dropped_guard_stops_its_watchdog,
     a_dropped_reentrant_guard_counts_down_and_the_last_one_releases,
     the_lost_signal_fires_when_the_lock_is_deleted_behind_the_holder,
     the_lost_signal_fires_when_the_lock_is_taken_behind_the_holder,
@@ -556,4 +619,6 @@ suite!(
     a_retried_acquire_finds_its_own_token_and_succeeds,
     a_retried_release_still_reports_the_lock_as_ours,
     an_empty_key_is_refused_before_the_backend_is_asked,
+    a_retried_release_that_finds_the_next_holder_still_reports_the_lock_as_ours,
+    a_counter_at_the_largest_fence_refuses_cleanly_and_leaves_nothing,
 );

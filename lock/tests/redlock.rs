@@ -149,7 +149,7 @@ async fn fences_keep_growing_when_the_majority_changes() {
     // Arrange: node 0's counter is far ahead of the others (and of the clock).
     let mut cluster = RedlockHarness::start(3).await;
     let fence_key = distlock::fence_key("k").unwrap();
-    let ahead: u64 = 1 << 62;
+    let ahead: u64 = 1 << 61;
     let _: () = redis::cmd("SET")
         .arg(&fence_key)
         .arg(ahead)
@@ -258,15 +258,16 @@ async fn options_that_leave_no_room_for_drift_and_node_timeouts_are_refused() {
         Locker::new(nodes(), tiny),
         Err(Error::InvalidOptions(_))
     ));
-    // A 1 s lease is 988 ms net of drift; a renewal every 900 ms plus a 100 ms node timeout
-    // would land after it.
+    // With a drift factor of 0.4, a 1 s lease is 598 ms net of drift; a renewal every
+    // 700 ms plus a 100 ms node timeout would land after it.
     let late = LockOptions::builder()
         .ttl(ms(1_000))
-        .renew_interval(ms(900))
+        .renew_interval(ms(700))
         .build()
         .unwrap();
+    let drifty = nodes().with_drift_factor(0.4).unwrap();
     assert!(
-        matches!(Locker::new(nodes(), late), Err(Error::InvalidOptions(ref why)) if why.contains("renew")),
+        matches!(Locker::new(drifty, late), Err(Error::InvalidOptions(ref why)) if why.contains("renew")),
     );
     assert!(Locker::new(nodes(), options(ms(1_000))).is_ok());
     assert!(matches!(

@@ -190,12 +190,10 @@ impl Leader {
             let guard = match timeout_at(until, locker.acquire(&key)).await {
                 Ok(Ok(guard)) => guard,
                 Err(_elapsed) => continue,
-                Ok(Err(error @ LockError::Timeout { .. })) => {
-                    lock_failed(&metrics, error);
-                    continue;
-                }
+                // Buyers whose time is up are answered at the top of the loop.
+                Ok(Err(LockError::Timeout { .. })) => continue,
                 Ok(Err(error)) => {
-                    let error = lock_failed(&metrics, error);
+                    let error = lock_failed(error);
                     tracing::warn!(%error, product_id = %self.product, "cannot take the lock");
                     self.answer_all_waiting(error);
                     continue;

@@ -30,12 +30,9 @@ pub fn lock_key(prefix: &str, id: ProductId) -> String {
 const MAX_RESYNCS: usize = 3;
 
 /// Map a lock error to the purchase's answer.
-pub(crate) fn lock_failed(metrics: &Metrics, error: LockError) -> PurchaseError {
+pub(crate) fn lock_failed(error: LockError) -> PurchaseError {
     match error {
-        LockError::Timeout { .. } => {
-            metrics.lock_timeouts.inc();
-            PurchaseError::Busy
-        }
+        LockError::Timeout { .. } => PurchaseError::Busy,
         LockError::Redis(error) => PurchaseError::Redis(error.into()),
         LockError::Postgres(error) => PurchaseError::Database(error.into()),
         other => PurchaseError::LockService(other.into()),
@@ -80,7 +77,7 @@ pub async fn sell_holding<G: FencedGuard>(
                 tracing::warn!(ours = %fence, stored, "fence refused: this holder is stale; the batch wrote nothing");
                 return all(PurchaseError::LockLost);
             }
-            Err(error) => return all(lock_failed(metrics, error)),
+            Err(error) => return all(lock_failed(error)),
         }
     }
     all(PurchaseError::LockLost)
