@@ -145,6 +145,50 @@ impl Metrics {
     }
 }
 
+/// The purchase counters by outcome, and the latency histogram of one strategy, looked up
+/// once: the sold-out answer from memory is the hot path, and a label lookup hashes.
+pub struct PurchaseCounters {
+    outcomes: Vec<(&'static str, IntCounter)>,
+    pub latency: Histogram,
+}
+
+impl PurchaseCounters {
+    /// Every outcome a purchase can have (`PurchaseError::outcome`, and `created`).
+    const OUTCOMES: [&'static str; 9] = [
+        "created",
+        "sold_out",
+        "already_purchased",
+        "not_found",
+        "busy",
+        "lock_lost",
+        "redis_unavailable",
+        "database_error",
+        "internal",
+    ];
+
+    pub fn new(metrics: &Metrics, strategy: crate::settings::LockStrategy) -> Self {
+        Self {
+            outcomes: Self::OUTCOMES
+                .iter()
+                .map(|&label| (label, metrics.purchases.with_label_values(&[label])))
+                .collect(),
+            latency: metrics
+                .purchase_seconds
+                .with_label_values(&[strategy.name()]),
+        }
+    }
+
+    /// The counter of `label`, one of [`Self::OUTCOMES`].
+    pub fn outcome(&self, label: &str) -> &IntCounter {
+        &self
+            .outcomes
+            .iter()
+            .find(|(known, _)| *known == label)
+            .expect("every outcome label is listed in PurchaseCounters::OUTCOMES")
+            .1
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()

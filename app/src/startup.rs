@@ -17,7 +17,6 @@ use crate::redis_link::RedisLink;
 use crate::repository::SessionBounds;
 use crate::routes::admin::AdminToken;
 use crate::routes::health::Health;
-use crate::routes::purchase::MaxQuantity;
 use crate::routes::{self, not_found};
 use crate::sale::batch::Step;
 use crate::sale::{Exclusion, Sale, SaleParts};
@@ -92,6 +91,7 @@ impl Application {
             work: settings.work(),
             wait: settings.lock_wait(),
             sold_out_recheck: settings.sold_out_recheck(),
+            max_quantity: settings.max_quantity,
             bounds: SessionBounds {
                 statement_timeout_ms: settings.pg_statement_timeout_ms,
                 lock_timeout_ms: settings.pg_lock_timeout_ms,
@@ -108,13 +108,11 @@ impl Application {
             redis,
         });
         let admin = web::Data::new(AdminToken(settings.admin_token.clone()));
-        let max_quantity = web::Data::new(MaxQuantity(settings.max_quantity));
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(sale.clone())
                 .app_data(health.clone())
                 .app_data(admin.clone())
-                .app_data(max_quantity.clone())
                 .configure(routes::configure)
                 .default_service(web::to(not_found))
         })

@@ -22,6 +22,12 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .limit(MAX_BODY_BYTES)
             .error_handler(ApiError::from_json),
     )
+    // The purchase first: routes with path parameters are matched in order, each by a
+    // regex, and this one carries the flood.
+    .route(
+        "/api/products/{id}/purchase",
+        web::post().to(purchase::purchase),
+    )
     .route("/healthz", web::get().to(health::healthz))
     .route("/readyz", web::get().to(health::readyz))
     .route("/metrics", web::get().to(metrics::metrics))
@@ -46,10 +52,6 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .to(products::set_stock)
                 .wrap(from_fn(admin::require_admin)),
         ),
-    )
-    .route(
-        "/api/products/{id}/purchase",
-        web::post().to(purchase::purchase),
     )
     .route(
         "/api/products/{id}/orders/{user_id}",

@@ -16,7 +16,7 @@
 //!   instance within that bound.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -26,7 +26,8 @@ use crate::domain::ProductId;
 
 /// The products this instance has seen, each with its desk and sold-out mark.
 pub(crate) struct Catalog {
-    products: Mutex<HashMap<ProductId, Arc<Known>>>,
+    /// Read on every purchase, written once per product.
+    products: RwLock<HashMap<ProductId, Arc<Known>>>,
     /// `SOLD_OUT_RECHECK_MS`.
     recheck: Duration,
 }
@@ -48,14 +49,18 @@ struct Marks {
 impl Catalog {
     pub(crate) fn new(recheck: Duration) -> Self {
         Self {
-            products: Mutex::new(HashMap::new()),
+            products: RwLock::new(HashMap::new()),
             recheck,
         }
     }
 
     /// The product, if this instance already knows it.
     pub(crate) fn get(&self, id: ProductId) -> Option<Arc<Known>> {
-        self.products().get(&id).cloned()
+        self.products
+            .read()
+            .expect("catalog poisoned")
+            .get(&id)
+            .cloned()
     }
 
     /// Remember a product that exists, at restock generation `generation`, with the desk
@@ -66,7 +71,7 @@ impl Catalog {
         generation: i64,
         open_desk: impl FnOnce() -> Desk,
     ) -> Arc<Known> {
-        let mut products = self.products();
+        let mut products = self.products.write().expect("catalog poisoned");
         let known = products.entry(id).or_insert_with(|| {
             Arc::new(Known {
                 desk: open_desk(),
@@ -93,10 +98,6 @@ impl Catalog {
         marks.sold_out.is_some_and(|(generation, at)| {
             generation >= marks.generation && at.elapsed() < self.recheck
         })
-    }
-
-    fn products(&self) -> std::sync::MutexGuard<'_, HashMap<ProductId, Arc<Known>>> {
-        self.products.lock().expect("catalog poisoned")
     }
 }
 

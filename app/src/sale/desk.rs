@@ -249,7 +249,9 @@ impl Leader {
                     tracing::warn!(%error, "could not release the lock; its lease will free it")
                 }
             }
-            if still_waiting {
+            // With BATCH_MAX=1 (the per-request baseline) the leader asks again at once, as
+            // every buyer used to.
+            if still_waiting && self.shared.batch_max > 1 {
                 sleep(HANDOFF_PAUSE).await;
             }
         }

@@ -31,7 +31,7 @@ use sqlx::PgPool;
 use tokio::time::Instant;
 
 use crate::domain::{ProductId, Quantity, UserId};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, PurchaseCounters};
 use crate::repository::{self, SessionBounds, StockSeen};
 use crate::settings::LockStrategy;
 use catalog::{Catalog, Known};
@@ -106,6 +106,8 @@ impl PurchaseError {
 /// Everything a purchase needs; built once at start-up and shared by all workers.
 pub struct Sale {
     pub pool: PgPool,
+    /// `MAX_QUANTITY`: the largest quantity one purchase may ask for.
+    pub max_quantity: u32,
     /// Limits on every transaction the service opens.
     pub bounds: SessionBounds,
     pub strategy: LockStrategy,
@@ -115,6 +117,8 @@ pub struct Sale {
     restocks: Restocks,
     /// `LOCK_WAIT_MS`: how long a buyer may wait at the desk.
     wait: Duration,
+    /// The purchase metrics, resolved once (a label lookup per request costs a hash).
+    counted: PurchaseCounters,
 }
 
 /// How a [`Sale`] is put together (see [`crate::startup`]).
@@ -133,6 +137,7 @@ pub struct SaleParts {
     pub wait: Duration,
     pub sold_out_recheck: Duration,
     pub bounds: SessionBounds,
+    pub max_quantity: u32,
 }
 
 impl Sale {
@@ -156,7 +161,10 @@ impl Sale {
             work: parts.work,
             metrics: parts.metrics.clone(),
         });
+        let counted = PurchaseCounters::new(&parts.metrics, parts.strategy);
         Self {
+            counted,
+            max_quantity: parts.max_quantity,
             pool: parts.pool,
             bounds: parts.bounds,
             strategy: parts.strategy,
@@ -197,10 +205,9 @@ impl Sale {
             Ok(_) => "created",
             Err(error) => error.outcome(),
         };
-        self.metrics.purchases.with_label_values(&[label]).inc();
-        self.metrics
-            .purchase_seconds
-            .with_label_values(&[self.strategy.name()])
+        self.counted.outcome(label).inc();
+        self.counted
+            .latency
             .observe(started.elapsed().as_secs_f64());
         outcome
     }
