@@ -26,6 +26,8 @@ pub enum ApiError {
     AdminDisabled,
     #[error("{0}")]
     NotFound(String),
+    #[error("this route does not take that method")]
+    MethodNotAllowed,
     #[error("sold out")]
     SoldOut,
     #[error("this user already bought this product")]
@@ -65,6 +67,7 @@ impl ApiError {
             ApiError::Unauthorized => "unauthorized",
             ApiError::AdminDisabled => "admin_disabled",
             ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::SoldOut => "sold_out",
             ApiError::AlreadyPurchased => "already_purchased",
             ApiError::StockChanged { .. } => "stock_changed",
@@ -109,15 +112,17 @@ impl ApiError {
     }
 }
 
-/// Errors that mean "too much going on right now; try again", not "PostgreSQL is down": the
-/// pool had no connection in time, or a statement gave up waiting for a lock
-/// (`lock_timeout`, 55P03) or ran past `statement_timeout` (57014).
+/// Errors that mean "too much going on right now; try again": the pool had no connection in
+/// time, a statement gave up waiting for a lock (`lock_timeout`, 55P03) or ran past
+/// `statement_timeout` (57014), or a transaction lost a deadlock (40P01) or a serialization
+/// race (40001). A pool gives up the same way when PostgreSQL is down (sqlx keeps trying to
+/// connect until the acquire timeout); `/readyz` tells the two apart.
 fn is_contention(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::PoolTimedOut => true,
         sqlx::Error::Database(db) => db
             .code()
-            .is_some_and(|code| matches!(code.as_ref(), "55P03" | "57014")),
+            .is_some_and(|code| matches!(code.as_ref(), "55P03" | "57014" | "40P01" | "40001")),
         _ => false,
     }
 }
@@ -156,6 +161,10 @@ impl From<PurchaseError> for ApiError {
                 ApiError::RedisUnavailable
             }
             PurchaseError::Database(error) => ApiError::from_db(&error),
+            PurchaseError::DatabaseTimeout => {
+                tracing::warn!("a batch timed out: PostgreSQL is not answering");
+                ApiError::DatabaseUnavailable
+            }
             PurchaseError::Internal(why) => ApiError::Internal(anyhow::anyhow!(why)),
         }
     }
@@ -170,6 +179,7 @@ impl ResponseError for ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::AdminDisabled => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::SoldOut
             | ApiError::AlreadyPurchased
             | ApiError::StockChanged { .. }

@@ -18,8 +18,8 @@ pub struct Settings {
     /// Redis URL: the lock under LOCK_STRATEGY=redis, and restock messages between
     /// instances. The pg-* strategies start and sell without it (restocks then reach other
     /// instances within SOLD_OUT_RECHECK_MS).
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
-    pub redis_url: String,
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379", hide_env_values = true, value_parser = secret)]
+    pub redis_url: SecretString,
 
     /// Prefix for every Redis key and channel the service uses (lock `<prefix>lock_sale_<id>`,
     /// its fence, the restock channel), so several deployments or test runs can share one Redis.
@@ -27,8 +27,8 @@ pub struct Settings {
     pub redis_key_prefix: String,
 
     /// Independent Redis masters for LOCK_STRATEGY=redlock, comma-separated (3 or 5 is usual).
-    #[arg(long, env = "REDLOCK_URLS", value_delimiter = ',')]
-    pub redlock_urls: Vec<String>,
+    #[arg(long, env = "REDLOCK_URLS", value_delimiter = ',', hide_env_values = true, value_parser = secret)]
+    pub redlock_urls: Vec<SecretString>,
 
     /// Address to listen on. Port 0 picks a free port; the bound address is printed on
     /// stdout as `listening on <address>`.
@@ -36,8 +36,9 @@ pub struct Settings {
     pub bind_addr: SocketAddr,
 
     /// Token for the admin routes (`Authorization: Bearer <token>`), at least 16 characters
-    /// and not blank. Unset: admin routes answer 403. Kept out of logs and debug output.
-    #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true, value_parser = admin_token)]
+    /// and not blank. Unset: admin routes answer 403. Kept out of logs, error messages and
+    /// debug output.
+    #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true, value_parser = secret)]
     pub admin_token: Option<SecretString>,
 
     /// How purchases of one product are kept apart across instances.
@@ -51,7 +52,7 @@ pub struct Settings {
 
     /// How long a purchase may wait in its product's queue (for the lock, and for its turn)
     /// before answering 503 busy, in ms.
-    #[arg(long, env = "LOCK_WAIT_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    #[arg(long, env = "LOCK_WAIT_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub lock_wait_ms: u64,
 
     /// Most purchases sold in one transaction. 1 sells one purchase per lock hold and per
@@ -60,7 +61,8 @@ pub struct Settings {
     pub batch_max: u32,
 
     /// How long an instance keeps a product's lock while buyers keep queueing, in ms, before
-    /// it lets other instances have their turn.
+    /// it lets other instances have their turn. Must be below half of LOCK_WAIT_MS, or the
+    /// buyers of other instances would give up waiting for their turn.
     #[arg(long, env = "HOLD_MS", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub hold_ms: u64,
 
@@ -93,8 +95,8 @@ pub struct Settings {
     #[arg(long, env = "DATABASE_ACQUIRE_TIMEOUT_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub database_acquire_timeout_ms: u64,
 
-    /// PostgreSQL `statement_timeout` of the service's sessions, in ms: no statement runs
-    /// longer (503 busy).
+    /// PostgreSQL `statement_timeout` of the service's sessions and transactions, in ms: no
+    /// statement runs longer (503 busy).
     #[arg(long, env = "PG_STATEMENT_TIMEOUT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     pub pg_statement_timeout_ms: u64,
 
@@ -122,8 +124,9 @@ fn secret(raw: &str) -> Result<SecretString, String> {
 }
 
 /// `ADMIN_TOKEN`: refused when blank (an empty token would match a request without any
-/// `Authorization` header) or too short to be secret.
-pub fn admin_token(raw: &str) -> Result<SecretString, String> {
+/// `Authorization` header) or too short to be secret. The message never shows the token.
+pub fn check_admin_token(token: &SecretString) -> Result<(), String> {
+    let raw = token.expose_secret();
     if raw.trim().is_empty() {
         return Err(
             "ADMIN_TOKEN is empty or blank; leave it unset to disable the admin routes".into(),
@@ -135,7 +138,17 @@ pub fn admin_token(raw: &str) -> Result<SecretString, String> {
             "ADMIN_TOKEN has {chars} characters; use at least {MIN_ADMIN_TOKEN_CHARS} (for example `openssl rand -hex 16`)"
         ));
     }
-    Ok(SecretString::from(raw))
+    Ok(())
+}
+
+/// A URL with any password in it replaced, for messages.
+pub fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
 }
 
 impl Settings {
@@ -179,11 +192,25 @@ impl Settings {
         self.database_url.expose_secret()
     }
 
+    /// The Redis URL, for connecting (never for logging).
+    pub fn redis_url(&self) -> &str {
+        self.redis_url.expose_secret()
+    }
+
     /// Settings that are valid one by one but not together.
     ///
     /// # Errors
     /// A message naming the settings.
     pub fn check(&self) -> Result<(), String> {
+        if let Some(token) = &self.admin_token {
+            check_admin_token(token)?;
+        }
+        if self.hold_ms * 2 >= self.lock_wait_ms {
+            return Err(format!(
+                "HOLD_MS ({}) must be below half of LOCK_WAIT_MS ({}): other instances' buyers would give up waiting for their turn",
+                self.hold_ms, self.lock_wait_ms
+            ));
+        }
         if self.work_ms >= self.pg_idle_in_transaction_timeout_ms {
             return Err(format!(
                 "WORK_MS ({}) must be below PG_IDLE_IN_TRANSACTION_TIMEOUT_MS ({}): the pg-* strategies work inside a transaction, which PostgreSQL would end",
@@ -232,10 +259,10 @@ impl LockStrategy {
         }
     }
 
-    /// Whether the strategy needs Redis to sell at all (the others only use it for restock
-    /// messages, and start and sell without it).
+    /// Whether the strategy needs `REDIS_URL` to sell at all (the others only use it for
+    /// restock messages, and start and sell without it; Redlock locks on REDLOCK_URLS).
     pub fn needs_redis(self) -> bool {
-        matches!(self, LockStrategy::Redis | LockStrategy::Redlock)
+        matches!(self, LockStrategy::Redis)
     }
 }
 
@@ -260,19 +287,35 @@ mod tests {
     #[test]
     fn an_empty_blank_or_short_admin_token_is_refused_with_the_settings_name() {
         for bad in ["", "   ", "\t\n", "short-token"] {
-            let why = admin_token(bad).expect_err(bad);
+            let why = check_admin_token(&bad.into()).expect_err(bad);
             assert!(why.contains("ADMIN_TOKEN"), "{why}");
+            if !bad.trim().is_empty() {
+                assert!(!why.contains(bad), "the message shows the token: {why}");
+            }
         }
-        assert!(admin_token("0123456789abcdef").is_ok());
+        assert!(check_admin_token(&"0123456789abcdef".into()).is_ok());
+    }
+
+    #[test]
+    fn passwords_in_urls_are_redacted_for_messages() {
+        assert_eq!(
+            redacted("redis://user:hunter2@host:6379/0"),
+            "redis://***@host:6379/0"
+        );
+        assert_eq!(redacted("redis://host:6379"), "redis://host:6379");
     }
 
     #[test]
     fn secrets_stay_out_of_debug_output() {
-        let mut settings = Settings::new("postgres://app:hunter2-password@db/seckill", "redis://r");
-        settings.admin_token = Some(admin_token("super-secret-admin-token").unwrap());
+        let mut settings = Settings::new(
+            "postgres://app:hunter2-password@db/seckill",
+            "redis://:redis-password@r",
+        );
+        settings.admin_token = Some("super-secret-admin-token".into());
         let shown = format!("{settings:?}");
         assert!(!shown.contains("hunter2-password"), "{shown}");
         assert!(!shown.contains("super-secret-admin-token"), "{shown}");
+        assert!(!shown.contains("redis-password"), "{shown}");
     }
 
     #[test]

@@ -20,13 +20,18 @@ use crate::routes::health::Health;
 use crate::routes::{self, not_found};
 use crate::sale::batch::Step;
 use crate::sale::{Exclusion, Sale, SaleParts};
-use crate::settings::{LockStrategy, Settings};
+use crate::settings::{LockStrategy, Settings, redacted};
+use secrecy::ExposeSecret;
 
 /// A desk leader's backoff between lock attempts when it polls (Redlock, pg-lock): short,
 /// since a hold lasts at most `HOLD_MS`. Under `redis` the leader waits for the release
 /// message instead, and this is only its backstop.
 const LOCK_RETRY_MIN: Duration = Duration::from_millis(2);
 const LOCK_RETRY_MAX: Duration = Duration::from_millis(10);
+
+/// Connections of the lock table's own pool (`pg-lock`): one leader per product attempts and
+/// renews through it.
+const LOCK_TABLE_CONNECTIONS: u32 = 4;
 
 /// A bound, listening, not yet running service.
 pub struct Application {
@@ -43,8 +48,9 @@ impl Application {
     /// a failed migration, an address that cannot be bound.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         settings.check().map_err(anyhow::Error::msg)?;
-        let options =
-            PgConnectOptions::from_str(settings.database_url()).context("invalid DATABASE_URL")?;
+        let options = PgConnectOptions::from_str(settings.database_url())
+            .context("invalid DATABASE_URL")?
+            .options(session_bounds(&settings));
         let pool = pool_options(&settings)
             .connect_with(options)
             .await
@@ -53,7 +59,8 @@ impl Application {
     }
 
     /// As [`build`](Self::build), on a pool the caller made (tests hand in their own
-    /// database).
+    /// database). The session bounds are set at the start of every transaction the service
+    /// opens; `build` also sets them on every session of the pool it makes.
     ///
     /// # Errors
     /// As [`build`](Self::build).
@@ -65,9 +72,9 @@ impl Application {
             .context("cannot run database migrations")?;
         let strategy = settings.lock_strategy;
         let redis = if strategy.needs_redis() {
-            RedisLink::connect_now(&settings.redis_url, "REDIS_URL").await?
+            RedisLink::connect_now(settings.redis_url(), "REDIS_URL").await?
         } else {
-            RedisLink::connect_in_background(&settings.redis_url, "REDIS_URL")?
+            RedisLink::connect_in_background(settings.redis_url(), "REDIS_URL")?
         };
         if strategy == LockStrategy::None {
             tracing::warn!(
@@ -82,7 +89,7 @@ impl Application {
             strategy,
             exclusion,
             metrics,
-            redis_url: settings.redis_url.clone(),
+            redis_url: settings.redis_url().to_owned(),
             redis: redis.clone(),
             key_prefix: settings.redis_key_prefix.clone(),
             batch_max: settings.batch_max as usize,
@@ -92,6 +99,7 @@ impl Application {
             wait: settings.lock_wait(),
             sold_out_recheck: settings.sold_out_recheck(),
             max_quantity: settings.max_quantity,
+            batch_timeout: batch_timeout(&settings),
             bounds: SessionBounds {
                 statement_timeout_ms: settings.pg_statement_timeout_ms,
                 lock_timeout_ms: settings.pg_lock_timeout_ms,
@@ -103,10 +111,7 @@ impl Application {
             .with_context(|| format!("cannot listen on {} (BIND_ADDR)", settings.bind_addr))?;
         let address = listener.local_addr()?;
         let sale = web::Data::new(sale);
-        let health = web::Data::new(Health {
-            postgres: pool.connect_options().as_ref().clone(),
-            redis,
-        });
+        let health = web::Data::new(Health::new(pool.connect_options().as_ref().clone(), redis));
         let admin = web::Data::new(AdminToken(settings.admin_token.clone()));
         let server = HttpServer::new(move || {
             App::new()
@@ -144,6 +149,28 @@ impl Application {
     }
 }
 
+/// The session bounds as connection options: every session of a pool `build` makes has them.
+fn session_bounds(settings: &Settings) -> [(&'static str, String); 3] {
+    let ms = |value: u64| format!("{value}ms");
+    [
+        ("statement_timeout", ms(settings.pg_statement_timeout_ms)),
+        ("lock_timeout", ms(settings.pg_lock_timeout_ms)),
+        (
+            "idle_in_transaction_session_timeout",
+            ms(settings.pg_idle_in_transaction_timeout_ms),
+        ),
+    ]
+}
+
+/// The longest a healthy batch can take: waiting for a connection, then a handful of
+/// statements (begin, claim, lookup, insert, write, commit), each bounded by
+/// `statement_timeout` on the server, plus the work.
+fn batch_timeout(settings: &Settings) -> Duration {
+    settings.database_acquire_timeout()
+        + Duration::from_millis(settings.pg_statement_timeout_ms) * 6
+        + settings.work()
+}
+
 fn pool_options(settings: &Settings) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(settings.database_max_connections)
@@ -167,7 +194,7 @@ async fn exclusion(
     Ok(match settings.lock_strategy {
         LockStrategy::Redis => {
             let conn = redis.get().expect("connected at start-up under redis");
-            let client = redis::Client::open(settings.redis_url.as_str())?;
+            let client = redis::Client::open(settings.redis_url())?;
             let signals = ReleaseSignals::connect(&client)
                 .await
                 .context("cannot subscribe to lock releases (REDIS_URL)")?;
@@ -177,7 +204,9 @@ async fn exclusion(
         LockStrategy::Redlock => {
             let mut nodes = Vec::new();
             for url in &settings.redlock_urls {
-                let node = RedisLink::connect_now(url, &format!("REDLOCK_URLS: {url}")).await?;
+                let url = url.expose_secret();
+                let setting = format!("REDLOCK_URLS: {}", redacted(url));
+                let node = RedisLink::connect_now(url, &setting).await?;
                 nodes.push(node.get().expect("connected"));
             }
             let redlock = Redlock::new(nodes).context("invalid REDLOCK_URLS")?;
@@ -186,7 +215,13 @@ async fn exclusion(
             )
         }
         LockStrategy::PgLock => {
-            let table = PgLockTable::new(pool.clone());
+            // A pool of its own: the leaders' attempts and their watchdogs' renewals must not
+            // wait behind the batches for a connection (a late renewal costs the lease).
+            let locks = PgPoolOptions::new()
+                .max_connections(LOCK_TABLE_CONNECTIONS)
+                .acquire_timeout(settings.database_acquire_timeout())
+                .connect_lazy_with(pool.connect_options().as_ref().clone());
+            let table = PgLockTable::new(locks);
             table
                 .install()
                 .await

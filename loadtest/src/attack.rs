@@ -1,6 +1,18 @@
-//! One attack: create a product, flood the instances through goose, tally the answers.
+//! One attack: create a product, flood the instances through goose until the sale is
+//! decided, tally every answer.
+//!
+//! **Buyers.** User ids `1..=buyers`. Goose users take the next buyer who has no final answer
+//! yet (a 201, a 409, any other 4xx); a buyer told 503 `busy`, or who got no answer, is
+//! tried again later. One buyer in ten (`user_id % 10 == 0`) makes their first purchase
+//! twice at the same moment, on two different instances, while the stock lasts: at most one
+//! of the two may get an order.
+//!
+//! **When it stops.** As soon as the sale is decided: every buyer has a final answer, or
+//! every buyer has tried and a `sold_out` came after the last restock. `--run-time` is only
+//! the upper bound.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,26 +22,74 @@ use goose::prelude::*;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+/// Set by the first Ctrl-C: stop after the current attack (which goose stops at once).
+#[derive(Clone, Debug, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    /// Catch Ctrl-C for the whole process: the first stops the attack under way and asks
+    /// everything to wind down; later ones only say that cleaning up is under way.
+    ///
+    /// # Errors
+    /// When a handler is installed already.
+    pub fn on_ctrl_c() -> anyhow::Result<Self> {
+        let cancel = Self::default();
+        let flag = Arc::clone(&cancel.0);
+        ctrlc::set_handler(move || {
+            if flag.swap(true, Ordering::SeqCst) {
+                eprintln!("\nstill cleaning up; one moment");
+            } else {
+                eprintln!("\nCtrl-C: stopping, then cleaning up");
+                goose::trigger_killswitch("Ctrl-C");
+            }
+        })
+        .context("installing the Ctrl-C handler")?;
+        Ok(cancel)
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// What the attack does besides buying.
+#[derive(Debug, Clone, Default)]
+pub struct Extras {
+    /// Units to add once half the stock is sold (0: no restock).
+    pub restock: i64,
+    /// Ctrl-C, for an attack that must stop even if it came before goose started.
+    pub cancel: Option<Cancel>,
+}
+
 /// Every answer the attack got, counted as it came.
 #[derive(Debug, Default)]
 pub struct Tally {
     pub created: AtomicU64,
-    /// Units in the 201 answers.
-    pub created_quantity: AtomicU64,
     pub sold_out: AtomicU64,
+    /// `sold_out` answers to requests sent after the last restock had committed.
+    pub sold_out_after_restock: AtomicU64,
     pub already_purchased: AtomicU64,
+    /// `already_purchased` answers to one of a twin pair (a buyer asking two instances).
+    pub twin_already_purchased: AtomicU64,
+    /// Twin pairs sent.
+    pub twins: AtomicU64,
     pub busy: AtomicU64,
     pub other_4xx: AtomicU64,
-    /// 5xx answers other than 503 busy: each one fails the verdict.
+    /// 5xx answers other than 503 busy.
     pub other_5xx: AtomicU64,
     /// Requests that got no HTTP answer at all.
     pub transport_errors: AtomicU64,
+    /// Units restocked during the attack.
+    pub restocked: AtomicU64,
     /// Latency of each purchase attempt, in µs.
-    latencies_us: Mutex<Vec<u64>>,
-    /// Latency of each successful (201) purchase, in µs: what a buyer who got the item waited.
-    created_latencies_us: Mutex<Vec<u64>>,
-    /// When the last 201 came, for the sell rate.
-    last_created: Mutex<Option<Instant>>,
+    pub(crate) latencies_us: Mutex<Vec<u64>>,
+    /// Latency of each successful (201) purchase, in µs.
+    pub(crate) created_latencies_us: Mutex<Vec<u64>>,
+    /// When each 201 came, since the attack started, in µs (orders over time).
+    pub(crate) created_at_us: Mutex<Vec<u64>>,
+    /// Buyers whose answer was lost (no answer, or a 5xx other than busy): their order, if
+    /// any, is looked up after the attack.
+    pub(crate) lost_answers: Mutex<Vec<u64>>,
 }
 
 impl Tally {
@@ -50,6 +110,21 @@ impl Tally {
     pub fn requests(&self) -> usize {
         self.latencies_us.lock().unwrap().len()
     }
+
+    /// When each order was answered, since the attack started, sorted.
+    pub fn created_at(&self) -> Vec<Duration> {
+        let mut at = self.created_at_us.lock().unwrap().clone();
+        at.sort_unstable();
+        at.into_iter().map(Duration::from_micros).collect()
+    }
+
+    /// Buyers whose answer was lost, without repeats.
+    pub fn lost_answers(&self) -> Vec<u64> {
+        let mut lost = self.lost_answers.lock().unwrap().clone();
+        lost.sort_unstable();
+        lost.dedup();
+        lost
+    }
 }
 
 fn percentile(samples: &Mutex<Vec<u64>>, p: f64) -> Duration {
@@ -65,34 +140,81 @@ fn percentile(samples: &Mutex<Vec<u64>>, p: f64) -> Duration {
 pub struct AttackReport {
     pub product_id: i64,
     pub initial_stock: i64,
+    pub buyers: u64,
+    /// Concurrent goose users.
+    pub users: usize,
     pub tally: Arc<Tally>,
-    pub started: Instant,
     pub elapsed: Duration,
-    last_created: Option<Instant>,
+    /// When every goose user was running, since the start; `None` if the sale ended first.
+    pub full_load_at: Option<Duration>,
+    /// Buyers without a final answer when the attack ended.
+    pub unanswered_buyers: u64,
+    /// Buyers who got two orders (two 201s).
+    pub buyers_with_two_201s: u64,
+    /// Why goose stopped early, if it refused to finish (a failed `--threshold`).
+    pub goose_error: Option<String>,
 }
 
 impl AttackReport {
-    /// Orders per second, from the start until the last order (the sell-out).
+    /// Orders per second at full load: the orders answered from the moment every user was
+    /// running to the last order, over that window. Before full load (a sale over during the
+    /// ramp-up), from the first order to the last.
     pub fn orders_per_sec(&self) -> f64 {
-        let created = self.tally.count(&self.tally.created) as f64;
-        let until = self
-            .last_created
-            .map_or(self.elapsed, |t| t.duration_since(self.started));
-        if until.is_zero() {
-            0.0
-        } else {
-            created / until.as_secs_f64()
+        let at = self.tally.created_at();
+        let from = self
+            .full_load_at
+            .unwrap_or_else(|| at.first().copied().unwrap_or_default());
+        let in_window: Vec<&Duration> = at.iter().filter(|t| **t >= from).collect();
+        match in_window.last() {
+            Some(last) if **last > from => in_window.len() as f64 / (**last - from).as_secs_f64(),
+            _ => 0.0,
         }
     }
+
+    /// Orders answered in each `bin` since the start (for the chart).
+    pub fn orders_over_time(&self, bin: Duration) -> Vec<u64> {
+        let at = self.tally.created_at();
+        let Some(last) = at.last() else {
+            return Vec::new();
+        };
+        let bins = (last.as_secs_f64() / bin.as_secs_f64()) as usize + 1;
+        let mut counts = vec![0; bins];
+        for t in at {
+            counts[(t.as_secs_f64() / bin.as_secs_f64()) as usize] += 1;
+        }
+        counts
+    }
 }
+
+/// Buyer states.
+const UNTRIED: u8 = 0;
+const TRIED: u8 = 1;
+const FINAL: u8 = 2;
 
 /// Shared by every goose user of one attack.
 struct Plan {
     hosts: Vec<String>,
+    admin_token: Option<String>,
     product_id: i64,
-    buyers: u64,
-    /// Hands out attempts: attempt n buys as user (n % buyers) + 1 through host n % hosts.
+    initial_stock: i64,
+    extras: Extras,
+    users: usize,
+    started: Instant,
+    /// Each buyer's state: untried, tried without a final answer, or answered.
+    buyers: Vec<AtomicU8>,
+    /// 201s per buyer (two would be two orders).
+    orders: Vec<AtomicU8>,
+    /// Hands out buyers, round robin.
     next: AtomicU64,
+    tried: AtomicU64,
+    answered: AtomicU64,
+    /// Goose users that have made their first request.
+    users_started: Mutex<std::collections::HashSet<usize>>,
+    full_load_at_us: AtomicU64,
+    /// When the last restock committed, since the start, in µs (0: none yet).
+    restocked_at_us: AtomicU64,
+    restock_started: AtomicBool,
+    decided: AtomicBool,
     tally: Arc<Tally>,
     /// One pooled client for all users: keep-alive connections to every host.
     client: reqwest::Client,
@@ -115,65 +237,231 @@ pub async fn create_product(host: &str, admin_token: &str, stock: i64) -> anyhow
     body["id"].as_i64().context("no id in the created product")
 }
 
-/// Run goose against `hosts` with `config`, buying product `product_id`.
+/// Goose options that this attack's requests would not honour: refused rather than ignored.
+///
+/// # Errors
+/// A message naming the option and what to use instead.
+pub fn refuse_ignored_options(config: &GooseConfiguration) -> anyhow::Result<()> {
+    if config.host.as_deref().is_some_and(|h| !h.is_empty()) {
+        bail!("--host is not used: give the instances to attack with --hosts");
+    }
+    if config.throttle_requests.is_some_and(|t| t > 0) {
+        bail!(
+            "--throttle-requests is not supported: purchases are sent by this tool's own client; lower --users instead"
+        );
+    }
+    if config.timeout.is_some() {
+        bail!(
+            "--timeout is not supported: purchases wait up to 30 s, as the service bounds its own waits (LOCK_WAIT_MS)"
+        );
+    }
+    Ok(())
+}
+
+/// Run goose against `hosts` with `config`, buying product `product_id` as buyers
+/// `1..=buyers`, until the sale is decided or `--run-time` (default 60 s) ends it.
 pub async fn run(
-    config: GooseConfiguration,
+    mut config: GooseConfiguration,
     hosts: &[String],
+    admin_token: Option<&str>,
     product_id: i64,
     initial_stock: i64,
     buyers: u64,
+    extras: Extras,
 ) -> anyhow::Result<AttackReport> {
+    refuse_ignored_options(&config)?;
+    if config.run_time.is_none() {
+        config.run_time = Some("60".into());
+    }
+    let users = config.users.unwrap_or(1).max(1);
     let tally = Arc::new(Tally::default());
     let plan = Arc::new(Plan {
         hosts: hosts.to_vec(),
+        admin_token: admin_token.map(str::to_owned),
         product_id,
-        buyers,
+        initial_stock,
+        extras,
+        users,
+        started: Instant::now(),
+        buyers: (0..buyers).map(|_| AtomicU8::new(UNTRIED)).collect(),
+        orders: (0..buyers).map(|_| AtomicU8::new(0)).collect(),
         next: AtomicU64::new(0),
+        tried: AtomicU64::new(0),
+        answered: AtomicU64::new(0),
+        users_started: Mutex::new(Default::default()),
+        full_load_at_us: AtomicU64::new(0),
+        restocked_at_us: AtomicU64::new(0),
+        restock_started: AtomicBool::new(false),
+        decided: AtomicBool::new(false),
         tally: Arc::clone(&tally),
         client: reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .build()?,
     });
-    let buy: TransactionFunction = Arc::new(move |user| {
+    let progress = show_progress(Arc::clone(&plan));
+    let buy: TransactionFunction = {
         let plan = Arc::clone(&plan);
-        Box::pin(async move { purchase(user, &plan).await })
-    });
-    let started = Instant::now();
-    GooseAttack::initialize_with_config(config)?
+        Arc::new(move |user| {
+            let plan = Arc::clone(&plan);
+            Box::pin(async move { purchase(user, &plan).await })
+        })
+    };
+    let goose = GooseAttack::initialize_with_config(config)?
         .register_scenario(
             scenario!("Buyers").register_transaction(Transaction::new(buy).set_name("purchase")),
         )
         .set_default(GooseDefault::Host, hosts[0].as_str())?
-        // The controllers listen on fixed ports; several attacks (the demo) would collide.
+        // The telnet controller listens on a fixed port; several attacks (the demo) would
+        // collide.
         .set_default(GooseDefault::NoTelnet, true)?
-        .set_default(GooseDefault::NoWebSocket, true)?
         // The books cover the whole sale, ramp-up included; so do the figures.
         .set_default(GooseDefault::NoResetMetrics, true)?
         .execute()
-        .await?;
-    let last_created = *tally.last_created.lock().unwrap();
+        .await;
+    plan.decided.store(true, Ordering::SeqCst);
+    if let Some(progress) = progress {
+        let _ = progress.await;
+    }
+    let goose_error = goose.err().map(|error| error.to_string());
+    let full_load = plan.full_load_at_us.load(Ordering::SeqCst);
+    let unanswered = plan.buyers.len() as u64 - plan.answered.load(Ordering::SeqCst);
+    let two = plan
+        .orders
+        .iter()
+        .filter(|o| o.load(Ordering::SeqCst) > 1)
+        .count() as u64;
     Ok(AttackReport {
         product_id,
         initial_stock,
+        buyers,
+        users,
         tally,
-        started,
-        elapsed: started.elapsed(),
-        last_created,
+        elapsed: plan.started.elapsed(),
+        full_load_at: (full_load > 0).then(|| Duration::from_micros(full_load)),
+        unanswered_buyers: unanswered,
+        buyers_with_two_201s: two,
+        goose_error,
     })
 }
 
-/// One purchase attempt, classified and recorded in goose's metrics.
-///
-/// 409 sold out / already purchased are expected outcomes of a flash sale, not errors. A
-/// request made through goose's HTTP helpers is counted as an error for any non-2xx
-/// answer, and goose 0.19 keeps it in its errors table even after `set_success`; so the
-/// request is sent here and recorded with `record_custom_request_duration`, which takes
-/// our own judgement of success. Only 503s and worse appear as errors in goose's reports.
-async fn purchase(user: &mut GooseUser, plan: &Plan) -> TransactionResult {
-    let n = plan.next.fetch_add(1, Ordering::Relaxed);
-    let buyer = n % plan.buyers + 1;
-    let host = &plan.hosts[(n % plan.hosts.len() as u64) as usize];
+/// While it runs, on a terminal only: sold/stock, orders per second, answers by kind.
+fn show_progress(plan: Arc<Plan>) -> Option<tokio::task::JoinHandle<()>> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    Some(tokio::spawn(async move {
+        let mut last = 0;
+        while !plan.decided.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let t = &plan.tally;
+            let created = t.count(&t.created);
+            let stock = plan.initial_stock + t.count(&t.restocked) as i64;
+            eprint!(
+                "\r\x1b[Ksold {created}/{stock}, {} orders/s | 201 {created}, 409 sold out {}, 409 already {}, 503 busy {}, other 4xx {}, other 5xx {}, no answer {}",
+                created - last,
+                t.count(&t.sold_out),
+                t.count(&t.already_purchased),
+                t.count(&t.busy),
+                t.count(&t.other_4xx),
+                t.count(&t.other_5xx),
+                t.count(&t.transport_errors),
+            );
+            last = created;
+        }
+        eprintln!();
+    }))
+}
+
+impl Plan {
+    fn since_start_us(&self) -> u64 {
+        self.started.elapsed().as_micros() as u64
+    }
+
+    /// The next buyer without a final answer, or `None` when every buyer has one.
+    fn next_buyer(&self) -> Option<u64> {
+        let n = self.buyers.len() as u64;
+        for _ in 0..n {
+            let buyer = self.next.fetch_add(1, Ordering::Relaxed) % n;
+            if self.buyers[buyer as usize].load(Ordering::SeqCst) != FINAL {
+                return Some(buyer + 1);
+            }
+        }
+        None
+    }
+
+    /// Record that goose user `index` is running; note when they all are.
+    fn user_started(&self, index: usize) {
+        if self.full_load_at_us.load(Ordering::Relaxed) > 0 {
+            return;
+        }
+        let mut started = self.users_started.lock().unwrap();
+        if started.insert(index) && started.len() >= self.users {
+            self.full_load_at_us
+                .store(self.since_start_us().max(1), Ordering::SeqCst);
+        }
+    }
+
+    /// The sale is decided: every buyer answered, or all tried and stock ran out since the
+    /// last restock.
+    fn check_decided(&self) {
+        let n = self.buyers.len() as u64;
+        let all_answered = self.answered.load(Ordering::SeqCst) >= n;
+        let all_tried = self.tried.load(Ordering::SeqCst) >= n;
+        let restock_pending =
+            self.extras.restock > 0 && self.restocked_at_us.load(Ordering::SeqCst) == 0;
+        let sold_out = self.tally.count(&self.tally.sold_out_after_restock) > 0;
+        if (all_answered || (all_tried && sold_out && !restock_pending))
+            && !self.decided.swap(true, Ordering::SeqCst)
+        {
+            goose::trigger_killswitch("the sale is decided");
+        }
+    }
+
+    /// Restock once, when half the stock is sold.
+    async fn maybe_restock(&self) {
+        let half = (self.initial_stock / 2).max(1) as u64;
+        if self.extras.restock <= 0
+            || self.tally.count(&self.tally.created) < half
+            || self.restock_started.swap(true, Ordering::SeqCst)
+        {
+            return;
+        }
+        let Some(token) = &self.admin_token else {
+            return;
+        };
+        let host = &self.hosts[0];
+        let answer = self
+            .client
+            .post(format!("{host}/api/products/{}/restock", self.product_id))
+            .bearer_auth(token)
+            .json(&json!({"add": self.extras.restock}))
+            .send()
+            .await;
+        match answer {
+            Ok(response) if response.status() == 200 => {
+                self.tally
+                    .restocked
+                    .fetch_add(self.extras.restock as u64, Ordering::SeqCst);
+                self.restocked_at_us
+                    .store(self.since_start_us().max(1), Ordering::SeqCst);
+            }
+            other => eprintln!("the restock failed: {other:?}"),
+        }
+    }
+}
+
+/// What one request got back.
+struct Answer {
+    status: Option<u16>,
+    code: String,
+    elapsed: Duration,
+    /// When the request was sent, since the attack started, in µs.
+    sent_us: u64,
+}
+
+async fn send(plan: &Plan, host: &str, buyer: u64) -> Answer {
     let url = format!("{host}/api/products/{}/purchase", plan.product_id);
+    let sent_us = plan.since_start_us();
     let sent = Instant::now();
     let answer = plan
         .client
@@ -185,64 +473,163 @@ async fn purchase(user: &mut GooseUser, plan: &Plan) -> TransactionResult {
         Ok(response) => {
             let status = response.status().as_u16();
             let body = response.json::<Value>().await.unwrap_or(Value::Null);
-            (
-                Some(status),
-                body["error"].as_str().unwrap_or_default().to_owned(),
-            )
+            let code = body["error"].as_str().unwrap_or_default().to_owned();
+            (Some(status), code)
         }
         Err(error) => (None, error.to_string()),
     };
-    let elapsed = sent.elapsed();
+    Answer {
+        status,
+        code,
+        elapsed: sent.elapsed(),
+        sent_us,
+    }
+}
+
+/// One turn of a goose user: the next buyer's purchase (two at once for a twin), classified
+/// and recorded in goose's metrics.
+///
+/// 409 sold out / already purchased are expected outcomes of a flash sale, not errors. A
+/// request made through goose's HTTP helpers is counted as an error for any non-2xx
+/// answer, and goose 0.19 keeps it in its errors table even after `set_success`; so the
+/// request is sent here and recorded with `record_custom_request_duration`, which takes
+/// our own judgement of success. Only 503s and worse appear as errors in goose's reports.
+async fn purchase(user: &mut GooseUser, plan: &Plan) -> TransactionResult {
+    if plan.extras.cancel.as_ref().is_some_and(Cancel::is_set) {
+        goose::trigger_killswitch("Ctrl-C");
+        // Yield until goose stops this user: a transaction that returns at once would spin.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        return Ok(());
+    }
+    plan.user_started(user.weighted_users_index);
+    let Some(buyer) = plan
+        .next_buyer()
+        .filter(|_| !plan.decided.load(Ordering::SeqCst))
+    else {
+        plan.check_decided();
+        // Nothing left to do until goose stops this user.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        return Ok(());
+    };
+    let index = (buyer - 1) as usize;
+    let first = plan.buyers[index].swap(TRIED, Ordering::SeqCst) == UNTRIED;
+    if first {
+        plan.tried.fetch_add(1, Ordering::SeqCst);
+    }
+    let hosts = plan.hosts.len() as u64;
+    let host = &plan.hosts[(buyer % hosts) as usize];
+    let twin = first && buyer % 10 == 0 && plan.tally.count(&plan.tally.sold_out) == 0;
+    let answers = if twin {
+        plan.tally.twins.fetch_add(1, Ordering::Relaxed);
+        let other = &plan.hosts[((buyer + 1) % hosts) as usize];
+        let (a, b) = tokio::join!(send(plan, host, buyer), send(plan, other, buyer));
+        vec![a, b]
+    } else {
+        vec![send(plan, host, buyer).await]
+    };
+    let mut final_answer = false;
+    for answer in &answers {
+        final_answer |= record(plan, buyer, twin, answer);
+        let error = error_of(answer);
+        user.record_custom_request_duration(
+            "POST",
+            "/api/products/{id}/purchase",
+            answer.elapsed,
+            error.is_none(),
+            answer.status,
+            error.as_deref(),
+        )
+        .await?;
+    }
+    if final_answer && plan.buyers[index].swap(FINAL, Ordering::SeqCst) != FINAL {
+        plan.answered.fetch_add(1, Ordering::SeqCst);
+    }
+    plan.maybe_restock().await;
+    plan.check_decided();
+    Ok(())
+}
+
+/// Count one answer; `true` when it is final for the buyer.
+fn record(plan: &Plan, buyer: u64, twin: bool, answer: &Answer) -> bool {
     let tally = &plan.tally;
-    tally
-        .latencies_us
-        .lock()
-        .unwrap()
-        .push(elapsed.as_micros() as u64);
-    let error = match (status, code.as_str()) {
+    let micros = answer.elapsed.as_micros() as u64;
+    tally.latencies_us.lock().unwrap().push(micros);
+    let lost = || tally.lost_answers.lock().unwrap().push(buyer);
+    match (answer.status, answer.code.as_str()) {
         (Some(201), _) => {
             tally.created.fetch_add(1, Ordering::Relaxed);
-            tally.created_quantity.fetch_add(1, Ordering::Relaxed);
+            tally.created_latencies_us.lock().unwrap().push(micros);
             tally
-                .created_latencies_us
+                .created_at_us
                 .lock()
                 .unwrap()
-                .push(elapsed.as_micros() as u64);
-            *tally.last_created.lock().unwrap() = Some(Instant::now());
-            None
+                .push(plan.since_start_us());
+            plan.orders[(buyer - 1) as usize].fetch_add(1, Ordering::SeqCst);
+            true
         }
         (Some(409), "sold_out") => {
             tally.sold_out.fetch_add(1, Ordering::Relaxed);
-            None
+            let restocked_at = plan.restocked_at_us.load(Ordering::SeqCst);
+            if answer.sent_us >= restocked_at {
+                tally.sold_out_after_restock.fetch_add(1, Ordering::Relaxed);
+            }
+            true
         }
         (Some(409), "already_purchased") => {
             tally.already_purchased.fetch_add(1, Ordering::Relaxed);
-            None
+            if twin {
+                tally.twin_already_purchased.fetch_add(1, Ordering::Relaxed);
+            }
+            true
         }
         (Some(503), "busy") => {
             tally.busy.fetch_add(1, Ordering::Relaxed);
-            Some("503 busy".to_owned())
+            false
         }
-        (Some(status @ 500..=599), code) => {
+        (Some(500..=599), _) => {
             tally.other_5xx.fetch_add(1, Ordering::Relaxed);
-            Some(format!("{status} {code}"))
+            lost();
+            false
         }
-        (Some(status), code) => {
+        (Some(_), _) => {
             tally.other_4xx.fetch_add(1, Ordering::Relaxed);
-            Some(format!("{status} {code}"))
+            true
         }
-        (None, reason) => {
+        (None, _) => {
             tally.transport_errors.fetch_add(1, Ordering::Relaxed);
-            Some(format!("no answer: {reason}"))
+            lost();
+            false
         }
-    };
-    user.record_custom_request_duration(
-        "POST",
-        "/api/products/{id}/purchase",
-        elapsed,
-        error.is_none(),
-        status,
-        error.as_deref(),
-    )
-    .await
+    }
+}
+
+/// How goose's report shows an answer: `None` for the expected ones.
+fn error_of(answer: &Answer) -> Option<String> {
+    match (answer.status, answer.code.as_str()) {
+        (Some(201), _) | (Some(409), "sold_out" | "already_purchased") => None,
+        (Some(status), code) => Some(format!("{status} {code}")),
+        (None, reason) => Some(format!("no answer: {reason}")),
+    }
+}
+
+/// Which of `buyers` have an order after all (their answer was lost): asked of the service.
+///
+/// # Errors
+/// When the service cannot be asked.
+pub async fn orders_of(host: &str, product_id: i64, buyers: &[u64]) -> anyhow::Result<u64> {
+    let client = reqwest::Client::new();
+    let mut found = 0;
+    for buyer in buyers {
+        let response = client
+            .get(format!("{host}/api/products/{product_id}/orders/{buyer}"))
+            .send()
+            .await
+            .with_context(|| format!("cannot ask {host} for buyer {buyer}'s order"))?;
+        match response.status().as_u16() {
+            200 => found += 1,
+            404 => {}
+            other => bail!("looking up buyer {buyer}'s order answered {other}"),
+        }
+    }
+    Ok(found)
 }

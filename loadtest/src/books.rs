@@ -1,4 +1,8 @@
 //! The books, read from PostgreSQL, and the verdict they earn.
+//!
+//! A PASS must mean that a real sale took place and balanced: it cannot pass with nothing
+//! sold, with refused requests, with buyers wrongly told "sold out", or with a flood of
+//! `busy` answers.
 
 use std::fmt::Write as _;
 
@@ -7,100 +11,203 @@ use sqlx::PgPool;
 
 use crate::attack::AttackReport;
 
+/// The largest share of `busy` answers a passing sale may have: a buyer told "busy" was
+/// not served, and retries. Beyond 5 %, the sale was not really served.
+pub const BUSY_BOUND: f64 = 0.05;
+
 /// What PostgreSQL says about the product after the attack.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Books {
     pub stock: i64,
     pub orders: i64,
     /// Sum of order quantities.
     pub sold: i64,
+    /// What the stock ledger says the product was supplied with (restocks included).
+    pub supplied: i64,
     pub users_with_several_orders: i64,
+}
+
+impl Books {
+    /// `supplied = stock + sold`, and the stock never below zero.
+    pub fn balance(&self) -> bool {
+        self.supplied == self.stock + self.sold && self.stock >= 0
+    }
 }
 
 pub async fn read(database_url: &str, product_id: i64) -> anyhow::Result<Books> {
     let pool = PgPool::connect(database_url)
         .await
         .context("cannot connect to PostgreSQL to check the books")?;
+    let books = read_from(&pool, product_id).await;
+    pool.close().await;
+    books
+}
+
+pub async fn read_from(pool: &PgPool, product_id: i64) -> anyhow::Result<Books> {
     let stock: i64 = sqlx::query_scalar("SELECT stock FROM products WHERE id = $1")
         .bind(product_id)
-        .fetch_one(&pool)
+        .fetch_one(pool)
         .await
         .context("reading the product")?;
     let (orders, sold): (i64, i64) = sqlx::query_as(
         "SELECT COUNT(*), COALESCE(SUM(quantity), 0)::BIGINT FROM orders WHERE product_id = $1",
     )
     .bind(product_id)
-    .fetch_one(&pool)
+    .fetch_one(pool)
+    .await?;
+    let supplied: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(SUM(delta), 0)::BIGINT FROM stock_changes WHERE product_id = $1",
+    )
+    .bind(product_id)
+    .fetch_one(pool)
     .await?;
     let users_with_several_orders: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM (SELECT user_id FROM orders WHERE product_id = $1
          GROUP BY user_id HAVING COUNT(*) > 1) AS several",
     )
     .bind(product_id)
-    .fetch_one(&pool)
+    .fetch_one(pool)
     .await?;
-    pool.close().await;
     Ok(Books {
         stock,
         orders,
         sold,
+        supplied,
         users_with_several_orders,
     })
 }
 
 /// One line of the verdict.
+#[derive(Debug)]
 pub struct Check {
     pub name: &'static str,
     pub pass: bool,
     pub detail: String,
 }
 
+#[derive(Debug)]
 pub struct Verdict {
     pub checks: Vec<Check>,
     pub books: Books,
 }
 
+/// Names of the checks, for callers that look for one.
+pub const SALE_HAPPENED: &str = "sale happened";
+pub const NO_OVERSELL: &str = "no oversell";
+pub const NO_LOST_UPDATE: &str = "no lost update";
+pub const ONE_ORDER_PER_USER: &str = "one order per user";
+pub const NO_REFUSED_REQUEST: &str = "no other 4xx";
+pub const NO_WRONG_SOLD_OUT: &str = "no sold_out with stock";
+pub const BUSY_SHARE: &str = "busy share";
+pub const NO_SERVER_ERROR: &str = "no 5xx but busy";
+pub const GOOSE: &str = "goose thresholds";
+
 impl Verdict {
-    pub fn judge(report: &AttackReport, books: Books) -> Self {
-        let tally = &report.tally;
-        let initial = report.initial_stock;
-        let answered = tally.count(&tally.created_quantity) as i64;
-        let other_5xx = tally.count(&tally.other_5xx);
-        let no_answer = tally.count(&tally.transport_errors);
-        let checks = vec![
+    /// Judge an attack by its answers and the books. `lost_but_committed`: of the buyers
+    /// whose answer was lost, how many have an order after all.
+    pub fn judge(report: &AttackReport, books: Books, lost_but_committed: u64) -> Self {
+        let t = &report.tally;
+        let count = |c| t.count(c);
+        let answered_units = count(&t.created) as i64;
+        let lost = t.lost_answers().len() as u64;
+        let (other_5xx, no_answer) = (count(&t.other_5xx), count(&t.transport_errors));
+        let requests = t.requests().max(1) as f64;
+        let busy_share = count(&t.busy) as f64 / requests;
+        let wrong_sold_out = books.stock > 0
+            && report.unanswered_buyers == 0
+            && count(&t.sold_out_after_restock) > 0;
+        let mut checks = vec![
             Check {
-                name: "no oversell",
-                pass: books.sold <= initial && books.stock >= 0,
-                detail: format!("sold {} of {initial}, stock {}", books.sold, books.stock),
-            },
-            Check {
-                name: "no lost update",
-                pass: initial - books.stock == books.sold && books.sold == answered,
+                name: SALE_HAPPENED,
+                pass: books.sold > 0 && (books.stock == 0 || report.unanswered_buyers == 0),
                 detail: format!(
-                    "initial - final = {}, orders sum = {}, 201 answers = {answered}",
-                    initial - books.stock,
-                    books.sold
+                    "sold {} of {}; {} of {} buyers without a final answer",
+                    books.sold, books.supplied, report.unanswered_buyers, report.buyers
                 ),
             },
             Check {
-                name: "one order per user",
-                pass: books.users_with_several_orders == 0,
+                name: NO_OVERSELL,
+                pass: books.sold <= books.supplied && books.stock >= 0,
                 detail: format!(
-                    "{} users with several orders",
-                    books.users_with_several_orders
+                    "sold {} of {} supplied, stock {}",
+                    books.sold, books.supplied, books.stock
                 ),
             },
             Check {
-                name: "no 5xx but 503 busy",
+                name: NO_LOST_UPDATE,
+                pass: books.balance() && books.sold == answered_units + lost_but_committed as i64,
+                detail: format!(
+                    "supplied {} = stock {} + sold {}? orders {}; 201 answers {}, lost answers whose order committed {}",
+                    books.supplied,
+                    books.stock,
+                    books.sold,
+                    books.orders,
+                    answered_units,
+                    lost_but_committed
+                ),
+            },
+            Check {
+                name: ONE_ORDER_PER_USER,
+                pass: books.users_with_several_orders == 0 && report.buyers_with_two_201s == 0,
+                detail: format!(
+                    "{} users with several orders, {} with two 201s; {} twin pairs (one buyer on two instances at once), {} told already_purchased",
+                    books.users_with_several_orders,
+                    report.buyers_with_two_201s,
+                    count(&t.twins),
+                    count(&t.twin_already_purchased)
+                ),
+            },
+            Check {
+                name: NO_REFUSED_REQUEST,
+                pass: count(&t.other_4xx) == 0,
+                detail: format!("{} 4xx answers other than 409", count(&t.other_4xx)),
+            },
+            Check {
+                name: NO_WRONG_SOLD_OUT,
+                pass: !wrong_sold_out,
+                detail: format!(
+                    "{} sold_out answers after the last restock, stock left {}",
+                    count(&t.sold_out_after_restock),
+                    books.stock
+                ),
+            },
+            Check {
+                name: BUSY_SHARE,
+                pass: busy_share <= BUSY_BOUND,
+                detail: format!(
+                    "{} busy of {} requests ({:.2} %, bound {:.0} %)",
+                    count(&t.busy),
+                    t.requests(),
+                    busy_share * 100.0,
+                    BUSY_BOUND * 100.0
+                ),
+            },
+            Check {
+                name: NO_SERVER_ERROR,
                 pass: other_5xx == 0 && no_answer == 0,
-                detail: format!("{other_5xx} other 5xx, {no_answer} unanswered"),
+                detail: format!(
+                    "{other_5xx} other 5xx, {no_answer} unanswered; {lost} buyers lost an answer, of whom {lost_but_committed} have their order (committed, answer lost) and {} have none",
+                    lost - lost_but_committed.min(lost)
+                ),
             },
         ];
+        if let Some(error) = &report.goose_error {
+            checks.push(Check {
+                name: GOOSE,
+                pass: false,
+                detail: error.clone(),
+            });
+        }
         Self { checks, books }
     }
 
     pub fn passed(&self) -> bool {
         self.checks.iter().all(|c| c.pass)
+    }
+
+    /// Whether the check called `name` passed.
+    pub fn check(&self, name: &str) -> Option<bool> {
+        self.checks.iter().find(|c| c.name == name).map(|c| c.pass)
     }
 
     /// The table, then the last line `VERDICT PASS ...` or `VERDICT FAIL ...`.
@@ -110,7 +217,7 @@ impl Verdict {
         let _ = writeln!(out, "\n=== BOOKS (product {}) ===", report.product_id);
         let _ = writeln!(
             out,
-            "answers: {} requests, {} created, {} sold out, {} already purchased, {} busy, {} other 4xx, {} other 5xx, {} unanswered",
+            "answers: {} requests, {} created, {} sold out, {} already purchased, {} busy, {} other 4xx, {} other 5xx, {} unanswered; {} restocked",
             t.requests(),
             t.count(&t.created),
             t.count(&t.sold_out),
@@ -119,34 +226,256 @@ impl Verdict {
             t.count(&t.other_4xx),
             t.count(&t.other_5xx),
             t.count(&t.transport_errors),
+            t.count(&t.restocked),
         );
+        let load = match report.full_load_at {
+            Some(at) => format!(
+                "from full load ({} users, at {:.1} s)",
+                report.users,
+                at.as_secs_f64()
+            ),
+            None => format!(
+                "from the first order (the sale ended before all {} users ran)",
+                report.users
+            ),
+        };
         let _ = writeln!(
             out,
-            "rate: {:.0} orders/s until sell-out; latency of all attempts p50 {:?}, p99 {:?}; of 201s p50 {:?}, p99 {:?}",
+            "rate: {:.0} orders/s {load}; latency of all attempts p50 {:?}, p99 {:?}; of 201s p50 {:?}, p99 {:?}; {:.1} s in all",
             report.orders_per_sec(),
             t.latency(0.50),
             t.latency(0.99),
             t.created_latency(0.50),
             t.created_latency(0.99),
+            report.elapsed.as_secs_f64(),
         );
-        let _ = writeln!(out, "{:<22} {:<6} detail", "check", "result");
+        let _ = writeln!(out, "{:<24} {:<6} detail", "check", "result");
         for check in &self.checks {
             let result = if check.pass { "PASS" } else { "FAIL" };
-            let _ = writeln!(out, "{:<22} {:<6} {}", check.name, result, check.detail);
+            let _ = writeln!(out, "{:<24} {:<6} {}", check.name, result, check.detail);
         }
         let b = self.books;
+        let failed: Vec<&str> = self
+            .checks
+            .iter()
+            .filter(|c| !c.pass)
+            .map(|c| c.name)
+            .collect();
         let _ = write!(
             out,
-            "VERDICT {} initial={} final={} orders={} sold={} created_answers={} busy={} other_5xx={}",
+            "VERDICT {} supplied={} final={} orders={} sold={} created_answers={} busy={} other_5xx={}{}",
             if self.passed() { "PASS" } else { "FAIL" },
-            report.initial_stock,
+            b.supplied,
             b.stock,
             b.orders,
             b.sold,
-            t.count(&t.created_quantity),
+            t.count(&t.created),
             t.count(&t.busy),
             t.count(&t.other_5xx),
+            if failed.is_empty() {
+                String::new()
+            } else {
+                format!(" failed=[{}]", failed.join(", "))
+            },
         );
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::attack::Tally;
+
+    /// An attack on 100 units by 200 buyers, with `tune` applied to its tally.
+    fn report(tune: impl FnOnce(&Tally), unanswered: u64) -> AttackReport {
+        let tally = Tally::default();
+        tune(&tally);
+        AttackReport {
+            product_id: 1,
+            initial_stock: 100,
+            buyers: 200,
+            users: 10,
+            tally: Arc::new(tally),
+            elapsed: Duration::from_secs(3),
+            full_load_at: None,
+            unanswered_buyers: unanswered,
+            buyers_with_two_201s: 0,
+            goose_error: None,
+        }
+    }
+
+    fn answers(tally: &Tally, created: u64, sold_out: u64) {
+        tally.created.store(created, Ordering::SeqCst);
+        tally.sold_out.store(sold_out, Ordering::SeqCst);
+        tally
+            .sold_out_after_restock
+            .store(sold_out, Ordering::SeqCst);
+        let requests = vec![1_000; (created + sold_out) as usize];
+        tally.latencies_us.lock().unwrap().extend(requests);
+    }
+
+    fn sold_out_books() -> Books {
+        Books {
+            stock: 0,
+            orders: 100,
+            sold: 100,
+            supplied: 100,
+            users_with_several_orders: 0,
+        }
+    }
+
+    fn failed(verdict: &Verdict) -> Vec<&'static str> {
+        verdict
+            .checks
+            .iter()
+            .filter(|c| !c.pass)
+            .map(|c| c.name)
+            .collect()
+    }
+
+    #[test]
+    fn a_balanced_sell_out_passes() {
+        let verdict = Verdict::judge(&report(|t| answers(t, 100, 100), 0), sold_out_books(), 0);
+        assert!(verdict.passed(), "{verdict:?}");
+    }
+
+    #[test]
+    fn nothing_sold_fails_even_if_every_answer_was_an_expected_one() {
+        let nothing = Books {
+            stock: 100,
+            orders: 0,
+            sold: 0,
+            supplied: 100,
+            users_with_several_orders: 0,
+        };
+        let verdict = Verdict::judge(&report(|t| answers(t, 0, 0), 200), nothing, 0);
+        assert!(failed(&verdict).contains(&SALE_HAPPENED), "{verdict:?}");
+    }
+
+    #[test]
+    fn any_other_4xx_fails() {
+        let report = report(
+            |t| {
+                answers(t, 100, 99);
+                t.other_4xx.store(1, Ordering::SeqCst);
+            },
+            0,
+        );
+        let verdict = Verdict::judge(&report, sold_out_books(), 0);
+        assert_eq!(failed(&verdict), [NO_REFUSED_REQUEST]);
+    }
+
+    #[test]
+    fn sold_out_answers_while_stock_is_left_fail_once_everyone_was_answered() {
+        // Every buyer answered, 10 units left, and buyers were told "sold out": a stale mark.
+        let left = Books {
+            stock: 10,
+            orders: 90,
+            sold: 90,
+            supplied: 100,
+            users_with_several_orders: 0,
+        };
+        let verdict = Verdict::judge(&report(|t| answers(t, 90, 110), 0), left, 0);
+        assert_eq!(failed(&verdict), [NO_WRONG_SOLD_OUT]);
+        // With buyers still unanswered (the attack ran out of time), it is not judged so.
+        let verdict = Verdict::judge(&report(|t| answers(t, 90, 60), 50), left, 0);
+        assert!(
+            !failed(&verdict).contains(&NO_WRONG_SOLD_OUT),
+            "{verdict:?}"
+        );
+    }
+
+    #[test]
+    fn a_flood_of_busy_answers_fails() {
+        let report = report(
+            |t| {
+                answers(t, 100, 100);
+                t.busy.store(50, Ordering::SeqCst);
+            },
+            0,
+        );
+        let verdict = Verdict::judge(&report, sold_out_books(), 0);
+        assert_eq!(failed(&verdict), [BUSY_SHARE]);
+    }
+
+    #[test]
+    fn a_lost_answer_whose_order_committed_is_not_a_lost_update() {
+        // 99 buyers got 201; one timed out, but their order is there.
+        let report = report(
+            |t| {
+                answers(t, 99, 100);
+                t.transport_errors.store(1, Ordering::SeqCst);
+                t.lost_answers.lock().unwrap().push(42);
+            },
+            0,
+        );
+        let verdict = Verdict::judge(&report, sold_out_books(), 1);
+        assert_eq!(verdict.check(NO_LOST_UPDATE), Some(true), "{verdict:?}");
+        assert_eq!(failed(&verdict), [NO_SERVER_ERROR]);
+        let detail = &verdict
+            .checks
+            .iter()
+            .find(|c| c.name == NO_SERVER_ERROR)
+            .unwrap()
+            .detail;
+        assert!(detail.contains("1 have their order"), "{detail}");
+    }
+
+    #[test]
+    fn a_restock_counts_in_what_was_supplied() {
+        let restocked = Books {
+            stock: 0,
+            orders: 150,
+            sold: 150,
+            supplied: 150,
+            users_with_several_orders: 0,
+        };
+        let verdict = Verdict::judge(&report(|t| answers(t, 150, 50), 0), restocked, 0);
+        assert!(verdict.passed(), "{verdict:?}");
+        // The same answers against books that lost the restocked units fail.
+        let lost = Books {
+            stock: 0,
+            orders: 150,
+            sold: 150,
+            supplied: 100,
+            ..restocked
+        };
+        let verdict = Verdict::judge(&report(|t| answers(t, 150, 50), 0), lost, 0);
+        assert!(failed(&verdict).contains(&NO_LOST_UPDATE), "{verdict:?}");
+        assert!(failed(&verdict).contains(&NO_OVERSELL), "{verdict:?}");
+    }
+
+    #[test]
+    fn an_oversold_sale_fails_on_oversell_and_lost_update_only() {
+        let oversold = Books {
+            stock: 0,
+            orders: 130,
+            sold: 130,
+            supplied: 100,
+            users_with_several_orders: 0,
+        };
+        let verdict = Verdict::judge(&report(|t| answers(t, 130, 70), 0), oversold, 0);
+        assert_eq!(failed(&verdict), [NO_OVERSELL, NO_LOST_UPDATE]);
+    }
+
+    #[test]
+    fn a_failed_goose_threshold_is_its_own_failed_line() {
+        let mut report = report(|t| answers(t, 100, 100), 0);
+        report.goose_error = Some("one or more thresholds failed".into());
+        let verdict = Verdict::judge(&report, sold_out_books(), 0);
+        assert_eq!(failed(&verdict), [GOOSE]);
+        assert!(
+            verdict
+                .render(&report)
+                .lines()
+                .last()
+                .unwrap()
+                .starts_with("VERDICT FAIL")
+        );
     }
 }

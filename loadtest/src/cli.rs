@@ -1,13 +1,19 @@
-//! The command line: an attack (the default), `demo`, and the hidden `serve`.
+//! The command line: an attack (the default), `demo`, `bench-http`, and the hidden `serve`.
+
+use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use goose::config::GooseConfiguration;
 
 /// Floods seckill instances with buyers, then checks the books in PostgreSQL.
 ///
-/// Without a subcommand it attacks running instances (`--hosts`) and prints a verdict;
-/// `loadtest demo` starts its own instances for every lock strategy and compares them.
-/// Goose's own options (users, increase rate, run time, reports, ...) follow ours.
+/// Without a subcommand it attacks running instances (`--hosts`) and prints a verdict; it
+/// stops as soon as the sale is decided (every buyer answered, or the stock gone), with
+/// goose's `--run-time` (default 60 s) as the upper bound. `loadtest demo` starts its own
+/// instances for every lock strategy and compares them. Goose's own options (users,
+/// increase rate, run time, reports, thresholds, ...) follow ours; `--host`,
+/// `--throttle-requests` and `--timeout` are refused, since purchases go through this
+/// tool's own client.
 #[derive(Debug, Parser)]
 #[command(
     name = "loadtest",
@@ -27,6 +33,10 @@ pub struct Cli {
 pub enum Command {
     /// Start fresh instances for each lock strategy, attack each the same way, compare.
     Demo(DemoArgs),
+    /// Measure one instance with wrk (Debian's `wrk` package): orders/s of every strategy,
+    /// batched and per request, the sold-out path against `/healthz`, and 1,000 buyers
+    /// against 64.
+    BenchHttp(BenchArgs),
     /// Run one seckill instance (what `demo` starts, as a child process).
     #[command(hide = true)]
     Serve(seckill::Settings),
@@ -48,11 +58,16 @@ pub struct AttackArgs {
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=1_000_000_000))]
     pub stock: i64,
 
-    /// Distinct buyers (user ids 1..=N). More attempts than buyers means buyers retry.
-    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Distinct buyers (user ids 1..=N). Each buys one unit; one in ten first asks two
+    /// instances at once.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub buyers: u64,
 
-    /// Admin token of the instances, to create the product.
+    /// Add this many units once half the stock is sold (an admin restock during the sale).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..=1_000_000_000))]
+    pub restock: i64,
+
+    /// Admin token of the instances, to create the product (and restock it).
     #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
 
@@ -64,52 +79,97 @@ pub struct AttackArgs {
 /// How the demo runs.
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
-    /// PostgreSQL server to create the demo's throwaway databases on (one per strategy).
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
-    )]
-    pub database_url: String,
+    /// PostgreSQL server for the demo's throwaway databases (one per strategy). Without it,
+    /// the demo uses 127.0.0.1:5432 if PostgreSQL answers there, and otherwise starts a
+    /// private one (initdb in a temporary directory) and removes it afterwards.
+    #[arg(long)]
+    pub database_url: Option<String>,
 
-    /// Redis for the instances (keys go under a prefix unique to the run).
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
-    pub redis_url: String,
+    /// Redis for the instances (keys go under a prefix unique to the run). Without it, as
+    /// for PostgreSQL: 127.0.0.1:6379, or a private redis-server.
+    #[arg(long)]
+    pub redis_url: Option<String>,
 
-    /// Independent Redis masters for the `redlock` strategy, comma-separated.
-    #[arg(long, env = "REDLOCK_URLS", value_delimiter = ',')]
+    /// Independent Redis masters for the `redlock` strategy, comma-separated. Without them,
+    /// `redlock` runs on three private redis-servers.
+    #[arg(long, value_delimiter = ',')]
     pub redlock_urls: Vec<String>,
 
-    /// Strategies to compare, comma-separated (`redlock` too, with --redlock-urls).
+    /// Strategies to compare, comma-separated, each with BATCH_MAX = --batch-max.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "redis,pg-row,pg-optimistic,pg-atomic,none"
+        default_value = "redis,redlock,pg-lock,pg-row,pg-optimistic,pg-atomic,none"
     )]
     pub strategies: Vec<seckill::LockStrategy>,
+
+    /// Strategies to run once more with BATCH_MAX=1, one purchase per transaction (the
+    /// per-request baseline), comma-separated, from the same list as --strategies; "" for
+    /// none.
+    #[arg(long, value_delimiter = ',', default_value = "redis,pg-atomic", value_parser = strategy_or_nothing)]
+    pub per_request: Vec<Option<seckill::LockStrategy>>,
+
+    /// BATCH_MAX of the batched runs.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub batch_max: u32,
 
     /// Instances per strategy, each a separate process.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
     pub instances: u16,
 
-    /// Units on sale per strategy.
-    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
+    /// Units on sale per strategy: enough for a sale of several seconds at full load.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(i64).range(1..=10_000_000))]
     pub stock: i64,
 
-    /// Distinct buyers per strategy.
-    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Distinct buyers per strategy (more than the stock, so it sells out).
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub buyers: u64,
 
-    /// Concurrent simulated users (goose users).
+    /// Concurrent simulated users (goose users), all started in the first second.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub users: u64,
 
-    /// Seconds each attack runs.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=3_600))]
-    pub seconds: u64,
+    /// Upper bound on each attack, in seconds (it ends earlier, once the sale is decided).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub max_seconds: u64,
 
-    /// WORK_MS for the instances: time inside the critical section, which widens the
-    /// window in which `none` races.
+    /// WORK_MS for the instances: time inside each batch's critical section, which widens
+    /// the window in which `none` races.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub work_ms: u64,
+
+    /// Where to write the SVG chart comparing the strategies.
+    #[arg(long, default_value = "demo-chart.svg")]
+    pub chart: PathBuf,
+}
+
+/// How `bench-http` runs.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// PostgreSQL server for the throwaway databases (as for `demo`).
+    #[arg(long)]
+    pub database_url: Option<String>,
+
+    /// Redis (as for `demo`).
+    #[arg(long)]
+    pub redis_url: Option<String>,
+
+    /// Seconds per wrk run.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub seconds: u64,
+
+    /// Rounds; the runs alternate and each figure is the median of its rounds.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=50))]
+    pub rounds: u64,
+}
+
+/// A strategy name, or nothing for an empty value (`--per-request ""`).
+fn strategy_or_nothing(raw: &str) -> Result<Option<seckill::LockStrategy>, String> {
+    use clap::ValueEnum;
+    if raw.trim().is_empty() {
+        return Ok(None);
+    }
+    seckill::LockStrategy::from_str(raw, true)
+        .map(Some)
+        .map_err(|_| format!("{raw:?} is not a strategy"))
 }

@@ -1,6 +1,16 @@
 //! seckill instances as child processes of this binary (`loadtest serve`), so the demo needs
-//! nothing built by hand. Each is stopped by the pid it was started with.
+//! nothing built by hand.
+//!
+//! - Each binds port 0 and reports the port it got (`listening on <address>` on stdout), so
+//!   no other process can take a port between our choosing it and the instance binding it.
+//! - Each runs in a process group of its own, so a Ctrl-C at the terminal reaches the demo
+//!   only (which then stops everything in order), and with a parent-death signal, so no
+//!   instance outlives a demo that is killed.
+//! - Each is stopped by the pid it was started with. Its log has a name of its own and is
+//!   kept when the instance failed.
 
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -9,6 +19,7 @@ use anyhow::{Context, bail};
 use tokio::time::Instant;
 
 /// What every instance of one run shares.
+#[derive(Debug, Clone)]
 pub struct InstanceConfig<'a> {
     pub database_url: &'a str,
     pub redis_url: &'a str,
@@ -22,6 +33,8 @@ pub struct InstanceConfig<'a> {
     pub lock_ttl_ms: u64,
     /// `REDLOCK_URLS` (comma-separated), for `LOCK_STRATEGY=redlock`; empty otherwise.
     pub redlock_urls: &'a str,
+    /// Any other settings, as environment variables (`BATCH_MAX`, `PG_LOCK_TIMEOUT_MS`, ...).
+    pub extra: Vec<(&'static str, String)>,
 }
 
 /// One running instance, killed when dropped.
@@ -29,25 +42,35 @@ pub struct Instance {
     child: Child,
     pub url: String,
     pub log: PathBuf,
+    /// Keep the log when the instance is dropped (it failed, or someone wants to read it).
+    keep_log: bool,
 }
 
 impl Instance {
-    /// Start `<loadtest> serve` on a free port and wait until `/readyz` says yes.
+    /// Start `<loadtest> serve` on a port of its own and wait until `/readyz` says yes.
     /// `loadtest` is the path of this binary (the demo passes its own).
+    ///
+    /// # Errors
+    /// When the instance cannot start, exits, or is not ready within 60 s; the message
+    /// names its log, which is kept.
     pub async fn start(
         loadtest: &Path,
         config: &InstanceConfig<'_>,
         name: &str,
     ) -> anyhow::Result<Self> {
-        let port = free_port()?;
-        let log = std::env::temp_dir().join(format!("seckill-{}-{name}.log", std::process::id()));
+        let log = std::env::temp_dir().join(format!(
+            "seckill-{}-{name}-{:08x}.log",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
         let log_file = std::fs::File::create(&log).context("creating the instance's log file")?;
-        let child = Command::new(loadtest)
+        let mut command = Command::new(loadtest);
+        command
             .arg("serve")
             .env("DATABASE_URL", config.database_url)
             .env("REDIS_URL", config.redis_url)
             .env("REDIS_KEY_PREFIX", config.redis_key_prefix)
-            .env("BIND_ADDR", format!("127.0.0.1:{port}"))
+            .env("BIND_ADDR", "127.0.0.1:0")
             .env("ADMIN_TOKEN", config.admin_token)
             .env("LOCK_STRATEGY", config.strategy.name())
             .env("WORK_MS", config.work_ms.to_string())
@@ -55,23 +78,37 @@ impl Instance {
             .env("LOCK_TTL_MS", config.lock_ttl_ms.to_string())
             .env("REDLOCK_URLS", config.redlock_urls)
             .env("RUST_LOG", "warn")
+            .envs(config.extra.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
-            .stdout(log_file.try_clone()?)
-            .stderr(log_file)
-            .spawn()
-            .context("starting a seckill instance")?;
+            .stdout(Stdio::piped())
+            .stderr(log_file.try_clone()?);
+        own_process_group_and_die_with_parent(&mut command);
+        let mut child = command.spawn().context("starting a seckill instance")?;
+        let stdout = child.stdout.take().expect("piped");
         let mut instance = Self {
             child,
-            url: format!("http://127.0.0.1:{port}"),
+            url: String::new(),
             log,
+            keep_log: true,
         };
+        let address = match read_address(stdout, log_file).await {
+            Ok(address) => address,
+            Err(error) => bail!("{error:#}; see {}", instance.log.display()),
+        };
+        instance.url = format!("http://{address}");
         instance.wait_ready().await?;
+        instance.keep_log = false;
         Ok(instance)
     }
 
     /// The child's process id, for fault injection (SIGSTOP, SIGKILL) by pid.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Keep the log after the instance is gone (to read it, or because something failed).
+    pub fn keep_log(&mut self) {
+        self.keep_log = true;
     }
 
     /// SIGKILL the instance now and reap it.
@@ -92,7 +129,7 @@ impl Instance {
             {
                 return Ok(());
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         bail!(
             "instance at {} not ready after 60 s; see {}",
@@ -104,14 +141,53 @@ impl Instance {
 
 impl Drop for Instance {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
+        self.kill();
+        if !self.keep_log {
+            let _ = std::fs::remove_file(&self.log);
+        }
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// Read the instance's stdout until it says where it listens; copy every line to its log
+/// (the rest too, in a thread, for as long as the instance writes).
+async fn read_address(
+    stdout: std::process::ChildStdout,
+    mut log: std::fs::File,
+) -> anyhow::Result<String> {
+    let (found, address) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut found = Some(found);
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let _ = writeln!(log, "{line}");
+            if let Some(address) = line.strip_prefix("listening on ")
+                && let Some(found) = found.take()
+            {
+                let _ = found.send(address.trim().to_owned());
+            }
+        }
+    });
+    match tokio::time::timeout(Duration::from_secs(60), address).await {
+        Ok(Ok(address)) => Ok(address),
+        Ok(Err(_)) => bail!("the instance stopped before it said where it listens"),
+        Err(_) => bail!("the instance did not say where it listens within 60 s"),
+    }
+}
+
+/// Put the child in a process group of its own (a terminal's Ctrl-C does not reach it), and
+/// have the kernel kill it if this process dies first (`PR_SET_PDEATHSIG`).
+///
+/// The death signal fires when the *thread* that spawned the child exits; the demo spawns
+/// from tokio worker threads, which live as long as the runtime.
+pub fn own_process_group_and_die_with_parent(command: &mut Command) {
+    command.process_group(0);
+    // SAFETY: `prctl` is async-signal-safe and touches only the calling (child) process.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }

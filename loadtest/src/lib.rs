@@ -1,14 +1,21 @@
 //! The load test: floods seckill instances with buyers through goose, then checks the books
 //! in PostgreSQL, not only the answers.
 //!
-//! - `cli`: the command line (attack options, `demo`, the hidden `serve`).
+//! - `cli`: the command line (attack options, `demo`, `bench-http`, the hidden `serve`).
 //! - `attack`: product creation, the goose scenario, the tally of answers.
 //! - `books`: the figures read from PostgreSQL and the verdict.
-//! - `instances`: seckill child processes for the demo.
-//! - `demo`: every strategy, one comparison table.
+//! - `instances`: seckill child processes for the demo and the tests.
+//! - `servers`: the demo's PostgreSQL and Redis, private ones on a bare machine.
+//! - `demo`: every strategy, one comparison table, `chart`: its SVG.
+//! - `bench`: one instance per configuration, measured with wrk.
+//!
+//! It depends on `seckill` only to run instances (`serve`) and to name strategies.
 
 pub mod attack;
+pub mod bench;
 pub mod books;
+pub mod chart;
 pub mod cli;
 pub mod demo;
 pub mod instances;
+pub mod servers;

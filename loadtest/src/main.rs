@@ -2,16 +2,22 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
+use loadtest::attack::Cancel;
+use loadtest::attack::{self, Extras};
 use loadtest::books::{self, Verdict};
 use loadtest::cli::{AttackArgs, Cli, Command};
-use loadtest::{attack, demo};
+use loadtest::demo;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Some(Command::Serve(settings)) => seckill::run(settings).await.map(|()| true),
-        Some(Command::Demo(args)) => demo::run(args).await,
+        Some(Command::Demo(args)) => match Cancel::on_ctrl_c() {
+            Ok(cancel) => demo::run(args, cancel).await,
+            Err(error) => Err(error),
+        },
+        Some(Command::BenchHttp(args)) => loadtest::bench::run(args).await.map(|()| true),
         None => attack(cli.attack, cli.goose).await,
     };
     match outcome {
@@ -24,11 +30,13 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Attack running instances; `Ok(true)` on a PASS verdict.
+/// Attack running instances; `Ok(true)` on a PASS verdict. The books are checked and the
+/// verdict printed even when goose stops early (a failed `--threshold`).
 async fn attack(
     args: AttackArgs,
     goose: goose::config::GooseConfiguration,
 ) -> anyhow::Result<bool> {
+    attack::refuse_ignored_options(&goose)?;
     let admin_token = args
         .admin_token
         .as_deref()
@@ -38,9 +46,24 @@ async fn attack(
         .as_deref()
         .context("--database-url (or DATABASE_URL) is needed to check the books")?;
     let product = attack::create_product(&args.hosts[0], admin_token, args.stock).await?;
-    let report = attack::run(goose, &args.hosts, product, args.stock, args.buyers).await?;
+    let extras = Extras {
+        restock: args.restock,
+        cancel: None,
+    };
+    let report = attack::run(
+        goose,
+        &args.hosts,
+        Some(admin_token),
+        product,
+        args.stock,
+        args.buyers,
+        extras,
+    )
+    .await?;
     let books = books::read(database_url, product).await?;
-    let verdict = Verdict::judge(&report, books);
+    let lost = report.tally.lost_answers();
+    let committed = attack::orders_of(&args.hosts[0], product, &lost).await?;
+    let verdict = Verdict::judge(&report, books, committed);
     println!("{}", verdict.render(&report));
     Ok(verdict.passed())
 }

@@ -155,9 +155,9 @@ async fn the_health_check_paths_answer_on_a_real_instance(pool: PgPool) {
     settings.bind_addr = "127.0.0.1:0".parse().unwrap();
     settings.redis_key_prefix = testkit::unique_prefix("compose");
     if let Ok(url) = std::env::var("REDIS_URL") {
-        settings.redis_url = url;
+        settings.redis_url = url.into();
     }
-    let _cleanup = testkit::PrefixCleanup::new(&settings.redis_url, &settings.redis_key_prefix);
+    let _cleanup = testkit::PrefixCleanup::new(settings.redis_url(), &settings.redis_key_prefix);
     let app = seckill::Application::build_with_pool(settings, pool)
         .await
         .unwrap();

@@ -1,23 +1,27 @@
 //! The load test against real instances (child processes of the `loadtest` binary) on a
-//! fresh database: it must PASS on the Redis lock and FAIL without a lock.
+//! fresh database: it must PASS on the Redis lock, end by itself, print no warnings, and
+//! FAIL without a lock for the right reason. The demo runs on a bare machine too.
 
 mod support;
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 use loadtest::instances::{Instance, InstanceConfig};
 use seckill::LockStrategy;
-use sqlx::postgres::PgConnectOptions;
-use support::{LOADTEST, database_url, shared_redis_url};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use support::{LOADTEST, database_url, server_url, shared_redis_url};
 
-const ADMIN_TOKEN: &str = "loadtest-test-token";
+const ADMIN_TOKEN: &str = "loadtest-test-token-0123";
 
-async fn start_instances(
-    database_url: &str,
-    strategy: LockStrategy,
-    work_ms: u64,
-) -> (Vec<Instance>, testkit::PrefixCleanup) {
+/// Three instances, and (dropped after them, so they stop first) their keys' cleanup.
+struct Sale {
+    instances: Vec<Instance>,
+    _cleanup: testkit::PrefixCleanup,
+}
+
+async fn start_instances(database_url: &str, strategy: LockStrategy, work_ms: u64) -> Sale {
     let prefix = testkit::unique_prefix("loadtest");
     let redis = shared_redis_url();
     let cleanup = testkit::PrefixCleanup::new(&redis, &prefix);
@@ -31,54 +35,108 @@ async fn start_instances(
         lock_wait_ms: 30_000,
         lock_ttl_ms: 5_000,
         redlock_urls: "",
+        extra: Vec::new(),
     };
     let mut instances = Vec::new();
     for i in 0..3 {
-        instances.push(
-            Instance::start(Path::new(LOADTEST), &config, &format!("test-{i}"))
-                .await
-                .unwrap(),
-        );
+        let name = format!("verdict-{}-{i}", strategy.name());
+        let instance = Instance::start(Path::new(LOADTEST), &config, &name).await;
+        instances.push(instance.unwrap());
     }
-    (instances, cleanup)
+    Sale {
+        instances,
+        _cleanup: cleanup,
+    }
 }
 
-/// Run a short attack, writing a Markdown report to `report`; returns (exit code, last line
-/// of stdout).
-fn attack(instances: &[Instance], database_url: &str, report: &Path) -> (i32, String) {
-    let hosts: Vec<&str> = instances.iter().map(|i| i.url.as_str()).collect();
+/// Run an attack with `extra` arguments; (exit code, stdout, stderr).
+fn attack(sale: &Sale, database_url: &str, extra: &[&str]) -> (i32, String, String) {
+    let hosts: Vec<&str> = sale.instances.iter().map(|i| i.url.as_str()).collect();
     let output = Command::new(LOADTEST)
         .args(["--hosts", &hosts.join(",")])
-        .args(["--stock", "60", "--buyers", "400"])
         .args(["--admin-token", ADMIN_TOKEN, "--database-url", database_url])
-        .args(["--users", "30", "--increase-rate", "30", "--run-time", "4"])
+        .args(["--users", "30", "--increase-rate", "30"])
         .args(["--quiet", "--no-print-metrics"])
-        .arg("--report-file")
-        .arg(report)
+        .args(extra)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
-    eprintln!("{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    let last = stdout.lines().last().unwrap_or_default().to_owned();
-    (output.status.code().unwrap_or(-1), last)
+    let (stdout, stderr) = text(&output);
+    eprintln!("{stdout}\n{stderr}");
+    (output.status.code().unwrap_or(-1), stdout, stderr)
+}
+
+fn text(output: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&output.stdout).to_string(),
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
+}
+
+fn verdict_line(stdout: &str) -> String {
+    stdout.lines().last().unwrap_or_default().to_owned()
+}
+
+/// The result column of one check line of the verdict table.
+fn check<'a>(stdout: &'a str, name: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|line| line.starts_with(name))
+        .and_then(|line| line[name.len()..].split_whitespace().next())
+        .unwrap_or_else(|| panic!("no {name:?} line in\n{stdout}"))
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_short_attack_on_three_redis_locked_instances_passes(
-    _pool: sqlx::postgres::PgPoolOptions,
+async fn an_attack_on_three_redis_locked_instances_passes_ends_by_itself_and_prints_no_warnings(
+    _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
     let url = database_url(&connect);
-    let (instances, _cleanup) = start_instances(&url, LockStrategy::Redis, 0).await;
+    let sale = start_instances(&url, LockStrategy::Redis, 0).await;
     let report = std::env::temp_dir().join(format!("loadtest-report-{}.md", std::process::id()));
+    let report_arg = report.to_str().unwrap().to_owned();
 
-    let (code, verdict) = attack(&instances, &url, &report);
+    // No --run-time: the attack must stop once the sale is decided.
+    let started = Instant::now();
+    let (code, stdout, stderr) = attack(
+        &sale,
+        &url,
+        &[
+            "--stock",
+            "60",
+            "--buyers",
+            "400",
+            "--report-file",
+            &report_arg,
+        ],
+    );
+    let took = started.elapsed();
 
+    let verdict = verdict_line(&stdout);
     assert!(verdict.starts_with("VERDICT PASS"), "{verdict}");
     assert_eq!(code, 0);
     assert!(
-        verdict.contains("initial=60 final=0 orders=60"),
+        verdict.contains("supplied=60 final=0 orders=60"),
         "did not sell out: {verdict}"
+    );
+    assert!(
+        took < Duration::from_secs(40),
+        "ran {took:?}: it did not stop by itself"
+    );
+    for noise in ["WARN", "warning", "no longer needed"] {
+        assert!(
+            !stderr.contains(noise),
+            "a normal run printed {noise:?}:\n{stderr}"
+        );
+    }
+    // Twin buyers were sent, and none of them got two orders.
+    assert_eq!(check(&stdout, "one order per user"), "PASS");
+    let twins = stdout
+        .lines()
+        .find(|l| l.starts_with("one order per user"))
+        .unwrap();
+    assert!(
+        !twins.contains(" 0 twin pairs"),
+        "no twin pairs were sent: {twins}"
     );
     // goose's report counts the 409s as answers, not as errors.
     let markdown = std::fs::read_to_string(&report).expect("goose wrote the report");
@@ -94,62 +152,366 @@ async fn a_short_attack_on_three_redis_locked_instances_passes(
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn the_verifier_fails_instances_without_a_lock(
-    _pool: sqlx::postgres::PgPoolOptions,
+async fn an_attack_with_a_restock_in_the_middle_keeps_the_books(
+    _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    // The negative control: the same attack on LOCK_STRATEGY=none with WORK_MS > 0 must be
-    // caught, or a PASS above would mean nothing.
     let url = database_url(&connect);
-    let (instances, _cleanup) = start_instances(&url, LockStrategy::None, 20).await;
-    let report =
-        std::env::temp_dir().join(format!("loadtest-report-none-{}.md", std::process::id()));
+    let sale = start_instances(&url, LockStrategy::PgOptimistic, 0).await;
 
-    let (code, verdict) = attack(&instances, &url, &report);
-    let _ = std::fs::remove_file(&report);
+    let (code, stdout, _) = attack(
+        &sale,
+        &url,
+        &["--stock", "60", "--buyers", "300", "--restock", "40"],
+    );
 
-    assert!(verdict.starts_with("VERDICT FAIL"), "{verdict}");
+    let verdict = verdict_line(&stdout);
+    assert!(verdict.starts_with("VERDICT PASS"), "{verdict}");
+    assert!(
+        verdict.contains("supplied=100 final=0 orders=100"),
+        "{verdict}"
+    );
+    assert_eq!(code, 0);
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn the_verifier_fails_instances_without_a_lock_on_the_books_not_on_errors(
+    _pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // The negative control: LOCK_STRATEGY=none with WORK_MS > 0 must be caught by the books,
+    // or a PASS above would mean nothing.
+    let url = database_url(&connect);
+    let sale = start_instances(&url, LockStrategy::None, 20).await;
+
+    let (code, stdout, _) = attack(
+        &sale,
+        &url,
+        &["--stock", "60", "--buyers", "400", "--run-time", "20"],
+    );
+
+    assert!(
+        verdict_line(&stdout).starts_with("VERDICT FAIL"),
+        "{stdout}"
+    );
     assert_eq!(code, 1);
+    let books_failed =
+        check(&stdout, "no oversell") == "FAIL" || check(&stdout, "no lost update") == "FAIL";
+    assert!(
+        books_failed,
+        "the race did not show in the books:\n{stdout}"
+    );
+    assert_eq!(check(&stdout, "no 5xx but busy"), "PASS", "{stdout}");
+    assert_eq!(check(&stdout, "no other 4xx"), "PASS", "{stdout}");
 }
 
 #[test]
-fn the_demo_compares_strategies_and_marks_the_unlocked_race_as_expected() {
-    let database_url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let output = Command::new(LOADTEST)
-        .args(["demo", "--strategies", "redis,none", "--instances", "2"])
+fn goose_options_that_would_do_nothing_are_refused() {
+    for (option, value) in [
+        ("--host", "http://127.0.0.1:1"),
+        ("--throttle-requests", "5"),
+        ("--timeout", "3"),
+    ] {
+        let output = Command::new(LOADTEST)
+            .args(["--hosts", "http://127.0.0.1:1", option, value])
+            .args([
+                "--admin-token",
+                ADMIN_TOKEN,
+                "--database-url",
+                "postgres://x",
+            ])
+            .output()
+            .unwrap();
+        let (_, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(2), "{option}: {stderr}");
+        assert!(stderr.contains(option), "{option}: {stderr}");
+    }
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_failed_goose_threshold_still_checks_the_books_and_prints_a_verdict(
+    _pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let url = database_url(&connect);
+    let sale = start_instances(&url, LockStrategy::Redis, 0).await;
+
+    let (code, stdout, _) = attack(
+        &sale,
+        &url,
+        &["--stock", "30", "--buyers", "100", "--threshold", "p50<1us"],
+    );
+
+    let verdict = verdict_line(&stdout);
+    assert!(verdict.starts_with("VERDICT FAIL"), "{stdout}");
+    assert!(verdict.contains("goose thresholds"), "{verdict}");
+    assert_eq!(check(&stdout, "no lost update"), "PASS", "{stdout}");
+    assert_eq!(code, 1);
+}
+
+/// Run the demo with `args`, in a network namespace of its own when `isolated` (so that
+/// nothing answers at the default addresses); (success, stdout, stderr).
+fn demo(args: &[&str], isolated: bool) -> (bool, String, String) {
+    let mut command = if isolated {
+        let mut command = Command::new("unshare");
+        command.args([
+            "--net",
+            "sh",
+            "-c",
+            r#"ip link set lo up && exec "$0" "$@""#,
+            LOADTEST,
+        ]);
+        command
+    } else {
+        Command::new(LOADTEST)
+    };
+    let output = command.arg("demo").args(args).output().unwrap();
+    let (stdout, stderr) = text(&output);
+    eprintln!("{stdout}\n{stderr}");
+    (output.status.success(), stdout, stderr)
+}
+
+fn row(stdout: &str, name: &str, batch: &str) -> String {
+    stdout
+        .lines()
+        .find(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            cells.len() > 2 && cells[1] == name && cells[2] == batch
+        })
+        .unwrap_or_else(|| panic!("no {name} row with batch {batch}"))
+        .to_owned()
+}
+
+const SMALL_DEMO: [&str; 10] = [
+    "--instances",
+    "2",
+    "--stock",
+    "300",
+    "--buyers",
+    "600",
+    "--users",
+    "20",
+    "--max-seconds",
+    "30",
+];
+
+#[test]
+fn the_demo_runs_on_a_machine_where_nothing_is_running_and_draws_its_chart() {
+    // Arrange: a network namespace where nothing listens at 127.0.0.1:5432 or :6379, and no
+    // URL given.
+    let chart = std::env::temp_dir().join(format!("demo-chart-{}.svg", std::process::id()));
+
+    // Act
+    let (ok, stdout, _) = demo(
+        &[
+            &SMALL_DEMO[..],
+            &["--strategies", "redis,none", "--per-request", "redis"],
+            &["--chart", chart.to_str().unwrap()],
+        ]
+        .concat(),
+        true,
+    );
+
+    // Assert: private servers were started, every row is as expected, the chart is there.
+    assert!(ok, "the demo failed");
+    assert!(
+        stdout.contains("PostgreSQL: nothing answered at the default address"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("Redis: nothing answered at the default address"),
+        "{stdout}"
+    );
+    assert!(row(&stdout, "redis", "64").ends_with("| PASS |"));
+    assert!(row(&stdout, "redis", "1").ends_with("| PASS |"));
+    assert!(row(&stdout, "none", "64").contains("FAIL (expected: no lock)"));
+    let svg = std::fs::read_to_string(&chart).expect("the chart was written");
+    let _ = std::fs::remove_file(&chart);
+    assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
+    for label in [
+        "orders/s at full load",
+        "redis/1",
+        "none",
+        "orders over time",
+    ] {
+        assert!(svg.contains(label), "the chart has no {label:?}");
+    }
+}
+
+#[test]
+fn a_strategy_that_cannot_start_is_an_error_row_and_the_others_still_run() {
+    let dead = format!("redis://127.0.0.1:{}", testkit::free_port());
+    let chart = std::env::temp_dir().join(format!("demo-chart-error-{}.svg", std::process::id()));
+
+    let (ok, stdout, _) = demo(
+        &[
+            &SMALL_DEMO[..],
+            &["--strategies", "redlock,pg-atomic", "--per-request", ""],
+            &["--redlock-urls", &dead, "--chart", chart.to_str().unwrap()],
+            &[
+                "--database-url",
+                &server_url(),
+                "--redis-url",
+                &shared_redis_url(),
+            ],
+        ]
+        .concat(),
+        false,
+    );
+    let _ = std::fs::remove_file(&chart);
+
+    assert!(!ok, "a failed strategy must fail the demo");
+    assert!(row(&stdout, "redlock", "64").contains("ERROR"), "{stdout}");
+    assert!(
+        row(&stdout, "pg-atomic", "64").ends_with("| PASS |"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn ctrl_c_stops_the_whole_demo_and_cleans_up() {
+    // Arrange: a demo with long attacks.
+    let child = Command::new(LOADTEST)
+        .arg("demo")
+        .args(["--strategies", "pg-atomic,pg-row", "--per-request", ""])
         .args([
+            "--instances",
+            "2",
             "--stock",
-            "40",
+            "1000000",
             "--buyers",
-            "200",
-            "--users",
-            "20",
-            "--seconds",
-            "3",
+            "2000000",
         ])
+        .args(["--users", "10", "--max-seconds", "120"])
         .args([
             "--database-url",
-            &database_url,
+            &server_url(),
             "--redis-url",
             &shared_redis_url(),
         ])
+        .arg("--chart")
+        .arg(std::env::temp_dir().join(format!("demo-ctrl-c-{}.svg", std::process::id())))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let database_prefix = format!("seckill_demo_{pid}_");
+    let started = Instant::now();
+    while count_databases(&database_prefix) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the demo never started"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(3)); // into the attack
+
+    // Act: Ctrl-C, as the terminal sends it.
+    let sent = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let output = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&output);
+    eprintln!("{stdout}\n{stderr}");
+
+    // Assert: it stopped (not only the attack), said so, and left nothing behind.
+    assert!(stdout.contains("stopped by Ctrl-C"), "{stdout}");
+    assert!(
+        !stdout.contains("--- pg-row"),
+        "the demo went on to the next strategy"
+    );
+    assert_eq!(
+        count_databases(&database_prefix),
+        0,
+        "a demo database was left behind"
+    );
+    assert!(!output.status.success());
+}
+
+fn count_databases(prefix: &str) -> usize {
+    let output = Command::new("psql")
+        .args([&server_url(), "-Atc"])
+        .arg(format!(
+            "SELECT count(*) FROM pg_database WHERE datname LIKE '{prefix}%'"
+        ))
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    eprintln!("{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success());
-    let row = |name: &str| {
-        stdout
-            .lines()
-            .find(|line| line.starts_with(&format!("| {name} ")))
-            .unwrap_or_else(|| panic!("no {name} row"))
-            .to_owned()
-    };
-    assert!(row("redis").ends_with("| PASS |"), "{}", row("redis"));
-    assert!(
-        row("none").contains("FAIL (expected: no lock)"),
-        "{}",
-        row("none")
-    );
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+#[test]
+fn the_instances_die_with_a_demo_that_is_killed() {
+    use std::io::BufRead;
+    // Arrange: a demo whose instances are up.
+    let mut child = Command::new(LOADTEST)
+        .arg("demo")
+        .args(["--strategies", "pg-atomic", "--per-request", ""])
+        .args([
+            "--instances",
+            "2",
+            "--stock",
+            "1000000",
+            "--buyers",
+            "2000000",
+        ])
+        .args(["--users", "5", "--max-seconds", "120"])
+        .args([
+            "--database-url",
+            &server_url(),
+            "--redis-url",
+            &shared_redis_url(),
+        ])
+        .arg("--chart")
+        .arg(std::env::temp_dir().join(format!("demo-killed-{}.svg", std::process::id())))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let urls: Vec<String> = stdout
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|line| line.strip_prefix("instances: ").map(str::to_owned))
+        .expect("the demo started its instances")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+
+    // Act: SIGKILL, which the demo cannot catch.
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // Assert: the kernel took its instances down with it.
+    let started = Instant::now();
+    for url in &urls {
+        let address = url.trim_start_matches("http://");
+        while std::net::TcpStream::connect(address).is_ok() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{url} outlived the demo"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    // Its database is left (nothing could clean up after a SIGKILL): remove it here.
+    let pid = child.id();
+    let output = Command::new("psql")
+        .args([&server_url(), "-Atc"])
+        .arg(format!(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'seckill_demo_{pid}_%'"
+        ))
+        .output()
+        .unwrap();
+    for name in String::from_utf8_lossy(&output.stdout).lines() {
+        let _ = Command::new("psql")
+            .args([&server_url(), "-qc"])
+            .arg(format!(r#"DROP DATABASE "{name}" WITH (FORCE)"#))
+            .status();
+    }
 }

@@ -31,8 +31,10 @@ pub async fn require_admin(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+        .and_then(|v| v.split_once(' '))
+        // The scheme is case-insensitive (RFC 9110).
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map_or("", |(_, token)| token);
     // A maintained constant-time comparison: the time taken does not depend on where the
     // two tokens first differ.
     if bool::from(given.as_bytes().ct_eq(expected.expose_secret().as_bytes())) {

@@ -1,9 +1,11 @@
 use std::time::Duration;
 
+use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, web};
-use serde_json::json;
+use serde_json::{Value, json};
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
+use tokio::time::Instant;
 
 use crate::redis_link::RedisLink;
 use crate::repository;
@@ -15,6 +17,22 @@ use crate::sale::{Exclusion, Sale};
 pub struct Health {
     pub postgres: PgConnectOptions,
     pub redis: RedisLink,
+    /// The last answer and when it was made: checks run one at a time and at most once per
+    /// [`FRESH`], so a flood of `/readyz` cannot flood PostgreSQL with connections.
+    last: tokio::sync::Mutex<Option<(Instant, StatusCode, Value)>>,
+}
+
+/// How long a readiness answer is reused.
+const FRESH: Duration = Duration::from_secs(1);
+
+impl Health {
+    pub fn new(postgres: PgConnectOptions, redis: RedisLink) -> Self {
+        Self {
+            postgres,
+            redis,
+            last: tokio::sync::Mutex::new(None),
+        }
+    }
 }
 
 /// Connect, `SELECT 1`, close.
@@ -37,6 +55,18 @@ pub async fn healthz() -> HttpResponse {
 /// carries restock news, so a Redis that is down makes the instance `degraded` (200), not
 /// unready.
 pub async fn readyz(sale: web::Data<Sale>, health: web::Data<Health>) -> HttpResponse {
+    let mut last = health.last.lock().await;
+    if let Some((at, status, body)) = last.as_ref()
+        && at.elapsed() < FRESH
+    {
+        return HttpResponse::build(*status).json(body);
+    }
+    let (status, body) = check(&sale, &health).await;
+    *last = Some((Instant::now(), status, body.clone()));
+    HttpResponse::build(status).json(body)
+}
+
+async fn check(sale: &Sale, health: &Health) -> (StatusCode, Value) {
     let limit = Duration::from_secs(1);
     let postgres = tokio::time::timeout(limit, postgres_answers(&health.postgres))
         .await
@@ -77,13 +107,14 @@ pub async fn readyz(sale: web::Data<Sale>, health: web::Data<Health>) -> HttpRes
         body["status"] = json!("not_ready");
         body["error"] = json!("not_ready");
         body["message"] = json!(problem);
-        return HttpResponse::ServiceUnavailable().json(body);
+        return (StatusCode::SERVICE_UNAVAILABLE, body);
     }
-    body["status"] = json!(if redis { "ready" } else { "degraded" });
-    if !redis {
+    let news = sale.hears_restocks();
+    body["status"] = json!(if redis && news { "ready" } else { "degraded" });
+    if !redis || !news {
         body["message"] = json!(
-            "redis is unreachable: sales go on; restocks reach other instances within SOLD_OUT_RECHECK_MS"
+            "restock news is not heard (redis is unreachable): sales go on; restocks reach this instance within SOLD_OUT_RECHECK_MS"
         );
     }
-    HttpResponse::Ok().json(body)
+    (StatusCode::OK, body)
 }

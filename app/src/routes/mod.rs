@@ -17,6 +17,7 @@ use crate::error::ApiError;
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
+    let admin = || from_fn(admin::require_admin);
     cfg.app_data(
         web::JsonConfig::default()
             .limit(MAX_BODY_BYTES)
@@ -24,42 +25,34 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     )
     // The purchase first: routes with path parameters are matched in order, each by a
     // regex, and this one carries the flood.
-    .route(
-        "/api/products/{id}/purchase",
-        web::post().to(purchase::purchase),
-    )
-    .route("/healthz", web::get().to(health::healthz))
-    .route("/readyz", web::get().to(health::readyz))
-    .route("/metrics", web::get().to(metrics::metrics))
+    .service(resource("/api/products/{id}/purchase").route(web::post().to(purchase::purchase)))
+    .service(resource("/healthz").route(web::get().to(health::healthz)))
+    .service(resource("/readyz").route(web::get().to(health::readyz)))
+    .service(resource("/metrics").route(web::get().to(metrics::metrics)))
+    .service(resource("/api/products").route(web::post().to(products::create).wrap(admin())))
+    .service(resource("/api/products/{id}").route(web::get().to(products::show)))
     .service(
-        web::resource("/api/products").route(
-            web::post()
-                .to(products::create)
-                .wrap(from_fn(admin::require_admin)),
-        ),
-    )
-    .route("/api/products/{id}", web::get().to(products::show))
-    .service(
-        web::resource("/api/products/{id}/restock").route(
-            web::post()
-                .to(products::restock)
-                .wrap(from_fn(admin::require_admin)),
-        ),
+        resource("/api/products/{id}/restock")
+            .route(web::post().to(products::restock).wrap(admin())),
     )
     .service(
-        web::resource("/api/products/{id}/stock").route(
-            web::put()
-                .to(products::set_stock)
-                .wrap(from_fn(admin::require_admin)),
-        ),
+        resource("/api/products/{id}/stock")
+            .route(web::put().to(products::set_stock).wrap(admin())),
     )
-    .route(
-        "/api/products/{id}/orders/{user_id}",
-        web::get().to(orders::show),
-    );
+    .service(resource("/api/products/{id}/orders/{user_id}").route(web::get().to(orders::show)));
 }
 
-/// Unknown routes (and known paths with the wrong method) answer in the API's error format.
+/// A route's resource: a known path asked with a method it does not take answers 405 in the
+/// API's error format (a resource does not fall back to the app's default service).
+fn resource(path: &str) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(method_not_allowed))
+}
+
+async fn method_not_allowed() -> Result<HttpResponse, ApiError> {
+    Err(ApiError::MethodNotAllowed)
+}
+
+/// Unknown routes answer in the API's error format.
 pub async fn not_found() -> Result<HttpResponse, ApiError> {
     Err(ApiError::NotFound("no such route".into()))
 }

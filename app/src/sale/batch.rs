@@ -50,8 +50,18 @@ pub(crate) enum BatchError {
 }
 
 impl From<sqlx::Error> for BatchError {
+    /// A deadlock (40P01) or a serialization failure (40001) means "try again", like a
+    /// conflict; anything else fails the batch.
     fn from(error: sqlx::Error) -> Self {
-        BatchError::Failed(error.into())
+        let retry = error
+            .as_database_error()
+            .and_then(|e| e.code())
+            .is_some_and(|code| matches!(code.as_ref(), "40P01" | "40001"));
+        if retry {
+            BatchError::Conflict
+        } else {
+            BatchError::Failed(error.into())
+        }
     }
 }
 
@@ -77,12 +87,14 @@ pub(crate) fn allocate(
         .map(|request| {
             let user = request.user_id.get();
             let quantity = i64::from(request.quantity.get());
-            if bought_before.contains(&user) || !seen.insert(user) {
+            if bought_before.contains(&user) || seen.contains(&user) {
                 Decision::AlreadyPurchased
             } else if quantity <= left {
                 left -= quantity;
+                seen.insert(user);
                 Decision::Sell
             } else {
+                // Not an order: the same user may still buy a smaller quantity later on.
                 Decision::SoldOut
             }
         })
@@ -113,12 +125,16 @@ pub(crate) async fn sell(
         .into_iter()
         .collect();
     let decisions = allocate(seen.stock, requests, &bought_before);
-    let (selling, quantities): (Vec<i64>, Vec<i32>) = requests
+    // Inserted in user order: two instances' batches (under the lock-free strategies) then
+    // take their unique-index locks in the same order and cannot deadlock.
+    let mut sales: Vec<(i64, i32)> = requests
         .iter()
         .zip(&decisions)
         .filter(|(_, d)| **d == Decision::Sell)
         .map(|(r, _)| (r.user_id.get(), r.quantity.get()))
-        .unzip();
+        .collect();
+    sales.sort_unstable();
+    let (selling, quantities): (Vec<i64>, Vec<i32>) = sales.into_iter().unzip();
     let fence = match step {
         Step::Fenced(fence) => Some(fence),
         _ => None,
@@ -261,6 +277,17 @@ mod tests {
                 SoldOut
             ]
         );
+    }
+
+    #[test]
+    fn a_user_refused_a_large_quantity_may_still_buy_a_smaller_one_in_the_same_batch() {
+        use Decision::*;
+        let decisions = allocate(
+            1,
+            &[request(1, 3), request(1, 1), request(1, 1)],
+            &HashSet::new(),
+        );
+        assert_eq!(decisions, [SoldOut, Sell, AlreadyPurchased]);
     }
 
     #[test]

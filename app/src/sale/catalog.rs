@@ -85,6 +85,11 @@ impl Catalog {
         Arc::clone(known)
     }
 
+    /// Forget a product (its desk stopped): the next purchase looks it up again.
+    pub(crate) fn forget(&self, id: ProductId) {
+        self.products.write().expect("catalog poisoned").remove(&id);
+    }
+
     /// A restock started `generation` (heard from this instance or from a message).
     pub(crate) fn reopen(&self, id: ProductId, generation: i64) {
         if let Some(known) = self.get(id) {

@@ -26,7 +26,7 @@ use rand::Rng;
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::{Instant, sleep, timeout_at};
+use tokio::time::{Instant, sleep, timeout, timeout_at};
 
 use super::batch::{self, BatchError, Step};
 use super::fenced::{lock_failed, lock_key, sell_holding};
@@ -65,6 +65,13 @@ pub(crate) struct DeskShared {
     pub(crate) hold: Duration,
     /// `WORK_MS`, spent once per batch.
     pub(crate) work: Duration,
+    /// The longest a batch may take, all statements and the pool's wait included: a
+    /// PostgreSQL that stops answering at the network level (which `statement_timeout`, a
+    /// server-side bound, cannot catch) fails the batch instead of holding its buyers.
+    pub(crate) batch_timeout: Duration,
+    /// Where leaders run: the service's main runtime, not whichever HTTP worker first saw
+    /// the product.
+    pub(crate) runtime: tokio::runtime::Handle,
     pub(crate) metrics: Metrics,
 }
 
@@ -104,7 +111,8 @@ impl Desk {
             depth: Arc::clone(&depth),
             shared,
         };
-        tokio::spawn(leader.run());
+        let runtime = leader.shared.runtime.clone();
+        runtime.spawn(leader.run());
         Self { queue, depth }
     }
 
@@ -216,15 +224,17 @@ impl Leader {
                     sleep(self.shared.work).await;
                 }
                 let requests: Vec<PurchaseRequest> = batch.iter().map(|o| o.request).collect();
-                let answers = sell_holding(
+                let selling = sell_holding(
                     &self.shared.pool,
                     self.shared.bounds,
                     &metrics,
                     &guard,
                     self.product,
                     &requests,
-                )
-                .await;
+                );
+                let answers = timeout(self.shared.batch_timeout, selling)
+                    .await
+                    .unwrap_or_else(|_| vec![Err(PurchaseError::DatabaseTimeout); requests.len()]);
                 let lost = answers
                     .iter()
                     .any(|a| matches!(a, Err(PurchaseError::LockLost)));
@@ -273,16 +283,18 @@ impl Leader {
     async fn sell_retrying(&self, step: Step, requests: &[PurchaseRequest]) -> Vec<Answer> {
         let all = |error: PurchaseError| vec![Err(error); requests.len()];
         for attempt in 0..MAX_ATTEMPTS {
-            match batch::sell(
+            let selling = batch::sell(
                 &self.shared.pool,
                 self.shared.bounds,
                 self.product,
                 step,
                 requests,
                 self.shared.work,
-            )
-            .await
-            {
+            );
+            let Ok(sold) = timeout(self.shared.batch_timeout, selling).await else {
+                return all(PurchaseError::DatabaseTimeout);
+            };
+            match sold {
                 Ok(answers) => return answers,
                 Err(BatchError::Conflict) => {
                     // Jittered backoff so two instances do not collide again in lock step.
@@ -345,6 +357,7 @@ impl Leader {
             if order.reply.is_closed() {
                 self.shared.metrics.buyers_gone.inc();
             } else if order.deadline <= now {
+                self.shared.metrics.lock_timeouts.inc();
                 let _ = order.reply.send(Err(PurchaseError::Busy));
             } else {
                 batch.push(order);

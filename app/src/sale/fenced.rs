@@ -73,7 +73,7 @@ pub async fn sell_holding<G: FencedGuard>(
                 tracing::Span::current().record("fence", new.get());
             }
             Err(LockError::NotHeld { .. }) => {
-                metrics.locks_lost.inc();
+                // Counted as a lost lock when the leader's release says so.
                 tracing::warn!(ours = %fence, stored, "fence refused: this holder is stale; the batch wrote nothing");
                 return all(PurchaseError::LockLost);
             }

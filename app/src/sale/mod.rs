@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::time::Instant;
+use tokio::time::{Instant, timeout_at};
 
 use crate::domain::{ProductId, Quantity, UserId};
 use crate::metrics::{Metrics, PurchaseCounters};
@@ -77,6 +77,9 @@ pub enum PurchaseError {
     LockService(Arc<distlock::Error>),
     #[error("database: {0}")]
     Database(Arc<sqlx::Error>),
+    /// A batch, or a buyer's wait for it, took longer than any healthy PostgreSQL could.
+    #[error("the database did not answer in time")]
+    DatabaseTimeout,
     #[error("{0}")]
     Internal(String),
 }
@@ -97,7 +100,7 @@ impl PurchaseError {
             PurchaseError::Busy => "busy",
             PurchaseError::LockLost => "lock_lost",
             PurchaseError::Redis(_) | PurchaseError::LockService(_) => "redis_unavailable",
-            PurchaseError::Database(_) => "database_error",
+            PurchaseError::Database(_) | PurchaseError::DatabaseTimeout => "database_error",
             PurchaseError::Internal(_) => "internal",
         }
     }
@@ -138,6 +141,8 @@ pub struct SaleParts {
     pub sold_out_recheck: Duration,
     pub bounds: SessionBounds,
     pub max_quantity: u32,
+    /// The longest a batch may take (see the desk).
+    pub batch_timeout: Duration,
 }
 
 impl Sale {
@@ -159,6 +164,8 @@ impl Sale {
             queue_max: parts.queue_max,
             hold: parts.hold,
             work: parts.work,
+            batch_timeout: parts.batch_timeout,
+            runtime: tokio::runtime::Handle::current(),
             metrics: parts.metrics.clone(),
         });
         let counted = PurchaseCounters::new(&parts.metrics, parts.strategy);
@@ -219,14 +226,29 @@ impl Sale {
             return Err(PurchaseError::SoldOut(None));
         }
         let deadline = Instant::now() + self.wait;
-        let answer = product
-            .desk
-            .submit(request, deadline, self.desks.queue_max, &self.metrics)?;
-        let outcome = answer.await.unwrap_or_else(|_| {
-            Err(PurchaseError::Internal(
+        let answer = match product.desk.submit(
+            request,
+            deadline,
+            self.desks.queue_max,
+            &self.metrics,
+        ) {
+            Err(PurchaseError::Internal(why)) => {
+                // The desk's leader is gone (it should never end): open a new desk next time.
+                tracing::error!(product_id = %request.product_id, %why, "reopening the product's desk");
+                self.catalog.forget(request.product_id);
+                return Err(PurchaseError::Internal(why));
+            }
+            other => other?,
+        };
+        // The leader answers every buyer by its deadline; the extra bound covers a leader that
+        // is stuck in a batch PostgreSQL does not answer.
+        let outcome = match timeout_at(deadline + self.desks.batch_timeout, answer).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(_)) => Err(PurchaseError::Internal(
                 "the desk dropped a purchase".into(),
-            ))
-        });
+            )),
+            Err(_) => Err(PurchaseError::DatabaseTimeout),
+        };
         let seen = match &outcome {
             Ok(bought) => Some(bought.left),
             Err(PurchaseError::SoldOut(seen)) => *seen,

@@ -5,7 +5,8 @@
 //! Messages are a fast path, not the truth: one lost to a reconnect or to Redis being down
 //! costs at most `SOLD_OUT_RECHECK_MS`, after which an instance asks PostgreSQL again anyway.
 
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use redis::aio::ConnectionManagerConfig;
@@ -15,17 +16,21 @@ use super::catalog::Catalog;
 use crate::domain::ProductId;
 use crate::redis_link::{self, RedisLink};
 
+/// How often the subscription is checked (a PING): a connection lost while nothing is sent
+/// on it is noticed, reconnected and resubscribed within this long.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
 /// Publishes this instance's restocks and listens for the others'.
 pub(crate) struct Restocks {
     channel: String,
     publisher: RedisLink,
-    /// The subscription connection, once it is up; held so that it lives as long as we do.
-    subscription: Arc<OnceLock<redis::aio::ConnectionManager>>,
+    /// Whether the subscription is up now; its keeper task ends when this is dropped.
+    listening: Arc<AtomicBool>,
 }
 
 impl Restocks {
-    /// Publish on `publisher`, and listen on a connection of its own to `redis_url`, made in
-    /// the background (retrying until Redis answers).
+    /// Publish on `publisher`, and listen on a connection of its own to `redis_url`, kept
+    /// up by a task of its own (retrying until Redis answers, and after every outage).
     pub(crate) fn start(
         redis_url: &str,
         key_prefix: &str,
@@ -33,33 +38,24 @@ impl Restocks {
         catalog: Weak<Catalog>,
     ) -> Self {
         let channel = format!("{key_prefix}seckill:restocks");
-        let subscription = Arc::new(OnceLock::new());
-        let slot = Arc::clone(&subscription);
-        let (url, listen_to) = (redis_url.to_owned(), channel.clone());
-        tokio::spawn(async move {
-            loop {
-                match subscribe(&url, &listen_to, catalog.clone()).await {
-                    Ok(conn) => {
-                        let _ = slot.set(conn);
-                        return;
-                    }
-                    Err(error) => {
-                        tracing::debug!(%error, "cannot subscribe to restock news yet; retrying");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                }
-            }
-        });
+        let listening = Arc::new(AtomicBool::new(false));
+        let keeper = Keeper {
+            url: redis_url.to_owned(),
+            channel: channel.clone(),
+            catalog,
+            listening: Arc::downgrade(&listening),
+        };
+        tokio::spawn(keeper.run());
         Self {
             channel,
             publisher,
-            subscription,
+            listening,
         }
     }
 
-    /// Whether the subscription is up (for readiness reports).
+    /// Whether restock news from other instances is being heard (for readiness reports).
     pub(crate) fn listening(&self) -> bool {
-        self.subscription.get().is_some()
+        self.listening.load(Ordering::SeqCst)
     }
 
     /// Tell the other instances, in the background (the restock has committed; a lost message
@@ -71,40 +67,98 @@ impl Restocks {
         };
         let channel = self.channel.clone();
         tokio::spawn(async move {
-            let sent = redis::cmd("PUBLISH")
-                .arg(&channel)
-                .arg(format!("{id}:{generation}"))
-                .exec_async(&mut conn)
-                .await;
-            if let Err(error) = sent {
-                tracing::warn!(%error, product_id = %id, "could not announce the restock; other instances see it within SOLD_OUT_RECHECK_MS");
+            let message = format!("{id}:{generation}");
+            // A connection idle since Redis restarted fails its first command and reconnects:
+            // so one more try.
+            for attempt in 0..2 {
+                let sent = redis::cmd("PUBLISH")
+                    .arg(&channel)
+                    .arg(&message)
+                    .exec_async(&mut conn)
+                    .await;
+                match sent {
+                    Ok(()) => return,
+                    Err(error) if attempt == 1 => {
+                        tracing::warn!(%error, product_id = %id, "could not announce the restock; other instances see it within SOLD_OUT_RECHECK_MS");
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
             }
         });
     }
 }
 
-/// A RESP3 connection subscribed to `channel`, resubscribing by itself after a reconnect.
-async fn subscribe(
-    url: &str,
-    channel: &str,
+/// Keeps the subscription up. A connection lost while nothing is sent on it reconnects only
+/// when something is sent, so the keeper PINGs it every [`CHECK_EVERY`]; the connection then
+/// reconnects and resubscribes by itself.
+struct Keeper {
+    url: String,
+    channel: String,
     catalog: Weak<Catalog>,
-) -> anyhow::Result<redis::aio::ConnectionManager> {
-    let client = redis::Client::open(url)?;
-    let info = client.get_connection_info().clone();
-    let settings = info
-        .redis_settings()
-        .clone()
-        .set_protocol(ProtocolVersion::RESP3);
-    let client = redis::Client::open(info.set_redis_settings(settings))?;
-    let config: ConnectionManagerConfig = redis_link::config()
-        .set_push_sender(move |push: PushInfo| {
-            hear(&catalog, push);
-            Ok::<(), redis::aio::SendError>(())
-        })
-        .set_automatic_resubscription();
-    let mut conn = redis::aio::ConnectionManager::new_with_config(client, config).await?;
-    conn.subscribe(channel).await?;
-    Ok(conn)
+    /// Ends the task once the `Restocks` is gone.
+    listening: Weak<AtomicBool>,
+}
+
+impl Keeper {
+    async fn run(self) {
+        let mut conn = loop {
+            if self.listening.strong_count() == 0 {
+                return;
+            }
+            match self.subscribe().await {
+                Ok(conn) => break conn,
+                Err(error) => {
+                    tracing::debug!(%error, "cannot subscribe to restock news yet; retrying");
+                    tokio::time::sleep(CHECK_EVERY).await;
+                }
+            }
+        };
+        self.set(true);
+        loop {
+            tokio::time::sleep(CHECK_EVERY).await;
+            let Some(listening) = self.listening.upgrade() else {
+                return;
+            };
+            let ping = redis::cmd("PING");
+            let answered = tokio::time::timeout(CHECK_EVERY, ping.query_async::<()>(&mut conn))
+                .await
+                .is_ok_and(|answer| answer.is_ok());
+            listening.store(answered, Ordering::SeqCst);
+        }
+    }
+
+    fn set(&self, up: bool) {
+        if let Some(listening) = self.listening.upgrade() {
+            listening.store(up, Ordering::SeqCst);
+        }
+    }
+
+    /// A RESP3 connection subscribed to the channel, resubscribing by itself after a
+    /// reconnect; a lost connection marks the news as not heard until the next PING answers.
+    async fn subscribe(&self) -> anyhow::Result<redis::aio::ConnectionManager> {
+        let client = redis::Client::open(self.url.as_str())?;
+        let info = client.get_connection_info().clone();
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let client = redis::Client::open(info.set_redis_settings(settings))?;
+        let (catalog, listening) = (self.catalog.clone(), self.listening.clone());
+        let config: ConnectionManagerConfig = redis_link::config()
+            .set_push_sender(move |push: PushInfo| {
+                if push.kind == PushKind::Disconnection
+                    && let Some(listening) = listening.upgrade()
+                {
+                    listening.store(false, Ordering::SeqCst);
+                }
+                hear(&catalog, push);
+                Ok::<(), redis::aio::SendError>(())
+            })
+            .set_automatic_resubscription();
+        let mut conn = redis::aio::ConnectionManager::new_with_config(client, config).await?;
+        conn.subscribe(&self.channel).await?;
+        Ok(conn)
+    }
 }
 
 /// A restock message: reopen the product.

@@ -97,10 +97,12 @@ async fn a_full_pool_answers_busy_and_the_instance_stays_ready(pool: PgPool) {
         .unwrap();
     let app = spawn_with(settings, small.clone()).await;
     let id = app.create_product("Phone", 10).await;
+    // Known to the instance already, so the purchase below reaches its desk's transaction.
+    assert_eq!(app.purchase(id, 1, 1).await.status(), 201);
     let _taken = small.acquire().await.unwrap();
 
     // Act
-    let purchase = app.purchase(id, 1, 1).await;
+    let purchase = app.purchase(id, 2, 1).await;
     let show = app
         .client
         .get(app.url(&format!("/api/products/{id}")))

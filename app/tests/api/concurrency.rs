@@ -174,7 +174,7 @@ async fn redlock_sells_exactly_what_was_supplied_across_instances(
         &testkit::unique_prefix("flood-redlock"),
     );
     settings.lock_strategy = LockStrategy::Redlock;
-    settings.redlock_urls = masters.iter().map(testkit::RedisServer::url).collect();
+    settings.redlock_urls = masters.iter().map(|m| m.url().into()).collect();
     flood_with(settings, o, c).await;
 }
 

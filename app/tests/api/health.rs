@@ -55,3 +55,26 @@ async fn unknown_routes_answer_404_in_the_error_format(pool: PgPool) {
     let (status, code) = crate::helpers::error_code(response).await;
     assert_eq!((status, code.as_str()), (404, "not_found"));
 }
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_known_path_asked_with_the_wrong_method_answers_405_in_the_error_format(pool: PgPool) {
+    let app = spawn_app(pool).await;
+    for (method, path) in [
+        (reqwest::Method::GET, "/api/products/1/purchase"),
+        (reqwest::Method::DELETE, "/api/products/1"),
+        (reqwest::Method::GET, "/api/products"),
+    ] {
+        let response = app
+            .client
+            .request(method.clone(), app.url(path))
+            .send()
+            .await
+            .unwrap();
+        let (status, code) = crate::helpers::error_code(response).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (405, "method_not_allowed"),
+            "{method} {path}"
+        );
+    }
+}

@@ -15,7 +15,7 @@ pub fn settings(redis_url: &str, prefix: &str) -> Settings {
     let mut settings = Settings::new("postgres://unused-the-test-hands-in-its-pool", redis_url);
     settings.redis_key_prefix = prefix.into();
     settings.bind_addr = "127.0.0.1:0".parse().unwrap();
-    settings.admin_token = Some(seckill::settings::admin_token(ADMIN_TOKEN).unwrap());
+    settings.admin_token = Some(ADMIN_TOKEN.into());
     settings.lock_strategy = LockStrategy::Redis;
     settings.lock_ttl_ms = 5_000;
     settings.lock_wait_ms = 30_000;
@@ -38,7 +38,7 @@ pub struct TestApp {
 
 /// Start an instance on `pool` with `settings`.
 pub async fn spawn_with(settings: Settings, pool: PgPool) -> TestApp {
-    let cleanup = testkit::PrefixCleanup::new(&settings.redis_url, &settings.redis_key_prefix);
+    let cleanup = testkit::PrefixCleanup::new(settings.redis_url(), &settings.redis_key_prefix);
     let app = Application::build_with_pool(settings, pool.clone())
         .await
         .expect("the app builds");

@@ -124,10 +124,44 @@ async fn wait_until_listening(app: &TestApp) {
     let started = Instant::now();
     loop {
         let (_, body) = app.get_json("/readyz").await;
-        if body["restock_news"] == true {
+        if body["restock_news"] == true && body["status"] == "ready" {
             return;
         }
         assert!(started.elapsed() < Duration::from_secs(10), "{body}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn after_redis_restarts_restock_news_is_heard_again(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange: two instances on a private Redis that restarts (longer than its clients'
+    // own reconnect attempts); B remembers the product as sold out for a minute.
+    let mut redis = testkit::RedisServer::start();
+    let mut settings = settings(&redis.url(), "");
+    settings.lock_strategy = LockStrategy::PgRow;
+    settings.sold_out_recheck_ms = 60_000;
+    let apps = spawn_instances(2, &pool_options, &connect, &settings).await;
+    let (a, b) = (&apps[0], &apps[1]);
+    let id = a.create_product("Phone", 1).await;
+    assert_eq!(b.purchase(id, 1, 1).await.status(), 201);
+    assert_eq!(b.purchase(id, 2, 1).await.status(), 409);
+    wait_until_listening(b).await;
+    redis.kill();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    redis.restart_empty();
+    wait_until_listening(b).await;
+    wait_until_listening(a).await;
+
+    // Act
+    assert_eq!(a.restock(id, 2).await.status(), 200);
+
+    // Assert: the news reached B by message, not by its minute-long recheck.
+    let took = buys_within(b, id, 3, Duration::from_secs(3)).await;
+    assert!(
+        took.is_some(),
+        "the restock news was not heard after the restart"
+    );
 }

@@ -1,0 +1,327 @@
+//! `loadtest bench-http`: one instance per configuration, measured with wrk, a load
+//! generator nobody here wrote. Runs alternate between configurations round by round, and
+//! every figure is the median of its rounds, so the machine's moods fall on all of them.
+//!
+//! 1. Orders/s on one hot product, 64 connections, every request a new buyer: each
+//!    strategy batched, and `redis` and `pg-atomic` with `BATCH_MAX=1` (the per-request
+//!    baseline). Orders are counted in PostgreSQL, not from wrk's status codes.
+//! 2. The sold-out answer against `/healthz`, on the same instance.
+//! 3. Overload: 1,000 connections against 64 on one instance under `redis`: goodput and
+//!    the share of purchases that failed.
+
+use std::fmt::Write as _;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use seckill::LockStrategy;
+use sqlx::PgPool;
+
+use crate::attack::create_product;
+use crate::cli::BenchArgs;
+use crate::instances::{Instance, InstanceConfig};
+use crate::servers;
+
+const ADMIN_TOKEN: &str = "bench-admin-token-0123456789";
+
+/// Every request a new buyer: thread `t` counts from `t * 10^9`.
+const BUY_SCRIPT: &str = r#"
+local counter = 0
+local threads = 0
+function setup(thread)
+  thread:set("id", threads)
+  threads = threads + 1
+end
+request = function()
+  counter = counter + 1
+  local body = '{"user_id": ' .. (id * 1000000000 + counter) .. '}'
+  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, body)
+end
+"#;
+
+/// One fixed purchase: for the sold-out answer, whose cost does not depend on the buyer.
+const FIXED_SCRIPT: &str = r#"
+wrk.method = "POST"
+wrk.body = '{"user_id": 1}'
+wrk.headers["Content-Type"] = "application/json"
+"#;
+
+/// What one wrk run reported.
+#[derive(Debug, Clone, Copy, Default)]
+struct Wrk {
+    requests: f64,
+    per_sec: f64,
+    failed: f64,
+}
+
+/// One configuration under test: an instance with its database and product.
+struct Subject {
+    label: String,
+    instance: Instance,
+    pool: PgPool,
+    product: i64,
+    database: String,
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if Command::new("wrk").arg("--version").output().is_err() {
+        bail!("wrk is not installed: install it (Debian: apt-get install wrk)");
+    }
+    raise_open_files_limit();
+    let postgres = servers::postgres(args.database_url.as_deref()).await?;
+    let redis = servers::redis(args.redis_url.as_deref()).await?;
+    let dir = std::env::temp_dir().join(format!("seckill-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let buy = dir.join("buy.lua");
+    let fixed = dir.join("fixed.lua");
+    std::fs::write(&buy, BUY_SCRIPT)?;
+    std::fs::write(&fixed, FIXED_SCRIPT)?;
+    let seconds = args.seconds;
+    let outcome = async {
+        let configs = [
+            (LockStrategy::PgAtomic, 1),
+            (LockStrategy::Redis, 1),
+            (LockStrategy::PgAtomic, 64),
+            (LockStrategy::PgRow, 64),
+            (LockStrategy::PgLock, 64),
+            (LockStrategy::Redis, 64),
+        ];
+        let mut subjects = Vec::new();
+        for (strategy, batch) in configs {
+            subjects.push(subject(&postgres.url, &redis.url, strategy, batch).await?);
+        }
+        let mut report = String::new();
+        // 1. Orders per second.
+        let mut orders: Vec<Vec<f64>> = vec![Vec::new(); subjects.len()];
+        for round in 0..args.rounds {
+            for (i, s) in subjects.iter().enumerate() {
+                let before = sold(&s.pool, s.product).await?;
+                wrk(&s.instance.url, &s.product_path(), &buy, 64, seconds)?;
+                let after = sold(&s.pool, s.product).await?;
+                orders[i].push((after - before) as f64 / seconds as f64);
+                println!("round {}: {} {:.0} orders/s", round + 1, s.label, orders[i].last().unwrap());
+            }
+        }
+        let baseline = median(&orders[0]);
+        let _ = writeln!(report, "\n=== orders/s, one instance, one hot product, 64 connections, every request a new buyer (median of {} rounds of {seconds} s) ===", args.rounds);
+        let _ = writeln!(report, "| strategy | BATCH_MAX | orders/s | vs pg-atomic/1 |");
+        let _ = writeln!(report, "|---|---:|---:|---:|");
+        for (s, figures) in subjects.iter().zip(&orders) {
+            let m = median(figures);
+            let _ = writeln!(report, "| {} | {} | {m:.0} | {:.2} |", s.strategy_name(), s.batch(), m / baseline);
+        }
+        // 2. The sold-out answer against /healthz, on the redis instance.
+        let redis_subject = subjects.last().expect("configured");
+        let gone = create_product(&redis_subject.instance.url, ADMIN_TOKEN, 1).await?;
+        let client = reqwest::Client::new();
+        for user in 1..=2 {
+            client
+                .post(format!("{}/api/products/{gone}/purchase", redis_subject.instance.url))
+                .json(&serde_json::json!({"user_id": user}))
+                .send()
+                .await?;
+        }
+        let (mut health, mut sold_out) = (Vec::new(), Vec::new());
+        for _ in 0..args.rounds {
+            health.push(wrk(&redis_subject.instance.url, "/healthz", &fixed_get(&dir)?, 64, seconds)?.per_sec);
+            let path = format!("/api/products/{gone}/purchase");
+            sold_out.push(wrk(&redis_subject.instance.url, &path, &fixed, 64, seconds)?.per_sec);
+        }
+        let (h, so) = (median(&health), median(&sold_out));
+        let _ = writeln!(report, "\n=== the sold-out answer against /healthz, 64 connections ===");
+        let _ = writeln!(report, "| path | requests/s |\n|---|---:|\n| GET /healthz | {h:.0} |\n| POST purchase of a sold-out product | {so:.0} |");
+        let _ = writeln!(report, "sold-out / healthz: {:.2}", so / h);
+        // 3. Overload.
+        let (mut at64, mut at1000, mut failed64, mut failed1000) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..args.rounds {
+            for (connections, goodput, failed) in [(64, &mut at64, &mut failed64), (1000, &mut at1000, &mut failed1000)] {
+                let before = sold(&redis_subject.pool, redis_subject.product).await?;
+                let run = wrk(&redis_subject.instance.url, &redis_subject.product_path(), &buy, connections, seconds)?;
+                let after = sold(&redis_subject.pool, redis_subject.product).await?;
+                goodput.push((after - before) as f64 / seconds as f64);
+                failed.push(run.failed / run.requests.max(1.0));
+            }
+        }
+        let _ = writeln!(report, "\n=== overload: one instance, redis, BATCH_MAX=64 ===");
+        let _ = writeln!(report, "| connections | orders/s | failed purchases |\n|---:|---:|---:|");
+        let _ = writeln!(report, "| 64 | {:.0} | {:.2} % |", median(&at64), median(&failed64) * 100.0);
+        let _ = writeln!(report, "| 1000 | {:.0} | {:.2} % |", median(&at1000), median(&failed1000) * 100.0);
+        let _ = writeln!(report, "goodput at 1000 / at 64: {:.2}", median(&at1000) / median(&at64));
+        print!("{report}");
+        for s in subjects {
+            s.remove(&postgres.url).await?;
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome
+}
+
+impl Subject {
+    fn product_path(&self) -> String {
+        format!("/api/products/{}/purchase", self.product)
+    }
+
+    fn strategy_name(&self) -> &str {
+        self.label.split('/').next().unwrap_or_default()
+    }
+
+    fn batch(&self) -> &str {
+        self.label.split('/').nth(1).unwrap_or_default()
+    }
+
+    async fn remove(self, admin_url: &str) -> anyhow::Result<()> {
+        drop(self.instance);
+        self.pool.close().await;
+        let admin = PgPool::connect(admin_url).await?;
+        sqlx::query(&format!(
+            r#"DROP DATABASE "{}" WITH (FORCE)"#,
+            self.database
+        ))
+        .execute(&admin)
+        .await?;
+        Ok(())
+    }
+}
+
+async fn subject(
+    admin_url: &str,
+    redis_url: &str,
+    strategy: LockStrategy,
+    batch: u32,
+) -> anyhow::Result<Subject> {
+    let database = format!(
+        "seckill_bench_{}_{}_{batch}",
+        std::process::id(),
+        strategy.name().replace('-', "_")
+    );
+    let admin = PgPool::connect(admin_url)
+        .await
+        .context("cannot connect to PostgreSQL")?;
+    sqlx::query(&format!(r#"CREATE DATABASE "{database}""#))
+        .execute(&admin)
+        .await?;
+    let mut url = reqwest::Url::parse(admin_url)?;
+    url.set_path(&format!("/{database}"));
+    let prefix = format!("bench:{database}:");
+    let config = InstanceConfig {
+        database_url: url.as_str(),
+        redis_url,
+        redis_key_prefix: &prefix,
+        admin_token: ADMIN_TOKEN,
+        strategy,
+        work_ms: 0,
+        lock_wait_ms: 2_000,
+        lock_ttl_ms: 5_000,
+        redlock_urls: "",
+        extra: vec![("BATCH_MAX", batch.to_string())],
+    };
+    let me = std::env::current_exe()?;
+    let instance =
+        Instance::start(&me, &config, &format!("bench-{}-{batch}", strategy.name())).await?;
+    let product = create_product(&instance.url, ADMIN_TOKEN, 1_000_000_000).await?;
+    Ok(Subject {
+        label: format!("{}/{batch}", strategy.name()),
+        instance,
+        pool: PgPool::connect(url.as_str()).await?,
+        product,
+        database,
+    })
+}
+
+/// Orders of `product` so far.
+async fn sold(pool: &PgPool, product: i64) -> anyhow::Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE product_id = $1")
+            .bind(product)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// A GET script (for /healthz).
+fn fixed_get(dir: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
+    let path = dir.join("get.lua");
+    std::fs::write(&path, "wrk.method = \"GET\"\n")?;
+    Ok(path)
+}
+
+/// Run wrk (2 threads) against `url` + `path` with `script`.
+fn wrk(
+    url: &str,
+    path: &str,
+    script: &std::path::Path,
+    connections: u32,
+    seconds: u64,
+) -> anyhow::Result<Wrk> {
+    let output = Command::new("wrk")
+        .args([
+            "-t2",
+            &format!("-c{connections}"),
+            &format!("-d{seconds}s"),
+            "--timeout",
+            "10s",
+        ])
+        .arg("-s")
+        .arg(script)
+        .arg(format!("{url}{path}"))
+        .output()
+        .context("running wrk")?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let number = |prefix: &str| -> f64 {
+        text.lines()
+            .find_map(|line| line.trim().strip_prefix(prefix))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let requests = text
+        .lines()
+        .find(|line| line.contains(" requests in "))
+        .and_then(|line| line.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0.0);
+    let timeouts = text
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("Socket errors:"))
+        .map(|rest| {
+            rest.split(',')
+                .filter_map(|part| part.split_whitespace().last())
+                .filter_map(|n| n.parse::<f64>().ok())
+                .sum::<f64>()
+        })
+        .unwrap_or(0.0);
+    if requests == 0.0 {
+        bail!(
+            "wrk measured nothing: {text}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(Wrk {
+        requests,
+        per_sec: number("Requests/sec:"),
+        failed: number("Non-2xx or 3xx responses:") + timeouts,
+    })
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// 1,000 connections need more open files than the usual soft limit of 1,024; the
+/// instances, started after this, inherit the raised limit.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain system calls on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max.min(65_536);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! The demo's servers: the ones given, the ones already running at the default addresses,
+//! or private throwaway ones started for the demo and removed after it.
+//!
+//! A private PostgreSQL is `initdb` into a temporary directory and `postgres` on a free
+//! port; a private Redis is `redis-server` on a free port, keeping nothing on disk. Both are
+//! children in their own process group with a parent-death signal (see [`crate::instances`]),
+//! and are stopped, and their directory removed, when dropped. `initdb` refuses to run as
+//! root, so as root the private PostgreSQL runs as the `postgres` account.
+
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::instances::own_process_group_and_die_with_parent;
+
+/// Where the demo looks when no URL is given.
+pub const DEFAULT_POSTGRES: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+pub const DEFAULT_REDIS: &str = "redis://127.0.0.1:6379";
+
+/// A server the demo uses: its URL, and the private process behind it, if any.
+pub struct Server {
+    pub url: String,
+    /// `Some` for a private server; stopped when the `Server` is dropped.
+    private: Option<Private>,
+}
+
+impl Server {
+    /// Whether the demo started this server itself.
+    pub fn is_private(&self) -> bool {
+        self.private.is_some()
+    }
+}
+
+struct Private {
+    child: Child,
+    /// Removed when the server is stopped.
+    dir: Option<PathBuf>,
+}
+
+impl Drop for Private {
+    fn drop(&mut self) {
+        // SIGINT is PostgreSQL's "fast shutdown" and stops Redis too; then make sure.
+        let pid = self.child.id() as i32;
+        // SAFETY: sending a signal to our own child by its pid.
+        unsafe {
+            libc::kill(pid, libc::SIGINT);
+        }
+        for _ in 0..100 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// PostgreSQL for the demo: `given` if any (it must answer); else the default address if
+/// something answers there; else a private one.
+///
+/// # Errors
+/// A given URL that does not answer; or nothing at the default address and PostgreSQL not
+/// installed (the message says what to install or pass).
+pub async fn postgres(given: Option<&str>) -> anyhow::Result<Server> {
+    if let Some(url) = given {
+        return Ok(Server {
+            url: url.to_owned(),
+            private: None,
+        });
+    }
+    if sqlx::PgPool::connect(DEFAULT_POSTGRES).await.is_ok() {
+        return Ok(Server {
+            url: DEFAULT_POSTGRES.to_owned(),
+            private: None,
+        });
+    }
+    let private = start_postgres().await?;
+    Ok(private)
+}
+
+/// Redis for the demo, chosen as [`postgres`] chooses.
+///
+/// # Errors
+/// As [`postgres`].
+pub async fn redis(given: Option<&str>) -> anyhow::Result<Server> {
+    if let Some(url) = given {
+        return Ok(Server {
+            url: url.to_owned(),
+            private: None,
+        });
+    }
+    if TcpStream::connect(("127.0.0.1", 6379)).is_ok() {
+        return Ok(Server {
+            url: DEFAULT_REDIS.to_owned(),
+            private: None,
+        });
+    }
+    start_redis()
+}
+
+/// A private `redis-server`, keeping nothing on disk.
+///
+/// # Errors
+/// `redis-server` not installed, or it does not start.
+pub fn start_redis() -> anyhow::Result<Server> {
+    let binary = find(&["redis-server"], &[]).context(
+        "nothing answers at 127.0.0.1:6379 and redis-server is not installed: install Redis \
+         (Debian: apt-get install redis-server) or pass --redis-url",
+    )?;
+    for _ in 0..5 {
+        let port = free_port()?;
+        let mut command = Command::new(&binary);
+        command
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        own_process_group_and_die_with_parent(&mut command);
+        let child = command.spawn().context("starting redis-server")?;
+        let mut private = Private { child, dir: None };
+        if wait_for_port(port, &mut private.child, Duration::from_secs(10)) {
+            return Ok(Server {
+                url: format!("redis://127.0.0.1:{port}"),
+                private: Some(private),
+            });
+        }
+        // The port was taken between our look and its bind: try another.
+    }
+    bail!("a private redis-server did not start")
+}
+
+async fn start_postgres() -> anyhow::Result<Server> {
+    let bin = postgres_bin_dir().context(
+        "nothing answers at 127.0.0.1:5432 and PostgreSQL is not installed (no initdb on the \
+         PATH or in /usr/lib/postgresql/*/bin): install PostgreSQL (Debian: apt-get install \
+         postgresql) or pass --database-url",
+    )?;
+    let dir = std::env::temp_dir().join(format!(
+        "seckill-demo-pg-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).context("creating the private PostgreSQL's directory")?;
+    let account = unprivileged_account(&dir)?;
+    let data = dir.join("data");
+    let initdb = as_account(Command::new(bin.join("initdb")), account)
+        .arg("-D")
+        .arg(&data)
+        .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .context("running initdb")?;
+    if !initdb.status.success() {
+        let _ = std::fs::remove_dir_all(&dir);
+        bail!("initdb failed: {}", String::from_utf8_lossy(&initdb.stderr));
+    }
+    for _ in 0..5 {
+        let port = free_port()?;
+        let mut command = as_account(Command::new(bin.join("postgres")), account);
+        command
+            .arg("-D")
+            .arg(&data)
+            .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1"])
+            .arg("-c")
+            .arg(format!("unix_socket_directories={}", dir.display()))
+            .args(["-c", "max_connections=200"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        own_process_group_and_die_with_parent(&mut command);
+        let child = command.spawn().context("starting postgres")?;
+        let mut private = Private {
+            child,
+            dir: Some(dir.clone()),
+        };
+        if wait_for_port(port, &mut private.child, Duration::from_secs(30)) {
+            let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+            // The port opens a moment before connections are accepted.
+            for _ in 0..100 {
+                if sqlx::PgPool::connect(&url).await.is_ok() {
+                    return Ok(Server {
+                        url,
+                        private: Some(private),
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            bail!("the private PostgreSQL on port {port} never accepted a connection");
+        }
+        // `private` is dropped here: the server stopped, but keep the directory for the
+        // next try.
+        private.dir = None;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    bail!("a private PostgreSQL did not start")
+}
+
+/// As root, the `postgres` account (which then owns `dir`); otherwise ourselves (`None`).
+fn unprivileged_account(dir: &Path) -> anyhow::Result<Option<(u32, u32)>> {
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        return Ok(None);
+    }
+    let name = std::ffi::CString::new("postgres").expect("no NUL");
+    // SAFETY: a valid C string; the result is read before any other getpw* call.
+    let entry = unsafe { libc::getpwnam(name.as_ptr()) };
+    if entry.is_null() {
+        bail!(
+            "running as root, and initdb refuses root: create a `postgres` account (Debian's \
+             postgresql package does) or pass --database-url"
+        );
+    }
+    // SAFETY: checked non-null above.
+    let (uid, gid) = unsafe { ((*entry).pw_uid, (*entry).pw_gid) };
+    std::os::unix::fs::chown(dir, Some(uid), Some(gid))
+        .context("giving the private PostgreSQL's directory to the postgres account")?;
+    Ok(Some((uid, gid)))
+}
+
+fn as_account(mut command: Command, account: Option<(u32, u32)>) -> Command {
+    if let Some((uid, gid)) = account {
+        command.uid(uid).gid(gid);
+    }
+    command
+}
+
+/// The directory holding `initdb` and `postgres`: on the PATH, or the newest
+/// `/usr/lib/postgresql/<version>/bin`.
+fn postgres_bin_dir() -> Option<PathBuf> {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path().join("bin"))
+        .collect();
+    versions.sort_by_key(|path| {
+        path.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    let mut extra: Vec<PathBuf> = versions.into_iter().rev().collect();
+    extra.push(PathBuf::from("/usr/local/pgsql/bin"));
+    find(&["initdb", "postgres"], &extra).and_then(|initdb| initdb.parent().map(Path::to_path_buf))
+}
+
+/// The first directory of the PATH, then of `extra`, that holds every one of `names`;
+/// returns the path of the first name there.
+fn find(names: &[&str], extra: &[PathBuf]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(extra.iter().cloned())
+        .find(|dir| names.iter().all(|name| dir.join(name).is_file()))
+        .map(|dir| dir.join(names[0]))
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Wait until something accepts connections on `port`; `false` if `child` exits or time runs out.
+fn wait_for_port(port: u16, child: &mut Child, within: Duration) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return true;
+        }
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
