@@ -371,6 +371,7 @@ fn a_strategy_that_cannot_start_is_an_error_row_and_the_others_still_run() {
 #[test]
 fn ctrl_c_stops_the_whole_demo_and_cleans_up() {
     // Arrange: a demo with long attacks.
+    let chart = std::env::temp_dir().join(format!("demo-ctrl-c-{}.svg", std::process::id()));
     let child = Command::new(LOADTEST)
         .arg("demo")
         .args(["--strategies", "pg-atomic,pg-row", "--per-request", ""])
@@ -390,7 +391,7 @@ fn ctrl_c_stops_the_whole_demo_and_cleans_up() {
             &shared_redis_url(),
         ])
         .arg("--chart")
-        .arg(std::env::temp_dir().join(format!("demo-ctrl-c-{}.svg", std::process::id())))
+        .arg(&chart)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -416,6 +417,7 @@ fn ctrl_c_stops_the_whole_demo_and_cleans_up() {
     let output = child.wait_with_output().unwrap();
     let (stdout, stderr) = text(&output);
     eprintln!("{stdout}\n{stderr}");
+    let _ = std::fs::remove_file(&chart);
 
     // Assert: it stopped (not only the attack), said so, and left nothing behind.
     assert!(stdout.contains("stopped by Ctrl-C"), "{stdout}");
@@ -468,7 +470,7 @@ fn the_instances_die_with_a_demo_that_is_killed() {
             &shared_redis_url(),
         ])
         .arg("--chart")
-        .arg(std::env::temp_dir().join(format!("demo-killed-{}.svg", std::process::id())))
+        .arg("/dev/null")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
