@@ -7,6 +7,8 @@
 FROM rust:1-bookworm AS chef
 RUN cargo install cargo-chef --locked
 WORKDIR /src
+# The query macros check SQL against the committed `.sqlx/` data: no database at build time.
+ENV SQLX_OFFLINE=true
 
 FROM chef AS planner
 COPY . .
@@ -25,5 +27,8 @@ RUN apt-get update \
  && useradd --system --uid 10001 --no-create-home seckill
 COPY --from=builder /src/target/release/seckill /src/target/release/loadtest /usr/local/bin/
 USER seckill
+# Reachable from outside the container (`docker run -p 8080:8080 seckill:local`); the
+# binary's own default is 127.0.0.1:8080.
+ENV BIND_ADDR=0.0.0.0:8080
 EXPOSE 8080
 CMD ["seckill"]

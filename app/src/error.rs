@@ -51,10 +51,18 @@ pub enum ApiError {
     Internal(#[source] anyhow::Error),
 }
 
-#[derive(Serialize)]
-struct ErrorBody<'a> {
-    error: &'a str,
-    message: String,
+/// Every error answer of the API.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// A stable code: `invalid_input`, `malformed_body`, `unsupported_media_type`,
+    /// `payload_too_large`, `unauthorized`, `admin_disabled`, `not_found`,
+    /// `method_not_allowed`, `sold_out`, `already_purchased`, `stock_changed`,
+    /// `stock_too_large`, `busy`, `lock_lost`, `redis_unavailable`, `database_unavailable`,
+    /// `internal`.
+    #[schema(example = "sold_out")]
+    pub error: String,
+    /// What happened, for people.
+    pub message: String,
 }
 
 impl ApiError {
@@ -211,7 +219,7 @@ impl ResponseError for ApiError {
             _ => {}
         }
         response.json(ErrorBody {
-            error: self.code(),
+            error: self.code().to_owned(),
             message: self.to_string(),
         })
     }

@@ -3,6 +3,12 @@
 //!
 //! Functions that are one step of a batch take `&mut PgConnection`, so they run inside the
 //! caller's transaction (`&mut *tx`).
+//!
+//! Every query is checked against the schema at compile time (`sqlx::query!` and friends):
+//! a typo in a column or a wrong type fails the build, not a request. The build reads the
+//! committed query data in `.sqlx/` (`SQLX_OFFLINE=true`, set in `.cargo/config.toml`);
+//! after changing a query or a migration, refresh it with `cargo sqlx prepare --workspace`
+//! against a database the migrations ran in (see the README).
 
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
@@ -28,21 +34,21 @@ pub async fn begin(
     bounds: SessionBounds,
 ) -> sqlx::Result<Transaction<'static, Postgres>> {
     let mut tx = pool.begin().await?;
-    sqlx::query(
-        "SELECT set_config('statement_timeout', $1, true),
-                set_config('lock_timeout', $2, true),
-                set_config('idle_in_transaction_session_timeout', $3, true)",
+    sqlx::query!(
+        "SELECT set_config('statement_timeout', $1, true) AS statement_timeout,
+                set_config('lock_timeout', $2, true) AS lock_timeout,
+                set_config('idle_in_transaction_session_timeout', $3, true) AS idle_timeout",
+        format!("{}ms", bounds.statement_timeout_ms),
+        format!("{}ms", bounds.lock_timeout_ms),
+        format!("{}ms", bounds.idle_in_transaction_timeout_ms),
     )
-    .bind(format!("{}ms", bounds.statement_timeout_ms))
-    .bind(format!("{}ms", bounds.lock_timeout_ms))
-    .bind(format!("{}ms", bounds.idle_in_transaction_timeout_ms))
-    .execute(&mut *tx)
+    .fetch_one(&mut *tx)
     .await?;
     Ok(tx)
 }
 
 /// A product as the admin API returns it.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct Product {
     pub id: i64,
     pub name: String,
@@ -50,7 +56,7 @@ pub struct Product {
 }
 
 /// A product and its books: what it was supplied with, and how much of it has been sold.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct ProductSales {
     pub id: i64,
     pub name: String,
@@ -60,33 +66,19 @@ pub struct ProductSales {
 }
 
 /// The stock a batch saw, and the restock generation it saw it in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StockSeen {
     pub stock: i64,
     pub restock_gen: i64,
 }
 
 /// One recorded order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Order {
     pub id: i64,
     pub product_id: i64,
     pub user_id: i64,
     pub quantity: i32,
-}
-
-#[derive(sqlx::FromRow)]
-struct Changed {
-    #[sqlx(flatten)]
-    product: Product,
-    restock_gen: i64,
-}
-
-#[derive(sqlx::FromRow)]
-struct StockVersion {
-    #[sqlx(flatten)]
-    seen: StockSeen,
-    version: i64,
 }
 
 /// Create a product and record its initial stock in the ledger, in one transaction.
@@ -98,11 +90,12 @@ pub async fn insert_product(
     actor: &str,
 ) -> sqlx::Result<Product> {
     let mut tx = begin(pool, bounds).await?;
-    let product: Product = sqlx::query_as(
+    let product = sqlx::query_as!(
+        Product,
         "INSERT INTO products (name, stock) VALUES ($1, $2) RETURNING id, name, stock",
+        name.as_str(),
+        stock.get(),
     )
-    .bind(name.as_str())
-    .bind(stock.get())
     .fetch_one(&mut *tx)
     .await?;
     record_change(&mut tx, product.id, stock.get(), "create", actor).await?;
@@ -117,13 +110,13 @@ async fn record_change(
     reason: &str,
     actor: &str,
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO stock_changes (product_id, delta, reason, actor) VALUES ($1, $2, $3, $4)",
+        product,
+        delta,
+        reason,
+        actor,
     )
-    .bind(product)
-    .bind(delta)
-    .bind(reason)
-    .bind(actor)
     .execute(conn)
     .await?;
     Ok(())
@@ -183,61 +176,71 @@ async fn change_stock(
     decide: impl FnOnce(i64) -> Option<i64>,
 ) -> sqlx::Result<Restocked> {
     let mut tx = begin(pool, bounds).await?;
-    let current: Option<i64> =
-        sqlx::query_scalar("SELECT stock FROM products WHERE id = $1 FOR UPDATE")
-            .bind(id.get())
-            .fetch_optional(&mut *tx)
-            .await?;
+    let current = sqlx::query_scalar!(
+        "SELECT stock FROM products WHERE id = $1 FOR UPDATE",
+        id.get()
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
     let Some(current) = current else {
         return Ok(Restocked::NotFound);
     };
     let Some(stock) = decide(current) else {
         return Ok(Restocked::Refused { current });
     };
-    let changed: Changed = sqlx::query_as(
+    let changed = sqlx::query!(
         "UPDATE products SET stock = $2, restock_gen = restock_gen + 1, version = version + 1
          WHERE id = $1 RETURNING id, name, stock, restock_gen",
+        id.get(),
+        stock,
     )
-    .bind(id.get())
-    .bind(stock)
     .fetch_one(&mut *tx)
     .await?;
     record_change(&mut tx, id.get(), stock - current, reason, actor).await?;
     tx.commit().await?;
     Ok(Restocked::Done {
-        product: changed.product,
+        product: Product {
+            id: changed.id,
+            name: changed.name,
+            stock: changed.stock,
+        },
         restock_gen: changed.restock_gen,
     })
 }
 
 /// The product and its books, or `None`.
 pub async fn product_sales(pool: &PgPool, id: ProductId) -> sqlx::Result<Option<ProductSales>> {
-    sqlx::query_as(
-        "SELECT p.id, p.name, p.stock,
-                COALESCE((SELECT SUM(o.quantity) FROM orders o WHERE o.product_id = p.id), 0)::BIGINT AS sold,
-                COALESCE((SELECT SUM(c.delta) FROM stock_changes c WHERE c.product_id = p.id), 0)::BIGINT AS supplied
-         FROM products p WHERE p.id = $1",
+    sqlx::query_as!(
+        ProductSales,
+        r#"SELECT p.id, p.name, p.stock,
+                COALESCE((SELECT SUM(o.quantity) FROM orders o WHERE o.product_id = p.id), 0)::BIGINT AS "sold!",
+                COALESCE((SELECT SUM(c.delta) FROM stock_changes c WHERE c.product_id = p.id), 0)::BIGINT AS "supplied!"
+         FROM products p WHERE p.id = $1"#,
+        id.get()
     )
-    .bind(id.get())
     .fetch_optional(pool)
     .await
 }
 
 /// The product's stock and restock generation, if it exists (no lock taken).
 pub async fn find_product(pool: &PgPool, id: ProductId) -> sqlx::Result<Option<StockSeen>> {
-    sqlx::query_as("SELECT stock, restock_gen FROM products WHERE id = $1")
-        .bind(id.get())
-        .fetch_optional(pool)
-        .await
+    sqlx::query_as!(
+        StockSeen,
+        "SELECT stock, restock_gen FROM products WHERE id = $1",
+        id.get()
+    )
+    .fetch_optional(pool)
+    .await
 }
 
 /// The order `user` placed for `product`, if any.
 pub async fn order_of(pool: &PgPool, product: ProductId, user: i64) -> sqlx::Result<Option<Order>> {
-    sqlx::query_as(
+    sqlx::query_as!(
+        Order,
         "SELECT id, product_id, user_id, quantity FROM orders WHERE product_id = $1 AND user_id = $2",
+        product.get(),
+        user,
     )
-    .bind(product.get())
-    .bind(user)
     .fetch_optional(pool)
     .await
 }
@@ -263,18 +266,18 @@ pub async fn claim_fence(
     id: ProductId,
     fence: i64,
 ) -> sqlx::Result<FenceClaim> {
-    let claimed: Option<StockSeen> = sqlx::query_as(
+    let claimed = sqlx::query_as!(
+        StockSeen,
         "UPDATE products SET fence = $2 WHERE id = $1 AND fence <= $2 RETURNING stock, restock_gen",
+        id.get(),
+        fence,
     )
-    .bind(id.get())
-    .bind(fence)
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(seen) = claimed {
         return Ok(FenceClaim::Claimed(seen));
     }
-    let stored: Option<i64> = sqlx::query_scalar("SELECT fence FROM products WHERE id = $1")
-        .bind(id.get())
+    let stored = sqlx::query_scalar!("SELECT fence FROM products WHERE id = $1", id.get())
         .fetch_optional(&mut *conn)
         .await?;
     Ok(
@@ -286,10 +289,13 @@ pub async fn claim_fence(
 
 /// Read the stock and lock the row until the transaction ends (`pg-row`).
 pub async fn lock_stock(conn: &mut PgConnection, id: ProductId) -> sqlx::Result<Option<StockSeen>> {
-    sqlx::query_as("SELECT stock, restock_gen FROM products WHERE id = $1 FOR UPDATE")
-        .bind(id.get())
-        .fetch_optional(conn)
-        .await
+    sqlx::query_as!(
+        StockSeen,
+        "SELECT stock, restock_gen FROM products WHERE id = $1 FOR UPDATE",
+        id.get()
+    )
+    .fetch_optional(conn)
+    .await
 }
 
 /// Read the stock and the version without locking anything.
@@ -297,12 +303,19 @@ pub async fn read_stock(
     conn: &mut PgConnection,
     id: ProductId,
 ) -> sqlx::Result<Option<(StockSeen, i64)>> {
-    let row: Option<StockVersion> =
-        sqlx::query_as("SELECT stock, restock_gen, version FROM products WHERE id = $1")
-            .bind(id.get())
-            .fetch_optional(conn)
-            .await?;
-    Ok(row.map(|row| (row.seen, row.version)))
+    let row = sqlx::query!(
+        "SELECT stock, restock_gen, version FROM products WHERE id = $1",
+        id.get()
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.map(|row| {
+        let seen = StockSeen {
+            stock: row.stock,
+            restock_gen: row.restock_gen,
+        };
+        (seen, row.version)
+    }))
 }
 
 /// Which of `users` already have an order for the product.
@@ -311,11 +324,13 @@ pub async fn buyers_among(
     id: ProductId,
     users: &[i64],
 ) -> sqlx::Result<Vec<i64>> {
-    sqlx::query_scalar("SELECT user_id FROM orders WHERE product_id = $1 AND user_id = ANY($2)")
-        .bind(id.get())
-        .bind(users)
-        .fetch_all(conn)
-        .await
+    sqlx::query_scalar!(
+        "SELECT user_id FROM orders WHERE product_id = $1 AND user_id = ANY($2)",
+        id.get(),
+        users,
+    )
+    .fetch_all(conn)
+    .await
 }
 
 /// Insert one order per `(user, quantity)` in one statement, under `fence` if any. A user
@@ -327,27 +342,33 @@ pub async fn insert_orders(
     quantities: &[i32],
     fence: Option<i64>,
 ) -> sqlx::Result<Vec<(i64, i64)>> {
-    sqlx::query_as(
-        "INSERT INTO orders (product_id, user_id, quantity, fence)
-         SELECT $1, u, q, $4 FROM UNNEST($2::BIGINT[], $3::INT[]) AS t (u, q)
+    let inserted = sqlx::query!(
+        r#"INSERT INTO orders (product_id, user_id, quantity, fence)
+         SELECT $1::BIGINT, u, q, $4::BIGINT FROM UNNEST($2::BIGINT[], $3::INT[]) AS t (u, q)
          ON CONFLICT ON CONSTRAINT orders_one_per_user DO NOTHING
-         RETURNING user_id, id",
+         RETURNING user_id, id"#,
+        id.get(),
+        users,
+        quantities,
+        fence,
     )
-    .bind(id.get())
-    .bind(users)
-    .bind(quantities)
-    .bind(fence)
     .fetch_all(conn)
-    .await
+    .await?;
+    Ok(inserted
+        .into_iter()
+        .map(|row| (row.user_id, row.id))
+        .collect())
 }
 
 /// Overwrite the stock with a value the caller computed (under its lock).
 pub async fn write_stock(conn: &mut PgConnection, id: ProductId, stock: i64) -> sqlx::Result<()> {
-    sqlx::query("UPDATE products SET stock = $2, version = version + 1 WHERE id = $1")
-        .bind(id.get())
-        .bind(stock)
-        .execute(conn)
-        .await?;
+    sqlx::query!(
+        "UPDATE products SET stock = $2, version = version + 1 WHERE id = $1",
+        id.get(),
+        stock,
+    )
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -358,12 +379,12 @@ pub async fn write_stock_if_version(
     version: i64,
     stock: i64,
 ) -> sqlx::Result<bool> {
-    let done = sqlx::query(
+    let done = sqlx::query!(
         "UPDATE products SET stock = $3, version = version + 1 WHERE id = $1 AND version = $2",
+        id.get(),
+        version,
+        stock,
     )
-    .bind(id.get())
-    .bind(version)
-    .bind(stock)
     .execute(conn)
     .await?;
     Ok(done.rows_affected() == 1)
@@ -376,16 +397,19 @@ pub async fn take_stock(
     id: ProductId,
     sold: i64,
 ) -> sqlx::Result<Option<i64>> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "UPDATE products SET stock = stock - $2, version = version + 1
          WHERE id = $1 AND stock >= $2 RETURNING stock",
+        id.get(),
+        sold,
     )
-    .bind(id.get())
-    .bind(sold)
     .fetch_optional(conn)
     .await
 }
 
 pub async fn ping(conn: &mut PgConnection) -> sqlx::Result<()> {
-    sqlx::query("SELECT 1").execute(conn).await.map(|_| ())
+    sqlx::query!("SELECT 1 AS one")
+        .fetch_one(conn)
+        .await
+        .map(|_| ())
 }

@@ -231,12 +231,12 @@ async fn subject(
 
 /// Orders of `product` so far.
 async fn sold(pool: &PgPool, product: i64) -> anyhow::Result<i64> {
-    Ok(
-        sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE product_id = $1")
-            .bind(product)
-            .fetch_one(pool)
-            .await?,
+    Ok(sqlx::query_scalar!(
+        r#"SELECT COUNT(*) AS "orders!" FROM orders WHERE product_id = $1"#,
+        product
     )
+    .fetch_one(pool)
+    .await?)
 }
 
 /// A GET script (for /healthz).

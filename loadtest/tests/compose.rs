@@ -30,6 +30,56 @@ fn app_services(compose: &Value) -> Vec<(String, &Value)> {
         .collect()
 }
 
+/// `${NAME:-default}` as compose resolves it with NAME unset; anything else as it is.
+fn with_defaults(value: &str) -> String {
+    match value
+        .strip_prefix("${")
+        .and_then(|v| v.strip_suffix('}'))
+        .and_then(|v| v.split_once(":-"))
+    {
+        Some((_, default)) => default.to_owned(),
+        None => value.to_owned(),
+    }
+}
+
+/// A service's environment as `seckill` flags (`LOCK_TTL_MS: 5000` → `--lock-ttl-ms 5000`).
+fn as_flags(env: &serde_norway::Mapping) -> Vec<String> {
+    let command = seckill::Settings::command();
+    let mut flags = vec!["seckill".to_owned()];
+    for (key, value) in env {
+        let key = key.as_str().unwrap();
+        let value = value
+            .as_str()
+            .map(with_defaults)
+            .unwrap_or_else(|| serde_norway::to_string(value).unwrap().trim().to_owned());
+        if let Some(arg) = command
+            .get_arguments()
+            .find(|arg| arg.get_env().is_some_and(|env| env == key))
+        {
+            flags.push(format!("--{}", arg.get_long().unwrap()));
+            flags.push(value);
+        }
+    }
+    flags
+}
+
+/// Services that use an image some service builds, but that compose could try to pull
+/// (docker/compose#8723: `up --build` pulls before it builds, and the pull of a local tag
+/// fails with "pull access denied").
+fn pullable_local_images(compose: &Value) -> Vec<String> {
+    let built: BTreeSet<&str> = services(compose)
+        .values()
+        .filter(|s| !s["build"].is_null())
+        .filter_map(|s| s["image"].as_str())
+        .collect();
+    services(compose)
+        .iter()
+        .filter(|(_, s)| s["image"].as_str().is_some_and(|i| built.contains(i)))
+        .filter(|(_, s)| s["build"].is_null() || s["pull_policy"].as_str() != Some("build"))
+        .map(|(name, _)| name.as_str().unwrap().to_owned())
+        .collect()
+}
+
 fn seckill_env_settings() -> BTreeSet<String> {
     seckill::Settings::command()
         .get_arguments()
@@ -246,4 +296,83 @@ fn the_image_holds_every_binary_the_stack_runs_and_runs_as_a_non_root_user() {
         .find_map(|line| line.strip_prefix("USER "))
         .expect("a USER in the runtime stage");
     assert_ne!(user.trim(), "root");
+}
+
+#[test]
+fn every_app_environment_is_accepted_by_seckill_itself() {
+    let compose = compose();
+    for (name, service) in app_services(&compose) {
+        let flags = as_flags(service["environment"].as_mapping().unwrap());
+        let settings =
+            seckill::Settings::try_parse_from(&flags).unwrap_or_else(|e| panic!("{name}: {e}"));
+        if let Err(error) = settings.check() {
+            panic!("{name}: seckill would refuse to start: {error}");
+        }
+    }
+}
+
+#[test]
+fn no_service_can_pull_an_image_that_is_built_locally() {
+    let compose = compose();
+    assert_eq!(pullable_local_images(&compose), Vec::<String>::new());
+
+    // The check catches the mistake it is for: a service that only names the local tag.
+    let mut broken = compose.clone();
+    let loadtest = broken["services"]["loadtest"].as_mapping_mut().unwrap();
+    loadtest.remove("build");
+    loadtest.remove("pull_policy");
+    assert_eq!(pullable_local_images(&broken), vec!["loadtest".to_owned()]);
+}
+
+#[test]
+fn the_test_suite_services_are_published_on_localhost_as_the_tests_expect() {
+    let compose = compose();
+    let config = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../.cargo/config.toml"),
+    )
+    .unwrap();
+    let ports = |service: &str| -> Vec<String> {
+        services(&compose)[service]["ports"]
+            .as_sequence()
+            .unwrap_or_else(|| panic!("{service} publishes no ports"))
+            .iter()
+            .map(|p| p.as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert!(ports("postgres").contains(&"127.0.0.1:5432:5432".to_owned()));
+    assert!(ports("redis").contains(&"127.0.0.1:6379:6379".to_owned()));
+    // The tests' default URLs (.cargo/config.toml) connect as `postgres` without a password.
+    assert!(config.contains("postgres://postgres@127.0.0.1:5432/postgres"));
+    assert!(config.contains("redis://127.0.0.1:6379"));
+    assert_eq!(
+        services(&compose)["postgres"]["environment"]["POSTGRES_HOST_AUTH_METHOD"].as_str(),
+        Some("trust")
+    );
+}
+
+#[test]
+fn the_image_listens_on_every_interface_and_builds_offline() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+    let runtime = dockerfile.rsplit("\nFROM ").next().unwrap();
+    let bind = runtime
+        .lines()
+        .find_map(|line| line.strip_prefix("ENV BIND_ADDR="))
+        .expect("the runtime stage sets BIND_ADDR");
+    let settings = seckill::Settings::try_parse_from(["seckill", "--bind-addr", bind]).unwrap();
+    assert!(settings.bind_addr.ip().is_unspecified(), "{bind}");
+    assert!(runtime.contains(&format!("EXPOSE {}", settings.bind_addr.port())));
+
+    // The query macros build from `.sqlx/`, which the build context must include.
+    let offline = dockerfile
+        .find("ENV SQLX_OFFLINE=true")
+        .expect("SQLX_OFFLINE=true");
+    assert!(offline < dockerfile.find("cargo build").unwrap());
+    assert!(root.join(".sqlx").is_dir());
+    let ignored = std::fs::read_to_string(root.join(".dockerignore")).unwrap_or_default();
+    assert!(
+        !ignored
+            .lines()
+            .any(|l| l.trim().trim_matches('/') == ".sqlx")
+    );
 }

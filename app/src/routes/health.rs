@@ -2,10 +2,11 @@ use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, web};
-use serde_json::{Value, json};
+use serde::Serialize;
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use tokio::time::Instant;
+use utoipa::ToSchema;
 
 use crate::redis_link::RedisLink;
 use crate::repository;
@@ -19,7 +20,7 @@ pub struct Health {
     pub redis: RedisLink,
     /// The last answer and when it was made: checks run one at a time and at most once per
     /// [`FRESH`], so a flood of `/readyz` cannot flood PostgreSQL with connections.
-    last: tokio::sync::Mutex<Option<(Instant, StatusCode, Value)>>,
+    last: tokio::sync::Mutex<Option<(Instant, StatusCode, Readiness)>>,
 }
 
 /// How long a readiness answer is reused.
@@ -45,15 +46,59 @@ async fn postgres_answers(options: &PgConnectOptions) -> bool {
     answered
 }
 
-/// The process is up.
+/// `/healthz`: the process is up.
+#[derive(Serialize, ToSchema)]
+pub struct Alive {
+    #[schema(example = "ok")]
+    status: &'static str,
+}
+
+/// `/readyz`: what the instance depends on, and whether it can sell.
+#[derive(Clone, Serialize, ToSchema)]
+pub struct Readiness {
+    /// `ready`; `degraded` (selling, but restock news from other instances is not heard);
+    /// or `not_ready` (503).
+    #[schema(example = "ready")]
+    status: &'static str,
+    postgres: bool,
+    redis: bool,
+    /// Whether restock messages from other instances are heard.
+    restock_news: bool,
+    /// Under `LOCK_STRATEGY=redlock`: masters reachable, and the majority needed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    redlock: Option<Quorum>,
+    /// `not_ready` when not ready.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<&'static str>,
+}
+
+/// Redlock masters.
+#[derive(Clone, Copy, Serialize, ToSchema)]
+pub struct Quorum {
+    reachable: usize,
+    needed: usize,
+}
+
+/// `GET /healthz`.
+#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "the process is up", body = Alive)))]
 pub async fn healthz() -> HttpResponse {
-    HttpResponse::Ok().json(json!({"status": "ok"}))
+    HttpResponse::Ok().json(Alive { status: "ok" })
 }
 
 /// Ready when PostgreSQL answers, and whatever the strategy sells with answers: Redis under
-/// `redis`, a majority of the masters under `redlock`. Under the other strategies Redis only
-/// carries restock news, so a Redis that is down makes the instance `degraded` (200), not
-/// unready.
+/// `redis`, a majority of the masters under `redlock`. Redis is otherwise only the carrier
+/// of restock news: without it the instance is `degraded` (200), not unready.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "ready, or degraded", body = Readiness),
+        (status = 503, description = "not ready", body = Readiness),
+    )
+)]
 pub async fn readyz(sale: web::Data<Sale>, health: web::Data<Health>) -> HttpResponse {
     let mut last = health.last.lock().await;
     if let Some((at, status, body)) = last.as_ref()
@@ -66,7 +111,7 @@ pub async fn readyz(sale: web::Data<Sale>, health: web::Data<Health>) -> HttpRes
     HttpResponse::build(status).json(body)
 }
 
-async fn check(sale: &Sale, health: &Health) -> (StatusCode, Value) {
+async fn check(sale: &Sale, health: &Health) -> (StatusCode, Readiness) {
     let limit = Duration::from_secs(1);
     let postgres = tokio::time::timeout(limit, postgres_answers(&health.postgres))
         .await
@@ -82,38 +127,42 @@ async fn check(sale: &Sale, health: &Health) -> (StatusCode, Value) {
     let redlock = match sale.exclusion() {
         Exclusion::Redlock(locker) => {
             let nodes = locker.backend();
-            Some((nodes.reachable_nodes(limit).await, nodes.quorum()))
+            Some(Quorum {
+                reachable: nodes.reachable_nodes(limit).await,
+                needed: nodes.quorum(),
+            })
         }
         _ => None,
     };
-    let mut body = json!({
-        "postgres": postgres,
-        "redis": redis,
-        "restock_news": sale.hears_restocks(),
-    });
-    if let Some((reachable, quorum)) = redlock {
-        body["redlock"] = json!({"reachable": reachable, "needed": quorum});
-    }
+    let restock_news = sale.hears_restocks();
+    let mut body = Readiness {
+        status: "ready",
+        postgres,
+        redis,
+        restock_news,
+        redlock,
+        error: None,
+        message: None,
+    };
     let problem = if !postgres {
         Some("postgres is unreachable")
     } else if !redis && sale.strategy.needs_redis() {
         Some("redis is unreachable")
-    } else if redlock.is_some_and(|(reachable, quorum)| reachable < quorum) {
+    } else if redlock.is_some_and(|q| q.reachable < q.needed) {
         Some("a majority of the Redlock masters is unreachable")
     } else {
         None
     };
     if let Some(problem) = problem {
-        body["status"] = json!("not_ready");
-        body["error"] = json!("not_ready");
-        body["message"] = json!(problem);
+        body.status = "not_ready";
+        body.error = Some("not_ready");
+        body.message = Some(problem);
         return (StatusCode::SERVICE_UNAVAILABLE, body);
     }
-    let news = sale.hears_restocks();
-    body["status"] = json!(if redis && news { "ready" } else { "degraded" });
-    if !redis || !news {
-        body["message"] = json!(
-            "restock news is not heard (redis is unreachable): sales go on; restocks reach this instance within SOLD_OUT_RECHECK_MS"
+    if !redis || !restock_news {
+        body.status = "degraded";
+        body.message = Some(
+            "restock news is not heard (redis is unreachable): sales go on; restocks reach this instance within SOLD_OUT_RECHECK_MS",
         );
     }
     (StatusCode::OK, body)

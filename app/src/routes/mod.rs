@@ -2,6 +2,7 @@
 //! repository or the sale, and map errors to `ApiError`; they hold no SQL.
 
 pub(crate) mod admin;
+pub mod api_doc;
 pub(crate) mod health;
 mod metrics;
 mod orders;
@@ -29,6 +30,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     .service(resource("/healthz").route(web::get().to(health::healthz)))
     .service(resource("/readyz").route(web::get().to(health::readyz)))
     .service(resource("/metrics").route(web::get().to(metrics::metrics)))
+    .service(resource("/api-docs/openapi.json").route(web::get().to(api_doc::openapi_json)))
     .service(resource("/api/products").route(web::post().to(products::create).wrap(admin())))
     .service(resource("/api/products/{id}").route(web::get().to(products::show)))
     .service(

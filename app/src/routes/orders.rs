@@ -1,13 +1,41 @@
 use actix_web::{HttpResponse, web};
-use serde_json::json;
+use utoipa::IntoParams;
 
+use super::purchase::OrderBody;
 use crate::domain::{ProductId, UserId};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::repository;
 use crate::sale::Sale;
 
-/// `GET /api/products/{id}/orders/{user_id}`: 200 the buyer's order, or 404. For a buyer
-/// whose answer was lost (a timeout, a dropped connection) to learn whether they bought.
+/// The product and the buyer in the path, for the OpenAPI document (the handler parses the
+/// path itself, to answer a bad id in the API's error format).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code, reason = "read by the OpenAPI derive only")]
+pub struct OrderPath {
+    /// The product id.
+    #[param(minimum = 1)]
+    pub id: i64,
+    /// The buyer.
+    #[param(minimum = 1)]
+    pub user_id: i64,
+}
+
+/// `GET /api/products/{id}/orders/{user_id}`: the buyer's order, or 404. For a buyer whose
+/// answer was lost (a timeout, a dropped connection) to learn whether they bought. Public,
+/// like the purchase: buyers are not authenticated in this demo.
+#[utoipa::path(
+    get,
+    path = "/api/products/{id}/orders/{user_id}",
+    tag = "sale",
+    params(OrderPath),
+    responses(
+        (status = 200, description = "the buyer's order", body = OrderBody),
+        (status = 400, description = "a bad id", body = ErrorBody),
+        (status = 404, description = "no order for this buyer and product", body = ErrorBody),
+        (status = 503, description = "busy or database unavailable", body = ErrorBody),
+    )
+)]
 pub async fn show(
     sale: web::Data<Sale>,
     path: web::Path<(String, String)>,
@@ -16,17 +44,17 @@ pub async fn show(
     let product = ProductId::parse(&product).map_err(ApiError::InvalidInput)?;
     let user = user
         .parse::<i64>()
-        .map_err(|_| format!("user_id must be a positive integer, got {:.32?}", user))
+        .map_err(|_| format!("user_id must be a positive integer, got {user:.32?}"))
         .and_then(UserId::parse)
         .map_err(ApiError::InvalidInput)?;
     let order = repository::order_of(&sale.pool, product, user.get())
         .await
         .map_err(|e| ApiError::from_db(&e))?
         .ok_or_else(|| ApiError::NotFound("this user has no order for this product".into()))?;
-    Ok(HttpResponse::Ok().json(json!({
-        "order_id": order.id,
-        "product_id": order.product_id,
-        "user_id": order.user_id,
-        "quantity": order.quantity,
-    })))
+    Ok(HttpResponse::Ok().json(OrderBody {
+        order_id: order.id,
+        product_id: order.product_id,
+        user_id: order.user_id,
+        quantity: order.quantity,
+    }))
 }

@@ -1,25 +1,83 @@
 use actix_web::{HttpRequest, HttpResponse, web};
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
 use super::admin::actor;
 use crate::domain::{ProductId, ProductName, Stock};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::repository::{self, Product, Restocked};
 use crate::sale::Sale;
 
-#[derive(Deserialize)]
+/// A product to put on sale.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewProduct {
+    /// 1 to 200 characters, not blank, no control characters.
+    #[schema(min_length = 1, max_length = 200, example = "Phone")]
+    name: String,
+    /// Units on sale.
+    #[schema(minimum = 0, maximum = 1_000_000_000, example = 100)]
+    stock: i64,
+}
+
+/// A product, as the admin routes answer.
+#[derive(Serialize, ToSchema)]
+pub struct ProductBody {
+    id: i64,
     name: String,
     stock: i64,
 }
 
-fn product_json(product: &Product) -> serde_json::Value {
-    json!({"id": product.id, "name": product.name, "stock": product.stock})
+impl From<Product> for ProductBody {
+    fn from(product: Product) -> Self {
+        Self {
+            id: product.id,
+            name: product.name,
+            stock: product.stock,
+        }
+    }
 }
 
-/// `POST /api/products` (admin): 201 `{"id", "name", "stock"}`.
+/// A product and its books: `supplied = stock + sold`.
+#[derive(Serialize, ToSchema)]
+pub struct ProductBooks {
+    id: i64,
+    name: String,
+    stock: i64,
+    /// Units in orders.
+    sold: i64,
+    /// Units the stock ledger says were supplied: the initial stock and every change.
+    supplied: i64,
+}
+
+/// The product in the path, for the OpenAPI document (handlers parse the path themselves,
+/// to answer a bad id in the API's error format).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code, reason = "read by the OpenAPI derive only")]
+pub struct ProductPath {
+    /// The product id.
+    #[param(minimum = 1)]
+    pub id: i64,
+}
+
+/// `POST /api/products` (admin).
+#[utoipa::path(
+    post,
+    path = "/api/products",
+    tag = "admin",
+    request_body = NewProduct,
+    security(("admin_token" = [])),
+    responses(
+        (status = 201, description = "created", body = ProductBody),
+        (status = 400, description = "invalid input or malformed body", body = ErrorBody),
+        (status = 401, description = "missing or wrong admin token", body = ErrorBody),
+        (status = 403, description = "admin routes are disabled (no ADMIN_TOKEN)", body = ErrorBody),
+        (status = 413, description = "body over 16 KiB", body = ErrorBody),
+        (status = 415, description = "not application/json", body = ErrorBody),
+        (status = 503, description = "busy or database unavailable", body = ErrorBody),
+    )
+)]
 pub async fn create(
     req: HttpRequest,
     sale: web::Data<Sale>,
@@ -36,16 +94,37 @@ pub async fn create(
         stock = product.stock,
         "product created"
     );
-    Ok(HttpResponse::Created().json(product_json(&product)))
+    Ok(HttpResponse::Created().json(ProductBody::from(product)))
 }
 
-#[derive(Deserialize)]
+/// Units to add.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddStock {
+    #[schema(minimum = 1, maximum = 1_000_000_000, example = 50)]
     add: i64,
 }
 
-/// `POST /api/products/{id}/restock` (admin) `{"add": N}`: add N units; 200 the product.
+/// `POST /api/products/{id}/restock` (admin) `{"add": N}`: add N units.
+#[utoipa::path(
+    post,
+    path = "/api/products/{id}/restock",
+    tag = "admin",
+    params(ProductPath),
+    request_body = AddStock,
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "restocked", body = ProductBody),
+        (status = 400, description = "invalid input or malformed body", body = ErrorBody),
+        (status = 401, description = "missing or wrong admin token", body = ErrorBody),
+        (status = 403, description = "admin routes are disabled", body = ErrorBody),
+        (status = 404, description = "no such product", body = ErrorBody),
+        (status = 409, description = "stock_too_large: the stock would pass a billion", body = ErrorBody),
+        (status = 413, description = "body over 16 KiB", body = ErrorBody),
+        (status = 415, description = "not application/json", body = ErrorBody),
+        (status = 503, description = "busy or database unavailable", body = ErrorBody),
+    )
+)]
 pub async fn restock(
     req: HttpRequest,
     sale: web::Data<Sale>,
@@ -69,16 +148,38 @@ pub async fn restock(
     changed(&sale, id, outcome, None)
 }
 
-#[derive(Deserialize)]
+/// An absolute stock, with its precondition.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetStock {
+    /// The new stock.
+    #[schema(minimum = 0, maximum = 1_000_000_000)]
     stock: i64,
     /// The stock the admin believes is there now; nothing changes unless it is.
     expected_stock: i64,
 }
 
-/// `PUT /api/products/{id}/stock` (admin) `{"stock", "expected_stock"}`: set the stock, only
-/// if it is still `expected_stock`; 200 the product, or 409 `stock_changed`.
+/// `PUT /api/products/{id}/stock` (admin): set the stock, only if it is still
+/// `expected_stock`.
+#[utoipa::path(
+    put,
+    path = "/api/products/{id}/stock",
+    tag = "admin",
+    params(ProductPath),
+    request_body = SetStock,
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "set", body = ProductBody),
+        (status = 400, description = "invalid input or malformed body", body = ErrorBody),
+        (status = 401, description = "missing or wrong admin token", body = ErrorBody),
+        (status = 403, description = "admin routes are disabled", body = ErrorBody),
+        (status = 404, description = "no such product", body = ErrorBody),
+        (status = 409, description = "stock_changed: the stock is not expected_stock", body = ErrorBody),
+        (status = 413, description = "body over 16 KiB", body = ErrorBody),
+        (status = 415, description = "not application/json", body = ErrorBody),
+        (status = 503, description = "busy or database unavailable", body = ErrorBody),
+    )
+)]
 pub async fn set_stock(
     req: HttpRequest,
     sale: web::Data<Sale>,
@@ -114,7 +215,7 @@ fn changed(
         } => {
             sale.restocked(id, restock_gen);
             tracing::info!(product_id = %id, stock = product.stock, "stock changed");
-            Ok(HttpResponse::Ok().json(product_json(&product)))
+            Ok(HttpResponse::Ok().json(ProductBody::from(product)))
         }
         Restocked::NotFound => Err(ApiError::NotFound("no such product".into())),
         Restocked::Refused { current } => Err(match expected {
@@ -124,7 +225,19 @@ fn changed(
     }
 }
 
-/// `GET /api/products/{id}`: 200 `{"id", "name", "stock", "sold", "supplied"}`.
+/// `GET /api/products/{id}`: the product and its books.
+#[utoipa::path(
+    get,
+    path = "/api/products/{id}",
+    tag = "sale",
+    params(ProductPath),
+    responses(
+        (status = 200, description = "the product", body = ProductBooks),
+        (status = 400, description = "a bad id", body = ErrorBody),
+        (status = 404, description = "no such product", body = ErrorBody),
+        (status = 503, description = "busy or database unavailable", body = ErrorBody),
+    )
+)]
 pub async fn show(
     sale: web::Data<Sale>,
     path: web::Path<String>,
@@ -134,8 +247,11 @@ pub async fn show(
         .await
         .map_err(|e| ApiError::from_db(&e))?
         .ok_or_else(|| ApiError::NotFound("no such product".into()))?;
-    Ok(HttpResponse::Ok().json(json!({
-        "id": product.id, "name": product.name, "stock": product.stock,
-        "sold": product.sold, "supplied": product.supplied,
-    })))
+    Ok(HttpResponse::Ok().json(ProductBooks {
+        id: product.id,
+        name: product.name,
+        stock: product.stock,
+        sold: product.sold,
+        supplied: product.supplied,
+    }))
 }

@@ -1,16 +1,21 @@
 use actix_web::{HttpResponse, web};
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
+use super::products::ProductPath;
 use crate::domain::{ProductId, Quantity, UserId};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::sale::{PurchaseRequest, Sale};
 
-#[derive(Deserialize)]
+/// A purchase. The buyer is not authenticated in this demo: `user_id` is trusted.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PurchaseBody {
+    #[schema(minimum = 1, example = 42)]
     user_id: i64,
+    /// 1 to MAX_QUANTITY (5 by default).
     #[serde(default = "one")]
+    #[schema(minimum = 1, default = 1)]
     quantity: i64,
 }
 
@@ -18,7 +23,32 @@ fn one() -> i64 {
     1
 }
 
-/// `POST /api/products/{id}/purchase`: 201 `{"order_id", "product_id", "user_id", "quantity"}`.
+/// An order.
+#[derive(Serialize, ToSchema)]
+pub struct OrderBody {
+    pub order_id: i64,
+    pub product_id: i64,
+    pub user_id: i64,
+    pub quantity: i32,
+}
+
+/// `POST /api/products/{id}/purchase`.
+#[utoipa::path(
+    post,
+    path = "/api/products/{id}/purchase",
+    tag = "sale",
+    params(ProductPath),
+    request_body = PurchaseBody,
+    responses(
+        (status = 201, description = "bought: the buyer's own order", body = OrderBody),
+        (status = 400, description = "invalid input or malformed body", body = ErrorBody),
+        (status = 404, description = "no such product", body = ErrorBody),
+        (status = 409, description = "sold_out, or already_purchased (one order per buyer)", body = ErrorBody),
+        (status = 413, description = "body over 16 KiB", body = ErrorBody),
+        (status = 415, description = "not application/json", body = ErrorBody),
+        (status = 503, description = "busy or lock_lost (retry; see Retry-After), redis_unavailable, database_unavailable", body = ErrorBody),
+    )
+)]
 pub async fn purchase(
     sale: web::Data<Sale>,
     path: web::Path<String>,
@@ -31,10 +61,10 @@ pub async fn purchase(
             .map_err(ApiError::InvalidInput)?,
     };
     let bought = sale.purchase(request).await?;
-    Ok(HttpResponse::Created().json(json!({
-        "order_id": bought.order_id,
-        "product_id": request.product_id.get(),
-        "user_id": request.user_id.get(),
-        "quantity": request.quantity.get(),
-    })))
+    Ok(HttpResponse::Created().json(OrderBody {
+        order_id: bought.order_id,
+        product_id: request.product_id.get(),
+        user_id: request.user_id.get(),
+        quantity: request.quantity.get(),
+    }))
 }

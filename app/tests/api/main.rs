@@ -8,6 +8,7 @@ mod concurrency;
 mod fencing;
 mod health;
 mod helpers;
+mod openapi;
 mod products;
 mod purchase;
 mod redis_faults;
