@@ -7,6 +7,7 @@
 //!   and [`PrefixCleanup`], which deletes what a test left under it.
 //! - [`free_port`].
 
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -80,26 +81,33 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
-    /// Start one on a free port and wait until it accepts connections.
+    /// Start one on a free port and wait until it accepts connections. A port taken by
+    /// another process between the pick and the bind costs a retry on a new port.
     pub fn start() -> Self {
-        Self::start_on(free_port())
+        for _ in 0..ATTEMPTS {
+            let port = free_port();
+            if let Some(child) = spawn_redis(port, &[]) {
+                return Self {
+                    child: Some(child),
+                    port,
+                };
+            }
+        }
+        panic!("redis-server did not start on any of {ATTEMPTS} free ports");
     }
 
     /// Start one on `port` (to restart a killed server where its clients expect it).
     pub fn start_on(port: u16) -> Self {
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server on the PATH");
-        let server = Self {
-            child: Some(child),
-            port,
-        };
-        server.wait_ready();
-        server
+        for _ in 0..ATTEMPTS {
+            if let Some(child) = spawn_redis(port, &[]) {
+                return Self {
+                    child: Some(child),
+                    port,
+                };
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("redis-server did not start on port {port}: is it taken?");
     }
 
     pub fn port(&self) -> u16 {
@@ -108,10 +116,6 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn wait_ready(&self) {
-        wait_for_port(self.port);
     }
 
     /// Send a signal (`-STOP`, `-CONT`, ...) to the server, by its pid.
@@ -162,25 +166,32 @@ impl RedisCluster {
             unique_prefix("c").replace(':', "-")
         ));
         std::fs::create_dir_all(&dir).expect("a temp dir");
-        let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
-        let mut nodes = Vec::new();
-        for &port in &ports {
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--cluster-enabled", "yes"])
-                .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
-                .args(["--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(&dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server on the PATH");
-            nodes.push(child);
-        }
-        let cluster = Self { nodes, ports, dir };
-        for &port in &cluster.ports {
-            wait_for_port(port);
+        let mut cluster = Self {
+            nodes: Vec::new(),
+            ports: Vec::new(),
+            dir,
+        };
+        while cluster.nodes.len() < n {
+            // The bus port is given explicitly: the default (port + 10,000) is refused
+            // above port 55535 ("Redis port number too high"), and may be taken.
+            let started = (0..ATTEMPTS).find_map(|_| {
+                let (port, bus) = (free_port(), free_port());
+                let dir = cluster.dir.to_str().expect("a UTF-8 temp dir").to_owned();
+                let node_args = [
+                    "--cluster-enabled".to_owned(),
+                    "yes".to_owned(),
+                    "--cluster-port".to_owned(),
+                    bus.to_string(),
+                    "--cluster-config-file".to_owned(),
+                    format!("nodes-{port}.conf"),
+                    "--dir".to_owned(),
+                    dir,
+                ];
+                spawn_redis(port, &node_args).map(|child| (child, port))
+            });
+            let (child, port) = started.expect("a cluster node on a free port");
+            cluster.nodes.push(child);
+            cluster.ports.push(port);
         }
         let addresses: Vec<String> = cluster
             .ports
@@ -237,12 +248,112 @@ impl Drop for RedisCluster {
     }
 }
 
-fn wait_for_port(port: u16) {
+/// How many ports a server start tries before giving up.
+const ATTEMPTS: usize = 5;
+
+/// Start `redis-server` on `port` with `extra` arguments, and wait until the server that
+/// answers there is this child (its `process_id`), not some other process that took the
+/// port first. `None`: it exited (the port was taken), or never answered and was killed.
+fn spawn_redis(port: u16, extra: &[String]) -> Option<Child> {
+    let mut child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server on the PATH");
+    let ours = format!("process_id:{}", child.id());
     for _ in 0..400 {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
+        if child.try_wait().ok().flatten().is_some() {
+            return None;
+        }
+        if server_info(port).is_some_and(|info| info.contains(&ours)) {
+            return Some(child);
         }
         std::thread::sleep(Duration::from_millis(25));
     }
-    panic!("redis-server on port {port} did not start");
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// `INFO server` from whatever answers on `port`, within a second; `None` if nothing does.
+fn server_info(port: u16) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    stream.write_all(b"INFO server\r\n").ok()?;
+    let mut reply = Vec::new();
+    let mut buffer = [0; 4096];
+    // A bulk string: `$<len>\r\n<len bytes>\r\n`. Read until all of it is here.
+    loop {
+        let read = stream.read(&mut buffer).ok()?;
+        if read == 0 {
+            break;
+        }
+        reply.extend_from_slice(&buffer[..read]);
+        let text = String::from_utf8_lossy(&reply);
+        if let Some((header, body)) = text.strip_prefix('$').and_then(|t| t.split_once("\r\n")) {
+            if body.len() >= header.parse::<usize>().ok()? {
+                return Some(body.to_owned());
+            }
+        } else if !text.starts_with('$') {
+            return None;
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A free port above 55535, where a cluster node's default bus port (port + 10,000)
+    /// does not exist.
+    fn free_high_port() -> u16 {
+        (55_600..65_000)
+            .step_by(7)
+            .find(|&port| TcpListener::bind(("127.0.0.1", port)).is_ok())
+            .expect("a free port above 55535")
+    }
+
+    fn cluster_args(bus: Option<u16>, dir: &std::path::Path, port: u16) -> Vec<String> {
+        let mut args = vec!["--cluster-enabled".to_owned(), "yes".to_owned()];
+        if let Some(bus) = bus {
+            args.extend(["--cluster-port".to_owned(), bus.to_string()]);
+        }
+        args.extend([
+            "--cluster-config-file".to_owned(),
+            format!("nodes-{port}.conf"),
+            "--dir".to_owned(),
+            dir.to_str().unwrap().to_owned(),
+        ]);
+        args
+    }
+
+    #[test]
+    fn a_cluster_node_above_port_55535_needs_its_bus_port_given() {
+        let dir = std::env::temp_dir().join(unique_prefix("high").replace(':', "-"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = free_high_port();
+        assert!(
+            spawn_redis(port, &cluster_args(None, &dir, port)).is_none(),
+            "redis-server started a cluster node on {port} with the default bus port"
+        );
+        let mut node = spawn_redis(port, &cluster_args(Some(free_port()), &dir, port))
+            .expect("a cluster node with an explicit bus port");
+        node.kill().unwrap();
+        node.wait().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_server_is_not_taken_for_ready_when_another_process_holds_its_port() {
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        assert!(spawn_redis(port, &[]).is_none());
+        drop(taken);
+        let server = RedisServer::start();
+        assert_ne!(server.port(), 0);
+    }
 }
