@@ -2,7 +2,10 @@
 
 use actix_web::error::JsonPayloadError;
 use actix_web::http::StatusCode;
-use actix_web::http::header::{self, HeaderValue};
+use std::sync::LazyLock;
+
+use actix_web::http::header::{self, ContentType, HeaderValue};
+use actix_web::web::Bytes;
 use actix_web::{HttpRequest, HttpResponse, ResponseError};
 use serde::Serialize;
 
@@ -157,7 +160,7 @@ impl From<PurchaseError> for ApiError {
         match error {
             PurchaseError::NotFound => ApiError::NotFound("no such product".into()),
             PurchaseError::SoldOut(_) => ApiError::SoldOut,
-            PurchaseError::AlreadyPurchased => ApiError::AlreadyPurchased,
+            PurchaseError::AlreadyPurchased(_) => ApiError::AlreadyPurchased,
             PurchaseError::Busy => ApiError::Busy,
             PurchaseError::LockLost => ApiError::LockLost,
             PurchaseError::Redis(error) => {
@@ -218,9 +221,33 @@ impl ResponseError for ApiError {
             }
             _ => {}
         }
-        response.json(ErrorBody {
+        match self {
+            // The answers a flood gets, serialized once (the sold-out path is served from
+            // memory, and the body is most of what is left of its cost).
+            ApiError::SoldOut => response
+                .content_type(ContentType::json())
+                .body(SOLD_OUT_BODY.clone()),
+            ApiError::AlreadyPurchased => response
+                .content_type(ContentType::json())
+                .body(ALREADY_PURCHASED_BODY.clone()),
+            _ => response.json(self.body()),
+        }
+    }
+}
+
+impl ApiError {
+    fn body(&self) -> ErrorBody {
+        ErrorBody {
             error: self.code().to_owned(),
             message: self.to_string(),
-        })
+        }
     }
+}
+
+static SOLD_OUT_BODY: LazyLock<Bytes> = LazyLock::new(|| serialized(&ApiError::SoldOut));
+static ALREADY_PURCHASED_BODY: LazyLock<Bytes> =
+    LazyLock::new(|| serialized(&ApiError::AlreadyPurchased));
+
+fn serialized(error: &ApiError) -> Bytes {
+    Bytes::from(serde_json::to_vec(&error.body()).expect("an error body serializes"))
 }

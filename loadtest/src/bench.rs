@@ -23,25 +23,33 @@ use crate::servers;
 
 const ADMIN_TOKEN: &str = "bench-admin-token-0123456789";
 
-/// Every request a new buyer: thread `t` counts from `t * 10^9`.
+/// Every request a new buyer, in every run: run `r` (the script's argument), thread `t`
+/// counts from `r * 10^11 + t * 10^9`. (Lua numbers are doubles: exact up to 2^53.)
 const BUY_SCRIPT: &str = r#"
 local counter = 0
 local threads = 0
+local base = 0
 function setup(thread)
   thread:set("id", threads)
   threads = threads + 1
 end
+function init(args)
+  base = tonumber(args[1]) * 100000000000
+end
 request = function()
   counter = counter + 1
-  local body = '{"user_id": ' .. (id * 1000000000 + counter) .. '}'
+  local body = '{"user_id": ' .. string.format("%.0f", base + id * 1000000000 + counter) .. '}'
   return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, body)
 end
 "#;
 
+/// Numbers wrk runs, so no two runs share a buyer.
+static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// One fixed purchase: for the sold-out answer, whose cost does not depend on the buyer.
 const FIXED_SCRIPT: &str = r#"
 wrk.method = "POST"
-wrk.body = '{"user_id": 1}'
+wrk.body = '{"user_id": 3}'
 wrk.headers["Content-Type"] = "application/json"
 "#;
 
@@ -265,6 +273,11 @@ fn wrk(
         .arg("-s")
         .arg(script)
         .arg(format!("{url}{path}"))
+        .arg("--")
+        .arg(
+            RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                .to_string(),
+        )
         .output()
         .context("running wrk")?;
     let text = String::from_utf8_lossy(&output.stdout);

@@ -168,9 +168,9 @@ pub(crate) async fn sell(
         .map(|(request, decision)| match decision {
             Decision::Sell => match order_ids.get(&request.user_id.get()) {
                 Some(&order_id) => Ok(Bought { order_id, left }),
-                None => Err(PurchaseError::AlreadyPurchased),
+                None => Err(PurchaseError::AlreadyPurchased(Some(left))),
             },
-            Decision::AlreadyPurchased => Err(PurchaseError::AlreadyPurchased),
+            Decision::AlreadyPurchased => Err(PurchaseError::AlreadyPurchased(Some(left))),
             Decision::SoldOut => Err(PurchaseError::SoldOut(Some(left))),
         })
         .collect())

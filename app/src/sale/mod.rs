@@ -62,8 +62,9 @@ pub enum PurchaseError {
     /// Sold out; with the stock the batch saw, when a batch decided it.
     #[error("sold out")]
     SoldOut(Option<StockSeen>),
+    /// With the stock the batch saw, when a batch decided it (a sell-out it teaches too).
     #[error("this user already bought this product")]
-    AlreadyPurchased,
+    AlreadyPurchased(Option<StockSeen>),
     /// The queue is full, or the buyer's turn did not come in time.
     #[error("too many buyers at once; try again")]
     Busy,
@@ -96,7 +97,7 @@ impl PurchaseError {
         match self {
             PurchaseError::NotFound => "not_found",
             PurchaseError::SoldOut(_) => "sold_out",
-            PurchaseError::AlreadyPurchased => "already_purchased",
+            PurchaseError::AlreadyPurchased(_) => "already_purchased",
             PurchaseError::Busy => "busy",
             PurchaseError::LockLost => "lock_lost",
             PurchaseError::Redis(_) | PurchaseError::LockService(_) => "redis_unavailable",
@@ -251,7 +252,7 @@ impl Sale {
         };
         let seen = match &outcome {
             Ok(bought) => Some(bought.left),
-            Err(PurchaseError::SoldOut(seen)) => *seen,
+            Err(PurchaseError::SoldOut(seen) | PurchaseError::AlreadyPurchased(seen)) => *seen,
             Err(_) => None,
         };
         if let Some(seen) = seen.filter(|seen| seen.stock == 0) {

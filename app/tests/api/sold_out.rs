@@ -53,6 +53,33 @@ async fn once_an_instance_has_seen_the_sell_out_it_answers_from_memory(
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_batch_that_answers_only_already_purchased_still_teaches_the_sell_out(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange: A sells the last unit to user 1; B has not seen the sell-out.
+    let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("sold-out"));
+    settings.sold_out_recheck_ms = 60_000;
+    let apps = spawn_instances(2, &pool_options, &connect, &settings).await;
+    let (a, b) = (&apps[0], &apps[1]);
+    let id = a.create_product("Phone", 1).await;
+    assert_eq!(a.purchase(id, 1, 1).await.status(), 201);
+
+    // Act: user 1 asks B again (a batch finds their order, and the stock at 0), then user 5.
+    let again = b.purchase(id, 1, 1).await;
+    let other = b.purchase(id, 5, 1).await;
+
+    // Assert: the second answer came from memory, without another batch or lock.
+    assert_eq!(
+        error_code(again).await,
+        (409, "already_purchased".to_owned())
+    );
+    assert_eq!(error_code(other).await, (409, "sold_out".to_owned()));
+    assert_eq!(b.metric("seckill_sold_out_fast_path_total").await, 1.0);
+    assert_eq!(b.metric("seckill_lock_acquisitions_total").await, 1.0);
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn a_restock_reaches_another_instance_by_message_at_once(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
