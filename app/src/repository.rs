@@ -27,24 +27,20 @@ pub struct SessionBounds {
     pub idle_in_transaction_timeout_ms: u64,
 }
 
-/// Begin a transaction with `bounds` on it. `set_config(.., true)` lasts until the
-/// transaction ends, so a pooled connection carries no setting over to its next user.
+/// Begin a transaction with `bounds` on it, in one round trip: `BEGIN` and the three
+/// `SET LOCAL`s go as one simple query. `SET LOCAL` lasts until the transaction ends, so a
+/// pooled connection carries no setting over to its next user.
 pub async fn begin(
     pool: &PgPool,
     bounds: SessionBounds,
 ) -> sqlx::Result<Transaction<'static, Postgres>> {
-    let mut tx = pool.begin().await?;
-    sqlx::query!(
-        "SELECT set_config('statement_timeout', $1, true) AS statement_timeout,
-                set_config('lock_timeout', $2, true) AS lock_timeout,
-                set_config('idle_in_transaction_session_timeout', $3, true) AS idle_timeout",
-        format!("{}ms", bounds.statement_timeout_ms),
-        format!("{}ms", bounds.lock_timeout_ms),
-        format!("{}ms", bounds.idle_in_transaction_timeout_ms),
-    )
-    .fetch_one(&mut *tx)
-    .await?;
-    Ok(tx)
+    // Only integers are formatted into the statement.
+    pool.begin_with(format!(
+        "BEGIN; SET LOCAL statement_timeout = {}; SET LOCAL lock_timeout = {}; \
+         SET LOCAL idle_in_transaction_session_timeout = {}",
+        bounds.statement_timeout_ms, bounds.lock_timeout_ms, bounds.idle_in_transaction_timeout_ms
+    ))
+    .await
 }
 
 /// A product as the admin API returns it.
@@ -245,166 +241,146 @@ pub async fn order_of(pool: &PgPool, product: ProductId, user: i64) -> sqlx::Res
     .await
 }
 
-/// What a fenced claim found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FenceClaim {
-    /// Our fence is now stored and the row is locked by our transaction; here is its stock,
-    /// read after the claim, so no earlier holder's write can be missed.
-    Claimed(StockSeen),
-    /// The row holds a higher fence than ours: a newer holder has written.
-    Refused {
-        stored: i64,
-    },
-    NoSuchProduct,
+/// What a batch reads before it allocates: the product's row and which of its buyers
+/// already have an order, in one round trip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchSnapshot {
+    pub stock: i64,
+    pub restock_gen: i64,
+    /// The highest fence that has written the row.
+    pub fence: i64,
+    /// Bumped by every write (the optimistic strategy compares it).
+    pub version: i64,
+    /// Of the batch's users, those who already have an order for the product.
+    pub bought: Vec<i64>,
 }
 
-/// Store `fence` on the product unless a higher one is there, and read the stock. One
-/// holder may claim several times with its fence (one claim per batch); two acquisitions
-/// never share a fence.
-pub async fn claim_fence(
-    conn: &mut PgConnection,
-    id: ProductId,
-    fence: i64,
-) -> sqlx::Result<FenceClaim> {
-    let claimed = sqlx::query_as!(
-        StockSeen,
-        "UPDATE products SET fence = $2 WHERE id = $1 AND fence <= $2 RETURNING stock, restock_gen",
-        id.get(),
-        fence,
-    )
-    .fetch_optional(&mut *conn)
-    .await?;
-    if let Some(seen) = claimed {
-        return Ok(FenceClaim::Claimed(seen));
+impl BatchSnapshot {
+    pub fn seen(&self) -> StockSeen {
+        StockSeen {
+            stock: self.stock,
+            restock_gen: self.restock_gen,
+        }
     }
-    let stored = sqlx::query_scalar!("SELECT fence FROM products WHERE id = $1", id.get())
-        .fetch_optional(&mut *conn)
-        .await?;
-    Ok(
-        stored.map_or(FenceClaim::NoSuchProduct, |stored| FenceClaim::Refused {
-            stored,
-        }),
-    )
 }
 
-/// Read the stock and lock the row until the transaction ends (`pg-row`).
-pub async fn lock_stock(conn: &mut PgConnection, id: ProductId) -> sqlx::Result<Option<StockSeen>> {
-    sqlx::query_as!(
-        StockSeen,
-        "SELECT stock, restock_gen FROM products WHERE id = $1 FOR UPDATE",
-        id.get()
-    )
-    .fetch_optional(conn)
-    .await
-}
-
-/// Read the stock and the version without locking anything.
-pub async fn read_stock(
-    conn: &mut PgConnection,
-    id: ProductId,
-) -> sqlx::Result<Option<(StockSeen, i64)>> {
-    let row = sqlx::query!(
-        "SELECT stock, restock_gen, version FROM products WHERE id = $1",
-        id.get()
-    )
-    .fetch_optional(conn)
-    .await?;
-    Ok(row.map(|row| {
-        let seen = StockSeen {
-            stock: row.stock,
-            restock_gen: row.restock_gen,
-        };
-        (seen, row.version)
-    }))
-}
-
-/// Which of `users` already have an order for the product.
-pub async fn buyers_among(
+/// Read the product's row for a batch, with the batch's `users` who already have an order.
+/// With `lock`, the row is locked until the transaction ends (`FOR UPDATE`: any other
+/// writer's commit is waited for, so the stock read is the latest). `None`: no such product.
+pub async fn batch_snapshot(
     conn: &mut PgConnection,
     id: ProductId,
     users: &[i64],
-) -> sqlx::Result<Vec<i64>> {
-    sqlx::query_scalar!(
-        "SELECT user_id FROM orders WHERE product_id = $1 AND user_id = ANY($2)",
-        id.get(),
-        users,
-    )
-    .fetch_all(conn)
-    .await
+    lock: bool,
+) -> sqlx::Result<Option<BatchSnapshot>> {
+    if lock {
+        sqlx::query_as!(
+            BatchSnapshot,
+            r#"SELECT p.stock, p.restock_gen, p.fence, p.version,
+                      ARRAY(SELECT o.user_id FROM orders o
+                            WHERE o.product_id = p.id AND o.user_id = ANY($2)) AS "bought!"
+               FROM products p WHERE p.id = $1
+               FOR UPDATE OF p"#,
+            id.get(),
+            users,
+        )
+        .fetch_optional(conn)
+        .await
+    } else {
+        sqlx::query_as!(
+            BatchSnapshot,
+            r#"SELECT p.stock, p.restock_gen, p.fence, p.version,
+                      ARRAY(SELECT o.user_id FROM orders o
+                            WHERE o.product_id = p.id AND o.user_id = ANY($2)) AS "bought!"
+               FROM products p WHERE p.id = $1"#,
+            id.get(),
+            users,
+        )
+        .fetch_optional(conn)
+        .await
+    }
 }
 
-/// Insert one order per `(user, quantity)` in one statement, under `fence` if any. A user
-/// who has an order already is skipped; returns `(user, order id)` for those inserted.
-pub async fn insert_orders(
+/// How a batch writes the stock after its orders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StockWrite {
+    /// `stock = read - sold`: the row is ours (locked, or fenced), or nobody checks (`none`).
+    Set { read: i64 },
+    /// The same, only if nobody wrote since `version` was read (optimistic).
+    IfVersion { read: i64, version: i64 },
+    /// `stock = stock - sold`, only if that many are left (atomic).
+    Take,
+}
+
+/// What a batch's write did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sold {
+    /// The stock after the write.
+    pub left: i64,
+    /// `(user, order id)` of every order inserted.
+    pub orders: Vec<(i64, i64)>,
+}
+
+/// Insert one order per `(user, quantity)` (under `fence`, stored on the row too, if any)
+/// and write the stock `how`, in one statement. A user who has an order already is skipped,
+/// and what they asked for is not taken from the stock. `None`: the write's condition
+/// failed (another writer came first); the caller rolls the transaction back.
+pub async fn sell_orders(
     conn: &mut PgConnection,
     id: ProductId,
     users: &[i64],
     quantities: &[i32],
     fence: Option<i64>,
-) -> sqlx::Result<Vec<(i64, i64)>> {
-    let inserted = sqlx::query!(
-        r#"INSERT INTO orders (product_id, user_id, quantity, fence)
-         SELECT $1::BIGINT, u, q, $4::BIGINT FROM UNNEST($2::BIGINT[], $3::INT[]) AS t (u, q)
-         ON CONFLICT ON CONSTRAINT orders_one_per_user DO NOTHING
-         RETURNING user_id, id"#,
+    how: StockWrite,
+) -> sqlx::Result<Option<Sold>> {
+    let (mode, read, version) = match how {
+        StockWrite::Set { read } => ("set", Some(read), None),
+        StockWrite::IfVersion { read, version } => ("if_version", Some(read), Some(version)),
+        StockWrite::Take => ("take", None, None),
+    };
+    // The sub-statements see one snapshot; the stock write reads the insert's RETURNING, so
+    // it takes exactly what was inserted.
+    let rows = sqlx::query!(
+        r#"WITH inserted AS (
+               INSERT INTO orders (product_id, user_id, quantity, fence)
+               SELECT $1::BIGINT, u, q, $4::BIGINT FROM UNNEST($2::BIGINT[], $3::INT[]) AS t (u, q)
+               ON CONFLICT ON CONSTRAINT orders_one_per_user DO NOTHING
+               RETURNING user_id, id, quantity
+           ),
+           sold AS (SELECT COALESCE(SUM(quantity), 0)::BIGINT AS units FROM inserted),
+           written AS (
+               UPDATE products p
+               SET stock = (CASE WHEN $5::TEXT = 'take' THEN p.stock ELSE $6::BIGINT END) - sold.units,
+                   fence = COALESCE($4, p.fence),
+                   version = p.version + 1
+               FROM sold
+               WHERE p.id = $1
+                 AND ($5 <> 'if_version' OR p.version = $7::BIGINT)
+                 AND ($5 <> 'take' OR p.stock >= sold.units)
+               RETURNING p.stock
+           )
+           SELECT w.stock AS "left!", i.user_id AS "user_id?", i.id AS "order_id?"
+           FROM written w LEFT JOIN inserted i ON true"#,
         id.get(),
         users,
         quantities,
         fence,
+        mode,
+        read,
+        version,
     )
     .fetch_all(conn)
     .await?;
-    Ok(inserted
-        .into_iter()
-        .map(|row| (row.user_id, row.id))
-        .collect())
-}
-
-/// Overwrite the stock with a value the caller computed (under its lock).
-pub async fn write_stock(conn: &mut PgConnection, id: ProductId, stock: i64) -> sqlx::Result<()> {
-    sqlx::query!(
-        "UPDATE products SET stock = $2, version = version + 1 WHERE id = $1",
-        id.get(),
-        stock,
-    )
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-/// Overwrite the stock only if nobody wrote since `version` was read. `false`: someone did.
-pub async fn write_stock_if_version(
-    conn: &mut PgConnection,
-    id: ProductId,
-    version: i64,
-    stock: i64,
-) -> sqlx::Result<bool> {
-    let done = sqlx::query!(
-        "UPDATE products SET stock = $3, version = version + 1 WHERE id = $1 AND version = $2",
-        id.get(),
-        version,
-        stock,
-    )
-    .execute(conn)
-    .await?;
-    Ok(done.rows_affected() == 1)
-}
-
-/// Take `sold` units in one guarded statement. `None`: fewer are left (someone sold since
-/// the caller read the stock).
-pub async fn take_stock(
-    conn: &mut PgConnection,
-    id: ProductId,
-    sold: i64,
-) -> sqlx::Result<Option<i64>> {
-    sqlx::query_scalar!(
-        "UPDATE products SET stock = stock - $2, version = version + 1
-         WHERE id = $1 AND stock >= $2 RETURNING stock",
-        id.get(),
-        sold,
-    )
-    .fetch_optional(conn)
-    .await
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    Ok(Some(Sold {
+        left: first.left,
+        orders: rows
+            .iter()
+            .filter_map(|r| Some((r.user_id?, r.order_id?)))
+            .collect(),
+    }))
 }
 
 pub async fn ping(conn: &mut PgConnection) -> sqlx::Result<()> {

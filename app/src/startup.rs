@@ -162,12 +162,12 @@ fn session_bounds(settings: &Settings) -> [(&'static str, String); 3] {
     ]
 }
 
-/// The longest a healthy batch can take: waiting for a connection, then a handful of
-/// statements (begin, claim, lookup, insert, write, commit), each bounded by
-/// `statement_timeout` on the server, plus the work.
+/// The longest a healthy batch can take: waiting for a connection, then its four
+/// statements (begin, read, insert-and-write, commit), each bounded by `statement_timeout` on
+/// the server, plus the work.
 fn batch_timeout(settings: &Settings) -> Duration {
     settings.database_acquire_timeout()
-        + Duration::from_millis(settings.pg_statement_timeout_ms) * 6
+        + Duration::from_millis(settings.pg_statement_timeout_ms) * 4
         + settings.work()
 }
 

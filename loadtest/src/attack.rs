@@ -118,6 +118,13 @@ impl Tally {
         at.into_iter().map(Duration::from_micros).collect()
     }
 
+    /// The share of `busy` answers among the requests that reached a sale: every request
+    /// but those answered `sold_out` (a sold-out product answers from memory, in any number).
+    pub fn busy_share(&self) -> f64 {
+        let to_the_sale = (self.requests() as u64).saturating_sub(self.count(&self.sold_out));
+        self.count(&self.busy) as f64 / to_the_sale.max(1) as f64
+    }
+
     /// Buyers whose answer was lost, without repeats.
     pub fn lost_answers(&self) -> Vec<u64> {
         let mut lost = self.lost_answers.lock().unwrap().clone();
@@ -151,6 +158,9 @@ pub struct AttackReport {
     pub unanswered_buyers: u64,
     /// Buyers who got two orders (two 201s).
     pub buyers_with_two_201s: u64,
+    /// Buyers whose answer was lost (no answer, or a 5xx other than busy) and who never got
+    /// a 201: whether they have an order is asked of the service after the attack.
+    pub lost_answers: Vec<u64>,
     /// Why goose stopped early, if it refused to finish (a failed `--threshold`).
     pub goose_error: Option<String>,
 }
@@ -273,7 +283,11 @@ pub async fn run(
     if config.run_time.is_none() {
         config.run_time = Some("60".into());
     }
-    let users = config.users.unwrap_or(1).max(1);
+    // What goose will run: --users, or else one per CPU (goose's own default).
+    let users = config
+        .users
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
     let tally = Arc::new(Tally::default());
     let plan = Arc::new(Plan {
         hosts: hosts.to_vec(),
@@ -324,7 +338,11 @@ pub async fn run(
     }
     let goose_error = goose.err().map(|error| error.to_string());
     let full_load = plan.full_load_at_us.load(Ordering::SeqCst);
-    let unanswered = plan.buyers.len() as u64 - plan.answered.load(Ordering::SeqCst);
+    let unanswered =
+        (plan.buyers.len() as u64).saturating_sub(plan.answered.load(Ordering::SeqCst));
+    // A buyer whose answer was lost but who got a 201 on a later try is not a lost answer:
+    // their order is counted among the 201s already.
+    let lost_answers = without_201(tally.lost_answers(), &plan.orders);
     let two = plan
         .orders
         .iter()
@@ -340,6 +358,7 @@ pub async fn run(
         full_load_at: (full_load > 0).then(|| Duration::from_micros(full_load)),
         unanswered_buyers: unanswered,
         buyers_with_two_201s: two,
+        lost_answers,
         goose_error,
     })
 }
@@ -389,9 +408,12 @@ impl Plan {
         None
     }
 
-    /// Record that goose user `index` is running; note when they all are.
+    /// Record that goose user `index` is running; note when they all are, if the sale is
+    /// still on then (a user who starts after the sell-out adds no load to the sale).
     fn user_started(&self, index: usize) {
-        if self.full_load_at_us.load(Ordering::Relaxed) > 0 {
+        if self.full_load_at_us.load(Ordering::Relaxed) > 0
+            || self.tally.count(&self.tally.sold_out) > 0
+        {
             return;
         }
         let mut started = self.users_started.lock().unwrap();
@@ -512,7 +534,12 @@ async fn purchase(user: &mut GooseUser, plan: &Plan) -> TransactionResult {
         return Ok(());
     };
     let index = (buyer - 1) as usize;
-    let first = plan.buyers[index].swap(TRIED, Ordering::SeqCst) == UNTRIED;
+    // Only an untried buyer becomes tried: a buyer another user has just finished stays
+    // final (two users can work on one buyer at the tail, when fewer buyers are open than
+    // users).
+    let first = plan.buyers[index]
+        .compare_exchange(UNTRIED, TRIED, Ordering::SeqCst, Ordering::SeqCst)
+        .is_ok();
     if first {
         plan.tried.fetch_add(1, Ordering::SeqCst);
     }
@@ -603,6 +630,14 @@ fn record(plan: &Plan, buyer: u64, twin: bool, answer: &Answer) -> bool {
     }
 }
 
+/// Of the buyers whose answer was lost, those who never got a 201 (`orders[b - 1]` counts
+/// buyer `b`'s 201s).
+fn without_201(lost: Vec<u64>, orders: &[AtomicU8]) -> Vec<u64> {
+    lost.into_iter()
+        .filter(|buyer| orders[(buyer - 1) as usize].load(Ordering::SeqCst) == 0)
+        .collect()
+}
+
 /// How goose's report shows an answer: `None` for the expected ones.
 fn error_of(answer: &Answer) -> Option<String> {
     match (answer.status, answer.code.as_str()) {
@@ -632,4 +667,16 @@ pub async fn orders_of(host: &str, product_id: i64, buyers: &[u64]) -> anyhow::R
         }
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_buyer_who_lost_an_answer_then_got_a_201_is_not_a_lost_answer() {
+        // Buyers 1..=3: 1 lost an answer and then bought; 2 lost one and has no 201; 3 bought.
+        let orders: Vec<AtomicU8> = [1, 0, 1].into_iter().map(AtomicU8::new).collect();
+        assert_eq!(without_201(vec![1, 2], &orders), [2]);
+    }
 }

@@ -10,6 +10,7 @@
 //!    the share of purchases that failed.
 
 use std::fmt::Write as _;
+use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context, bail};
@@ -68,6 +69,7 @@ struct Subject {
     pool: PgPool,
     product: i64,
     database: String,
+    prefix: String,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -79,90 +81,162 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let redis = servers::redis(args.redis_url.as_deref()).await?;
     let dir = std::env::temp_dir().join(format!("seckill-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let buy = dir.join("buy.lua");
-    let fixed = dir.join("fixed.lua");
-    std::fs::write(&buy, BUY_SCRIPT)?;
-    std::fs::write(&fixed, FIXED_SCRIPT)?;
-    let seconds = args.seconds;
-    let outcome = async {
-        let configs = [
-            (LockStrategy::PgAtomic, 1),
-            (LockStrategy::Redis, 1),
-            (LockStrategy::PgAtomic, 64),
-            (LockStrategy::PgRow, 64),
-            (LockStrategy::PgLock, 64),
-            (LockStrategy::Redis, 64),
-        ];
-        let mut subjects = Vec::new();
-        for (strategy, batch) in configs {
-            subjects.push(subject(&postgres.url, &redis.url, strategy, batch).await?);
+    // Every subject started is kept here, so that it is removed (instance, database, keys)
+    // whatever ends the run: success, an error, or Ctrl-C.
+    let mut subjects = Vec::new();
+    let outcome = tokio::select! {
+        outcome = measure(&args, &postgres.url, &redis.url, &dir, &mut subjects) => outcome,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("stopped by Ctrl-C")),
+    };
+    for subject in subjects {
+        if let Err(error) = subject.remove(&postgres.url, &redis.url).await {
+            eprintln!("cleanup: {error:#}");
         }
-        let mut report = String::new();
-        // 1. Orders per second.
-        let mut orders: Vec<Vec<f64>> = vec![Vec::new(); subjects.len()];
-        for round in 0..args.rounds {
-            for (i, s) in subjects.iter().enumerate() {
-                let before = sold(&s.pool, s.product).await?;
-                wrk(&s.instance.url, &s.product_path(), &buy, 64, seconds)?;
-                let after = sold(&s.pool, s.product).await?;
-                orders[i].push((after - before) as f64 / seconds as f64);
-                println!("round {}: {} {:.0} orders/s", round + 1, s.label, orders[i].last().unwrap());
-            }
-        }
-        let baseline = median(&orders[0]);
-        let _ = writeln!(report, "\n=== orders/s, one instance, one hot product, 64 connections, every request a new buyer (median of {} rounds of {seconds} s) ===", args.rounds);
-        let _ = writeln!(report, "| strategy | BATCH_MAX | orders/s | vs pg-atomic/1 |");
-        let _ = writeln!(report, "|---|---:|---:|---:|");
-        for (s, figures) in subjects.iter().zip(&orders) {
-            let m = median(figures);
-            let _ = writeln!(report, "| {} | {} | {m:.0} | {:.2} |", s.strategy_name(), s.batch(), m / baseline);
-        }
-        // 2. The sold-out answer against /healthz, on the redis instance.
-        let redis_subject = subjects.last().expect("configured");
-        let gone = create_product(&redis_subject.instance.url, ADMIN_TOKEN, 1).await?;
-        let client = reqwest::Client::new();
-        for user in 1..=2 {
-            client
-                .post(format!("{}/api/products/{gone}/purchase", redis_subject.instance.url))
-                .json(&serde_json::json!({"user_id": user}))
-                .send()
-                .await?;
-        }
-        let (mut health, mut sold_out) = (Vec::new(), Vec::new());
-        for _ in 0..args.rounds {
-            health.push(wrk(&redis_subject.instance.url, "/healthz", &fixed_get(&dir)?, 64, seconds)?.per_sec);
-            let path = format!("/api/products/{gone}/purchase");
-            sold_out.push(wrk(&redis_subject.instance.url, &path, &fixed, 64, seconds)?.per_sec);
-        }
-        let (h, so) = (median(&health), median(&sold_out));
-        let _ = writeln!(report, "\n=== the sold-out answer against /healthz, 64 connections ===");
-        let _ = writeln!(report, "| path | requests/s |\n|---|---:|\n| GET /healthz | {h:.0} |\n| POST purchase of a sold-out product | {so:.0} |");
-        let _ = writeln!(report, "sold-out / healthz: {:.2}", so / h);
-        // 3. Overload.
-        let (mut at64, mut at1000, mut failed64, mut failed1000) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..args.rounds {
-            for (connections, goodput, failed) in [(64, &mut at64, &mut failed64), (1000, &mut at1000, &mut failed1000)] {
-                let before = sold(&redis_subject.pool, redis_subject.product).await?;
-                let run = wrk(&redis_subject.instance.url, &redis_subject.product_path(), &buy, connections, seconds)?;
-                let after = sold(&redis_subject.pool, redis_subject.product).await?;
-                goodput.push((after - before) as f64 / seconds as f64);
-                failed.push(run.failed / run.requests.max(1.0));
-            }
-        }
-        let _ = writeln!(report, "\n=== overload: one instance, redis, BATCH_MAX=64 ===");
-        let _ = writeln!(report, "| connections | orders/s | failed purchases |\n|---:|---:|---:|");
-        let _ = writeln!(report, "| 64 | {:.0} | {:.2} % |", median(&at64), median(&failed64) * 100.0);
-        let _ = writeln!(report, "| 1000 | {:.0} | {:.2} % |", median(&at1000), median(&failed1000) * 100.0);
-        let _ = writeln!(report, "goodput at 1000 / at 64: {:.2}", median(&at1000) / median(&at64));
-        print!("{report}");
-        for s in subjects {
-            s.remove(&postgres.url).await?;
-        }
-        anyhow::Ok(())
     }
-    .await;
     let _ = std::fs::remove_dir_all(&dir);
     outcome
+}
+
+async fn measure(
+    args: &BenchArgs,
+    postgres_url: &str,
+    redis_url: &str,
+    dir: &Path,
+    subjects: &mut Vec<Subject>,
+) -> anyhow::Result<()> {
+    let buy = dir.join("buy.lua");
+    let fixed = dir.join("fixed.lua");
+    let get = dir.join("get.lua");
+    std::fs::write(&buy, BUY_SCRIPT)?;
+    std::fs::write(&fixed, FIXED_SCRIPT)?;
+    std::fs::write(&get, "wrk.method = \"GET\"\n")?;
+    let seconds = args.seconds;
+    let configs = [
+        (LockStrategy::PgAtomic, 1),
+        (LockStrategy::Redis, 1),
+        (LockStrategy::PgAtomic, 64),
+        (LockStrategy::PgRow, 64),
+        (LockStrategy::PgLock, 64),
+        (LockStrategy::Redis, 64),
+    ];
+    for (strategy, batch) in configs {
+        subjects.push(subject(postgres_url, redis_url, strategy, batch).await?);
+    }
+    let mut report = String::new();
+    // 1. Orders per second.
+    let mut orders: Vec<Vec<f64>> = vec![Vec::new(); subjects.len()];
+    for round in 0..args.rounds {
+        for (i, s) in subjects.iter().enumerate() {
+            let before = sold(&s.pool, s.product).await?;
+            wrk(&s.instance.url, &s.product_path(), &buy, 64, seconds).await?;
+            let after = sold(&s.pool, s.product).await?;
+            orders[i].push((after - before) as f64 / seconds as f64);
+            println!(
+                "round {}: {} {:.0} orders/s",
+                round + 1,
+                s.label,
+                orders[i].last().unwrap()
+            );
+        }
+    }
+    let baseline = median(&orders[0]);
+    let _ = writeln!(
+        report,
+        "\n=== orders/s, one instance, one hot product, 64 connections, every request a new buyer (median of {} rounds of {seconds} s) ===",
+        args.rounds
+    );
+    let _ = writeln!(
+        report,
+        "| strategy | BATCH_MAX | orders/s | vs pg-atomic/1 |"
+    );
+    let _ = writeln!(report, "|---|---:|---:|---:|");
+    for (s, figures) in subjects.iter().zip(&orders) {
+        let m = median(figures);
+        let _ = writeln!(
+            report,
+            "| {} | {} | {m:.0} | {:.2} |",
+            s.strategy_name(),
+            s.batch(),
+            m / baseline
+        );
+    }
+    // 2. The sold-out answer against /healthz, on the redis instance.
+    let redis_subject = subjects.last().expect("configured");
+    let url = &redis_subject.instance.url;
+    let gone = create_product(url, ADMIN_TOKEN, 1).await?;
+    let client = reqwest::Client::new();
+    for user in 1..=2 {
+        client
+            .post(format!("{url}/api/products/{gone}/purchase"))
+            .json(&serde_json::json!({"user_id": user}))
+            .send()
+            .await?;
+    }
+    let (mut health, mut sold_out) = (Vec::new(), Vec::new());
+    for _ in 0..args.rounds {
+        health.push(wrk(url, "/healthz", &get, 64, seconds).await?.per_sec);
+        let path = format!("/api/products/{gone}/purchase");
+        sold_out.push(wrk(url, &path, &fixed, 64, seconds).await?.per_sec);
+    }
+    let (h, so) = (median(&health), median(&sold_out));
+    let _ = writeln!(
+        report,
+        "\n=== the sold-out answer against /healthz, 64 connections ==="
+    );
+    let _ = writeln!(
+        report,
+        "| path | requests/s |\n|---|---:|\n| GET /healthz | {h:.0} |\n| POST purchase of a sold-out product | {so:.0} |"
+    );
+    let _ = writeln!(report, "sold-out / healthz: {:.2}", so / h);
+    // 3. Overload.
+    let (mut at64, mut at1000, mut failed64, mut failed1000) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..args.rounds {
+        for (connections, goodput, failed) in [
+            (64, &mut at64, &mut failed64),
+            (1000, &mut at1000, &mut failed1000),
+        ] {
+            let before = sold(&redis_subject.pool, redis_subject.product).await?;
+            let run = wrk(
+                url,
+                &redis_subject.product_path(),
+                &buy,
+                connections,
+                seconds,
+            )
+            .await?;
+            let after = sold(&redis_subject.pool, redis_subject.product).await?;
+            goodput.push((after - before) as f64 / seconds as f64);
+            failed.push(run.failed / run.requests.max(1.0));
+        }
+    }
+    let _ = writeln!(
+        report,
+        "\n=== overload: one instance, redis, BATCH_MAX=64 ==="
+    );
+    let _ = writeln!(
+        report,
+        "| connections | orders/s | failed purchases |\n|---:|---:|---:|"
+    );
+    let _ = writeln!(
+        report,
+        "| 64 | {:.0} | {:.2} % |",
+        median(&at64),
+        median(&failed64) * 100.0
+    );
+    let _ = writeln!(
+        report,
+        "| 1000 | {:.0} | {:.2} % |",
+        median(&at1000),
+        median(&failed1000) * 100.0
+    );
+    let _ = writeln!(
+        report,
+        "goodput at 1000 / at 64: {:.2}",
+        median(&at1000) / median(&at64)
+    );
+    print!("{report}");
+    Ok(())
 }
 
 impl Subject {
@@ -178,7 +252,8 @@ impl Subject {
         self.label.split('/').nth(1).unwrap_or_default()
     }
 
-    async fn remove(self, admin_url: &str) -> anyhow::Result<()> {
+    /// Stop the instance, drop its database, delete its Redis keys.
+    async fn remove(self, admin_url: &str, redis_url: &str) -> anyhow::Result<()> {
         drop(self.instance);
         self.pool.close().await;
         let admin = PgPool::connect(admin_url).await?;
@@ -188,7 +263,7 @@ impl Subject {
         ))
         .execute(&admin)
         .await?;
-        Ok(())
+        servers::forget_keys(redis_url, &self.prefix).await
     }
 }
 
@@ -224,17 +299,33 @@ async fn subject(
         redlock_urls: "",
         extra: vec![("BATCH_MAX", batch.to_string())],
     };
-    let me = std::env::current_exe()?;
-    let instance =
-        Instance::start(&me, &config, &format!("bench-{}-{batch}", strategy.name())).await?;
-    let product = create_product(&instance.url, ADMIN_TOKEN, 1_000_000_000).await?;
-    Ok(Subject {
-        label: format!("{}/{batch}", strategy.name()),
-        instance,
-        pool: PgPool::connect(url.as_str()).await?,
-        product,
-        database,
-    })
+    let started = async {
+        let me = std::env::current_exe()?;
+        let name = format!("bench-{}-{batch}", strategy.name());
+        let instance = Instance::start(&me, &config, &name).await?;
+        let product = create_product(&instance.url, ADMIN_TOKEN, 1_000_000_000).await?;
+        let pool = PgPool::connect(url.as_str()).await?;
+        anyhow::Ok((instance, product, pool))
+    }
+    .await;
+    match started {
+        Ok((instance, product, pool)) => Ok(Subject {
+            label: format!("{}/{batch}", strategy.name()),
+            instance,
+            pool,
+            product,
+            database,
+            prefix,
+        }),
+        Err(error) => {
+            // Nothing of it is kept: the database and any keys go now.
+            let _ = sqlx::query(&format!(r#"DROP DATABASE "{database}" WITH (FORCE)"#))
+                .execute(&admin)
+                .await;
+            let _ = servers::forget_keys(redis_url, &prefix).await;
+            Err(error)
+        }
+    }
 }
 
 /// Orders of `product` so far.
@@ -247,22 +338,15 @@ async fn sold(pool: &PgPool, product: i64) -> anyhow::Result<i64> {
     .await?)
 }
 
-/// A GET script (for /healthz).
-fn fixed_get(dir: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
-    let path = dir.join("get.lua");
-    std::fs::write(&path, "wrk.method = \"GET\"\n")?;
-    Ok(path)
-}
-
 /// Run wrk (2 threads) against `url` + `path` with `script`.
-fn wrk(
+async fn wrk(
     url: &str,
     path: &str,
-    script: &std::path::Path,
+    script: &Path,
     connections: u32,
     seconds: u64,
 ) -> anyhow::Result<Wrk> {
-    let output = Command::new("wrk")
+    let output = tokio::process::Command::new("wrk")
         .args([
             "-t2",
             &format!("-c{connections}"),
@@ -278,7 +362,9 @@ fn wrk(
             RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                 .to_string(),
         )
+        .kill_on_drop(true)
         .output()
+        .await
         .context("running wrk")?;
     let text = String::from_utf8_lossy(&output.stdout);
     let number = |prefix: &str| -> f64 {

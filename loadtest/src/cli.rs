@@ -130,12 +130,14 @@ pub struct DemoArgs {
     pub users: u64,
 
     /// Upper bound on each attack, in seconds (it ends earlier, once the sale is decided).
-    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=3_600))]
     pub max_seconds: u64,
 
-    /// WORK_MS for the instances: time inside each batch's critical section, which widens
-    /// the window in which `none` races.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    /// WORK_MS for the instances: pretend work inside each batch's critical section. 0
+    /// measures the strategies' own cost (`none` races without it too); more widens the
+    /// window in which `none` races, and shows what a long critical section costs each
+    /// strategy.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub work_ms: u64,
 
     /// Where to write the SVG chart comparing the strategies.

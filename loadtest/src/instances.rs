@@ -141,6 +141,15 @@ impl Instance {
 
 impl Drop for Instance {
     fn drop(&mut self) {
+        // An instance that had already exited when it was dropped failed: keep its log.
+        if let Ok(Some(status)) = self.child.try_wait() {
+            eprintln!(
+                "the instance at {} had exited ({status}); its log is kept: {}",
+                self.url,
+                self.log.display()
+            );
+            self.keep_log = true;
+        }
         self.kill();
         if !self.keep_log {
             let _ = std::fs::remove_file(&self.log);

@@ -61,7 +61,7 @@ async fn attack(
     )
     .await?;
     let books = books::read(database_url, product).await?;
-    let lost = report.tally.lost_answers();
+    let lost = report.lost_answers.clone();
     let committed = attack::orders_of(&args.hosts[0], product, &lost).await?;
     let verdict = Verdict::judge(&report, books, committed);
     println!("{}", verdict.render(&report));

@@ -126,13 +126,17 @@ pub fn start_redis() -> anyhow::Result<Server> {
         own_process_group_and_die_with_parent(&mut command);
         let child = command.spawn().context("starting redis-server")?;
         let mut private = Private { child, dir: None };
-        if wait_for_port(port, &mut private.child, Duration::from_secs(10)) {
+        let url = format!("redis://127.0.0.1:{port}");
+        if wait_for_port(port, &mut private.child, Duration::from_secs(10))
+            && redis_pid(&url) == Some(private.child.id())
+        {
             return Ok(Server {
-                url: format!("redis://127.0.0.1:{port}"),
+                url,
                 private: Some(private),
             });
         }
-        // The port was taken between our look and its bind: try another.
+        // The port was taken between our look and its bind (something else answers there,
+        // or our server exited): try another.
     }
     bail!("a private redis-server did not start")
 }
@@ -183,17 +187,29 @@ async fn start_postgres() -> anyhow::Result<Server> {
         };
         if wait_for_port(port, &mut private.child, Duration::from_secs(30)) {
             let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
-            // The port opens a moment before connections are accepted.
+            // The port opens a moment before connections are accepted. The server that
+            // answers must be ours (its data directory), not one that took the port first.
             for _ in 0..100 {
-                if sqlx::PgPool::connect(&url).await.is_ok() {
-                    return Ok(Server {
-                        url,
-                        private: Some(private),
-                    });
+                if let Ok(pool) = sqlx::PgPool::connect(&url).await {
+                    let serves: Option<String> =
+                        sqlx::query_scalar("SELECT current_setting('data_directory')")
+                            .fetch_one(&pool)
+                            .await
+                            .ok();
+                    pool.close().await;
+                    if serves.is_some_and(|d| Path::new(&d) == data) {
+                        return Ok(Server {
+                            url,
+                            private: Some(private),
+                        });
+                    }
+                    break;
+                }
+                if matches!(private.child.try_wait(), Ok(Some(_))) {
+                    break;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            bail!("the private PostgreSQL on port {port} never accepted a connection");
         }
         // `private` is dropped here: the server stopped, but keep the directory for the
         // next try.
@@ -269,6 +285,18 @@ fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
+/// The `process_id` of the Redis server at `url`, if one answers within a second.
+fn redis_pid(url: &str) -> Option<u32> {
+    let client = redis::Client::open(url).ok()?;
+    let mut conn = client
+        .get_connection_with_timeout(Duration::from_secs(1))
+        .ok()?;
+    let info: String = redis::cmd("INFO").arg("server").query(&mut conn).ok()?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .and_then(|pid| pid.trim().parse().ok())
+}
+
 /// Wait until something accepts connections on `port`; `false` if `child` exits or time runs out.
 fn wait_for_port(port: u16, child: &mut Child, within: Duration) -> bool {
     let deadline = std::time::Instant::now() + within;
@@ -282,4 +310,37 @@ fn wait_for_port(port: u16, child: &mut Child, within: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
     false
+}
+
+/// Delete the run's keys from a Redis: the lock's fence counters have no TTL by design.
+pub async fn forget_keys(redis_url: &str, prefix: &str) -> anyhow::Result<()> {
+    let mut conn = redis::Client::open(redis_url)?
+        .get_multiplexed_async_connection()
+        .await
+        .context("cannot reach Redis to clean up the keys")?;
+    // The fence key wraps the lock key in a hash tag: `{<prefix>lock_sale_1}:fence`.
+    for pattern in [format!("{prefix}*"), format!("{{{prefix}*")] {
+        let mut cursor = 0u64;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await?;
+            if !keys.is_empty() {
+                redis::cmd("DEL")
+                    .arg(&keys)
+                    .query_async::<()>(&mut conn)
+                    .await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    Ok(())
 }

@@ -42,6 +42,20 @@ fn with_defaults(value: &str) -> String {
     }
 }
 
+/// Every `${NAME:-default}` inside `value` as compose resolves it with NAME unset.
+fn with_defaults_inside(value: &str) -> String {
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..].find('}').expect("a closed ${...}") + start;
+        out.push_str(&with_defaults(&rest[start..=end]));
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// A service's environment as `seckill` flags (`LOCK_TTL_MS: 5000` → `--lock-ttl-ms 5000`).
 fn as_flags(env: &serde_norway::Mapping) -> Vec<String> {
     let command = seckill::Settings::command();
@@ -336,7 +350,7 @@ fn the_test_suite_services_are_published_on_localhost_as_the_tests_expect() {
             .as_sequence()
             .unwrap_or_else(|| panic!("{service} publishes no ports"))
             .iter()
-            .map(|p| p.as_str().unwrap().to_owned())
+            .map(|p| with_defaults_inside(p.as_str().unwrap()))
             .collect()
     };
     assert!(ports("postgres").contains(&"127.0.0.1:5432:5432".to_owned()));

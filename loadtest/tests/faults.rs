@@ -314,7 +314,9 @@ async fn a_paused_holder_is_refused_even_after_redis_restarts_and_loses_the_fenc
         tokio::spawn(async move { buy(&client, &host, product, 2).await })
     };
     let lock_key = format!("lock_sale_{product}");
+    let deadline = Instant::now() + Duration::from_secs(10);
     while !lock_exists(&redis_url, &lock_key).await {
+        assert!(Instant::now() < deadline, "A never took the lock");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     signal(instances[0].pid(), "-STOP");
@@ -368,7 +370,9 @@ async fn an_instance_hung_inside_its_transaction_does_not_freeze_the_product(
     // waits at most 500 ms for the row.
     let url = database_url(&connect);
     let redis = shared_redis_url();
-    let mut setup = Setup::new(&url, &redis, "", LockStrategy::PgRow);
+    let prefix = testkit::unique_prefix("hung");
+    let _cleanup = testkit::PrefixCleanup::new(&redis, &prefix);
+    let mut setup = Setup::new(&url, &redis, &prefix, LockStrategy::PgRow);
     setup.work_ms = 400;
     setup.extra = vec![
         ("PG_IDLE_IN_TRANSACTION_TIMEOUT_MS", "1500".into()),

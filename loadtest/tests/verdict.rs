@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use loadtest::instances::{Instance, InstanceConfig};
 use seckill::LockStrategy;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use support::{LOADTEST, database_url, server_url, shared_redis_url};
+use support::{LOADTEST, Reaped, database_url, redis_keys, server_url, shared_redis_url};
 
 const ADMIN_TOKEN: &str = "loadtest-test-token-0123";
 
@@ -249,9 +249,18 @@ async fn a_failed_goose_threshold_still_checks_the_books_and_prints_a_verdict(
     assert_eq!(code, 1);
 }
 
+/// Whether this process may make a network namespace (`unshare --net` needs root, or
+/// CAP_SYS_ADMIN, and `ip` from iproute2).
+fn can_isolate() -> bool {
+    Command::new("unshare")
+        .args(["--net", "sh", "-c", "ip link set lo up"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
 /// Run the demo with `args`, in a network namespace of its own when `isolated` (so that
-/// nothing answers at the default addresses); (success, stdout, stderr).
-fn demo(args: &[&str], isolated: bool) -> (bool, String, String) {
+/// nothing answers at the default addresses); (success, stdout, stderr, pid).
+fn demo(args: &[&str], isolated: bool) -> (bool, String, String, u32) {
     let mut command = if isolated {
         let mut command = Command::new("unshare");
         command.args([
@@ -265,10 +274,19 @@ fn demo(args: &[&str], isolated: bool) -> (bool, String, String) {
     } else {
         Command::new(LOADTEST)
     };
-    let output = command.arg("demo").args(args).output().unwrap();
+    let child = command
+        .arg("demo")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut child = Reaped(Some(child));
+    let output = child.take().wait_with_output().unwrap();
     let (stdout, stderr) = text(&output);
     eprintln!("{stdout}\n{stderr}");
-    (output.status.success(), stdout, stderr)
+    (output.status.success(), stdout, stderr, pid)
 }
 
 fn row(stdout: &str, name: &str, batch: &str) -> String {
@@ -282,7 +300,10 @@ fn row(stdout: &str, name: &str, batch: &str) -> String {
         .to_owned()
 }
 
-const SMALL_DEMO: [&str; 10] = [
+const SMALL_DEMO: [&str; 12] = [
+    // A little work inside each critical section, so that `none` races for sure.
+    "--work-ms",
+    "2",
     "--instances",
     "2",
     "--stock",
@@ -299,10 +320,17 @@ const SMALL_DEMO: [&str; 10] = [
 fn the_demo_runs_on_a_machine_where_nothing_is_running_and_draws_its_chart() {
     // Arrange: a network namespace where nothing listens at 127.0.0.1:5432 or :6379, and no
     // URL given.
+    if !can_isolate() {
+        eprintln!(
+            "SKIPPED: this test needs `unshare --net` (root or CAP_SYS_ADMIN) and `ip` (iproute2) \
+             to hide the local servers from the demo"
+        );
+        return;
+    }
     let chart = std::env::temp_dir().join(format!("demo-chart-{}.svg", std::process::id()));
 
     // Act
-    let (ok, stdout, _) = demo(
+    let (ok, stdout, stderr, pid) = demo(
         &[
             &SMALL_DEMO[..],
             &["--strategies", "redis,none", "--per-request", "redis"],
@@ -312,8 +340,19 @@ fn the_demo_runs_on_a_machine_where_nothing_is_running_and_draws_its_chart() {
         true,
     );
 
-    // Assert: private servers were started, every row is as expected, the chart is there.
-    assert!(ok, "the demo failed");
+    // Assert: private servers were started, every row is as expected, the chart is there,
+    // and the private servers' directories are gone.
+    assert!(ok, "the demo failed: {stderr}");
+    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("seckill-demo-pg-{pid}-"))
+        })
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
     assert!(
         stdout.contains("PostgreSQL: nothing answered at the default address"),
         "{stdout}"
@@ -343,7 +382,7 @@ fn a_strategy_that_cannot_start_is_an_error_row_and_the_others_still_run() {
     let dead = format!("redis://127.0.0.1:{}", testkit::free_port());
     let chart = std::env::temp_dir().join(format!("demo-chart-error-{}.svg", std::process::id()));
 
-    let (ok, stdout, _) = demo(
+    let (ok, stdout, _, _) = demo(
         &[
             &SMALL_DEMO[..],
             &["--strategies", "redlock,pg-atomic", "--per-request", ""],
@@ -371,8 +410,11 @@ fn a_strategy_that_cannot_start_is_an_error_row_and_the_others_still_run() {
 #[test]
 fn ctrl_c_stops_the_whole_demo_and_cleans_up() {
     // Arrange: a demo with long attacks.
+    use std::os::unix::process::CommandExt;
     let chart = std::env::temp_dir().join(format!("demo-ctrl-c-{}.svg", std::process::id()));
     let child = Command::new(LOADTEST)
+        // Its own process group, as a shell gives a foreground job: Ctrl-C goes to it all.
+        .process_group(0)
         .arg("demo")
         .args(["--strategies", "pg-atomic,pg-row", "--per-request", ""])
         .args([
@@ -397,6 +439,7 @@ fn ctrl_c_stops_the_whole_demo_and_cleans_up() {
         .spawn()
         .unwrap();
     let pid = child.id();
+    let mut child = Reaped(Some(child));
     let database_prefix = format!("seckill_demo_{pid}_");
     let started = Instant::now();
     while count_databases(&database_prefix) == 0 {
@@ -408,13 +451,13 @@ fn ctrl_c_stops_the_whole_demo_and_cleans_up() {
     }
     std::thread::sleep(Duration::from_secs(3)); // into the attack
 
-    // Act: Ctrl-C, as the terminal sends it.
+    // Act: Ctrl-C, as the terminal sends it: to the whole foreground process group.
     let sent = Command::new("kill")
-        .args(["-INT", &pid.to_string()])
+        .args(["-INT", "--", &format!("-{pid}")])
         .status()
         .unwrap();
     assert!(sent.success());
-    let output = child.wait_with_output().unwrap();
+    let output = child.take().wait_with_output().unwrap();
     let (stdout, stderr) = text(&output);
     eprintln!("{stdout}\n{stderr}");
     let _ = std::fs::remove_file(&chart);
@@ -430,6 +473,10 @@ fn ctrl_c_stops_the_whole_demo_and_cleans_up() {
         0,
         "a demo database was left behind"
     );
+    let redis = shared_redis_url();
+    for pattern in [format!("demo:{pid}:*"), format!("{{demo:{pid}:*")] {
+        assert_eq!(redis_keys(&redis, &pattern), Vec::<String>::new());
+    }
     assert!(!output.status.success());
 }
 
@@ -476,6 +523,8 @@ fn the_instances_die_with_a_demo_that_is_killed() {
         .spawn()
         .unwrap();
     let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let pid = child.id();
+    let mut child = Reaped(Some(child));
     let urls: Vec<String> = stdout
         .lines()
         .map_while(Result::ok)
@@ -486,6 +535,7 @@ fn the_instances_die_with_a_demo_that_is_killed() {
         .collect();
 
     // Act: SIGKILL, which the demo cannot catch.
+    let mut child = child.take();
     child.kill().unwrap();
     child.wait().unwrap();
 
@@ -502,7 +552,6 @@ fn the_instances_die_with_a_demo_that_is_killed() {
         }
     }
     // Its database is left (nothing could clean up after a SIGKILL): remove it here.
-    let pid = child.id();
     let output = Command::new("psql")
         .args([&server_url(), "-Atc"])
         .arg(format!(

@@ -18,10 +18,12 @@ use crate::error::Result;
 /// Zero rows updated means a newer holder has written: the stale holder must stop. (`<=`
 /// lets one holder write several times; two acquisitions never share a fence.)
 ///
-/// For a read-modify-write, claim before reading: set the fence and read the row in one
-/// statement inside the transaction (`UPDATE ... SET fence = $f WHERE id = $id AND fence <= $f
-/// RETURNING stock`), so that the value read is the one after every write with a lower fence,
-/// and the row stays locked until commit.
+/// For a read-modify-write, lock the row before reading it, inside the transaction
+/// (`SELECT stock, fence ... FOR UPDATE`, which waits for any other writer's commit), stop if
+/// the stored fence is above yours, and store yours with the write. The value read is then
+/// the one after every earlier write, and the row stays locked until commit. (Claiming with
+/// `UPDATE ... SET fence = $f WHERE fence <= $f RETURNING stock` does the same in one
+/// statement, at the cost of one more row version per write.)
 ///
 /// # Where fences come from
 /// On Redis, the counter is a key without a TTL (`{key}:fence`, see

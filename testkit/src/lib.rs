@@ -336,10 +336,11 @@ mod tests {
         let dir = std::env::temp_dir().join(unique_prefix("high").replace(':', "-"));
         std::fs::create_dir_all(&dir).unwrap();
         let port = free_high_port();
-        assert!(
-            spawn_redis(port, &cluster_args(None, &dir, port)).is_none(),
-            "redis-server started a cluster node on {port} with the default bus port"
-        );
+        if let Some(mut node) = spawn_redis(port, &cluster_args(None, &dir, port)) {
+            let _ = node.kill();
+            let _ = node.wait();
+            panic!("redis-server started a cluster node on {port} with the default bus port");
+        }
         let mut node = spawn_redis(port, &cluster_args(Some(free_port()), &dir, port))
             .expect("a cluster node with an explicit bus port");
         node.kill().unwrap();
@@ -351,7 +352,11 @@ mod tests {
     fn a_server_is_not_taken_for_ready_when_another_process_holds_its_port() {
         let taken = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = taken.local_addr().unwrap().port();
-        assert!(spawn_redis(port, &[]).is_none());
+        if let Some(mut server) = spawn_redis(port, &[]) {
+            let _ = server.kill();
+            let _ = server.wait();
+            panic!("a redis-server on a taken port was taken for ready");
+        }
         drop(taken);
         let server = RedisServer::start();
         assert_ne!(server.port(), 0);

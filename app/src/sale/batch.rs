@@ -1,13 +1,14 @@
-//! Selling one batch: many buyers of one product, one transaction.
+//! Selling one batch: many buyers of one product, one transaction, four round trips.
 //!
-//! 1. Read the stock the strategy's way ([`Step::read`]): claim the row with a fence, lock
-//!    it, or just read it.
-//! 2. Find which buyers already have an order.
+//! 1. `BEGIN` with the session bounds.
+//! 2. Read the row the strategy's way ([`Step::locks`]): locked (`FOR UPDATE`, which the
+//!    fenced strategies follow with a check of the stored fence) or not; and, in the same
+//!    statement, which buyers already have an order.
 //! 3. Allocate in arrival order ([`allocate`]): each request gets its quantity while stock
 //!    lasts; a user who already bought, or who appears twice in the batch, gets
-//!    `already_purchased`; the rest get `sold_out`.
-//! 4. Insert every order in one statement.
-//! 5. Write the stock once, the strategy's way ([`Step::write`]), and commit.
+//!    `already_purchased`; the rest get `sold_out`. Then insert every order and write the
+//!    stock, the strategy's way ([`Step::write`]), in one statement.
+//! 4. Commit.
 //!
 //! Every buyer's answer is decided only by the commit: a batch that fails writes nothing
 //! and every buyer in it gets the same error.
@@ -19,13 +20,13 @@ use sqlx::PgPool;
 
 use super::{Bought, PurchaseError, PurchaseRequest};
 use crate::domain::ProductId;
-use crate::repository::{self, FenceClaim, SessionBounds, StockSeen};
+use crate::repository::{self, SessionBounds, StockSeen, StockWrite};
 
 /// How one strategy reads and writes the stock inside a batch's transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
-    /// `redis`, `redlock`, `pg-lock`: claim the row with this fence (refused if a newer holder
-    /// wrote), then write what we computed.
+    /// `redis`, `redlock`, `pg-lock`: lock the row and check that no newer holder wrote
+    /// (the stored fence is not above ours), then write what we computed with our fence.
     Fenced(i64),
     /// `pg-row`: `SELECT ... FOR UPDATE`, then write what we computed.
     RowLock,
@@ -115,15 +116,22 @@ pub(crate) async fn sell(
     work: Duration,
 ) -> Result<Vec<Result<Bought, PurchaseError>>, BatchError> {
     let mut tx = repository::begin(pool, bounds).await?;
-    let (seen, version) = step.read(&mut tx, product).await?;
+    let users: Vec<i64> = requests.iter().map(|r| r.user_id.get()).collect();
+    let snapshot = repository::batch_snapshot(&mut tx, product, &users, step.locks())
+        .await?
+        .ok_or(BatchError::Failed(PurchaseError::NotFound))?;
+    if let Step::Fenced(ours) = step
+        && snapshot.fence > ours
+    {
+        return Err(BatchError::Refused {
+            stored: snapshot.fence,
+        });
+    }
     if !matches!(step, Step::Fenced(_)) && !work.is_zero() {
         tokio::time::sleep(work).await;
     }
-    let users: Vec<i64> = requests.iter().map(|r| r.user_id.get()).collect();
-    let bought_before: HashSet<i64> = repository::buyers_among(&mut tx, product, &users)
-        .await?
-        .into_iter()
-        .collect();
+    let seen = snapshot.seen();
+    let bought_before: HashSet<i64> = snapshot.bought.iter().copied().collect();
     let decisions = allocate(seen.stock, requests, &bought_before);
     // Inserted in user order: two instances' batches (under the lock-free strategies) then
     // take their unique-index locks in the same order and cannot deadlock.
@@ -135,31 +143,30 @@ pub(crate) async fn sell(
         .collect();
     sales.sort_unstable();
     let (selling, quantities): (Vec<i64>, Vec<i32>) = sales.into_iter().unzip();
-    let fence = match step {
-        Step::Fenced(fence) => Some(fence),
-        _ => None,
-    };
     // A user can still have bought since we looked (an instance without our lock, under
-    // `none` or the lock-free strategies): the insert skips them, and so does the count.
-    let order_ids: HashMap<i64, i64> = if selling.is_empty() {
-        HashMap::new()
+    // `none` or the lock-free strategies): the insert skips them, and takes nothing for them.
+    let (left, order_ids) = if selling.is_empty() {
+        (seen, HashMap::new())
     } else {
-        repository::insert_orders(&mut tx, product, &selling, &quantities, fence)
-            .await?
-            .into_iter()
-            .collect()
-    };
-    let sold: i64 = requests
-        .iter()
-        .zip(&decisions)
-        .filter(|(r, d)| **d == Decision::Sell && order_ids.contains_key(&r.user_id.get()))
-        .map(|(r, _)| i64::from(r.quantity.get()))
-        .sum();
-    let left = StockSeen {
-        stock: step
-            .write(&mut tx, product, seen.stock, sold, version)
-            .await?,
-        restock_gen: seen.restock_gen,
+        let fence = match step {
+            Step::Fenced(fence) => Some(fence),
+            _ => None,
+        };
+        let sold = repository::sell_orders(
+            &mut tx,
+            product,
+            &selling,
+            &quantities,
+            fence,
+            step.write(&snapshot),
+        )
+        .await?
+        .ok_or(BatchError::Conflict)?;
+        let left = StockSeen {
+            stock: sold.left,
+            restock_gen: seen.restock_gen,
+        };
+        (left, sold.orders.into_iter().collect())
     };
     tx.commit().await?;
     Ok(requests
@@ -177,56 +184,21 @@ pub(crate) async fn sell(
 }
 
 impl Step {
-    /// The stock (and, for the optimistic write, the version) as this strategy reads it.
-    async fn read(
-        self,
-        tx: &mut sqlx::PgConnection,
-        product: ProductId,
-    ) -> Result<(StockSeen, i64), BatchError> {
-        let not_found = || BatchError::Failed(PurchaseError::NotFound);
-        match self {
-            Step::Fenced(fence) => match repository::claim_fence(tx, product, fence).await? {
-                FenceClaim::Claimed(seen) => Ok((seen, 0)),
-                FenceClaim::Refused { stored } => Err(BatchError::Refused { stored }),
-                FenceClaim::NoSuchProduct => Err(not_found()),
-            },
-            Step::RowLock => repository::lock_stock(tx, product)
-                .await?
-                .map(|seen| (seen, 0))
-                .ok_or_else(not_found),
-            Step::Optimistic | Step::Atomic | Step::Unsafe => repository::read_stock(tx, product)
-                .await?
-                .ok_or_else(not_found),
-        }
+    /// Whether this strategy reads the row locked (until the transaction ends).
+    fn locks(self) -> bool {
+        matches!(self, Step::Fenced(_) | Step::RowLock)
     }
 
-    /// Write the stock after selling `sold` of the `stock` read; returns what is left.
-    async fn write(
-        self,
-        tx: &mut sqlx::PgConnection,
-        product: ProductId,
-        stock: i64,
-        sold: i64,
-        version: i64,
-    ) -> Result<i64, BatchError> {
-        if sold == 0 {
-            return Ok(stock);
-        }
+    /// How this strategy writes the stock after reading `snapshot`.
+    fn write(self, snapshot: &repository::BatchSnapshot) -> StockWrite {
+        let read = snapshot.stock;
         match self {
-            Step::Fenced(_) | Step::RowLock | Step::Unsafe => {
-                repository::write_stock(tx, product, stock - sold).await?;
-                Ok(stock - sold)
-            }
-            Step::Optimistic => {
-                if repository::write_stock_if_version(tx, product, version, stock - sold).await? {
-                    Ok(stock - sold)
-                } else {
-                    Err(BatchError::Conflict)
-                }
-            }
-            Step::Atomic => repository::take_stock(tx, product, sold)
-                .await?
-                .ok_or(BatchError::Conflict),
+            Step::Fenced(_) | Step::RowLock | Step::Unsafe => StockWrite::Set { read },
+            Step::Optimistic => StockWrite::IfVersion {
+                read,
+                version: snapshot.version,
+            },
+            Step::Atomic => StockWrite::Take,
         }
     }
 }

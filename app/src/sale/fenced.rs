@@ -1,13 +1,15 @@
 //! Selling under a lock with a fence: the write path of `redis`, `redlock` and `pg-lock`.
 //!
-//! The leader holds the product's lock; for each batch it claims the row with the lock's
-//! fence (`UPDATE ... SET fence = ours WHERE fence <= ours RETURNING stock`) before reading
-//! the stock, inside the batch's transaction. A refused claim writes nothing. It means one
-//! of two things, told apart by [`FencedGuard::advance_fence`]: either we are stale (our
-//! lease ran out and a newer holder wrote: every buyer in the batch gets 503 `lock_lost`),
-//! or the counter went back below the stored fence (a counter reset by hand: we still hold
-//! the lock, so we take a fence above the stored one and claim again). A Redis that lost
-//! its counter in a restart needs no such repair: its new counter starts above the clock.
+//! The leader holds the product's lock; for each batch, inside the batch's transaction, it
+//! locks the row (`SELECT ... FOR UPDATE`, which waits for any other writer's commit, so
+//! the stock read is the latest) and checks the fence stored there: the batch goes on only
+//! if it is not above ours, and its write stores ours. A stored fence above ours refuses the
+//! batch, which writes nothing. It means one of two things, told apart by
+//! [`FencedGuard::advance_fence`]: either we are stale (our lease ran out and a newer
+//! holder wrote: every buyer in the batch gets 503 `lock_lost`), or the counter went back
+//! below the stored fence (a counter reset by hand: we still hold the lock, so we take a
+//! fence above the stored one and try again). A Redis that lost its counter in a restart
+//! needs no such repair: its new counter starts above the clock.
 
 use std::time::Duration;
 

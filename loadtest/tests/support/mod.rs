@@ -29,6 +29,39 @@ pub fn with_database(server: &str, name: &str) -> String {
     url.to_string()
 }
 
+/// A child process that is SIGKILLed and reaped when dropped, so a test that fails midway
+/// leaves no demo running.
+pub struct Reaped(pub Option<std::process::Child>);
+
+impl Reaped {
+    pub fn pid(&self) -> u32 {
+        self.0.as_ref().expect("running").id()
+    }
+
+    /// Take the child back (to wait for it), leaving nothing to kill.
+    pub fn take(&mut self) -> std::process::Child {
+        self.0.take().expect("running")
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Keys under `pattern` in the Redis at `url`.
+pub fn redis_keys(url: &str, pattern: &str) -> Vec<String> {
+    let mut conn = redis::Client::open(url)
+        .unwrap()
+        .get_connection()
+        .expect("Redis answers");
+    redis::cmd("KEYS").arg(pattern).query(&mut conn).unwrap()
+}
+
 pub fn shared_redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
