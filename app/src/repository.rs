@@ -27,9 +27,17 @@ pub struct SessionBounds {
     pub idle_in_transaction_timeout_ms: u64,
 }
 
-/// Begin a transaction with `bounds` on it, in one round trip: `BEGIN` and the three
-/// `SET LOCAL`s go as one simple query. `SET LOCAL` lasts until the transaction ends, so a
-/// pooled connection carries no setting over to its next user.
+/// Begin a transaction with `bounds` on it, in one round trip: `BEGIN` and the `SET LOCAL`s
+/// go as one simple query. `SET LOCAL` lasts until the transaction ends, so a pooled
+/// connection carries no setting over to its next user.
+///
+/// Statements in it are planned for their parameters at every execution
+/// (`plan_cache_mode = force_custom_plan`). A cached generic plan made while `orders` was
+/// small (right after autovacuum analyzed it, early in a fresh deployment's first sale)
+/// scans the whole table for every batch until the next analyze: the sale slows down as it
+/// sells. Planning costs a fraction of a millisecond per statement, and a batch plans two.
+/// The service's own pools set the same for every session (`startup`); this keeps it true
+/// for any pool.
 pub async fn begin(
     pool: &PgPool,
     bounds: SessionBounds,
@@ -37,7 +45,8 @@ pub async fn begin(
     // Only integers are formatted into the statement.
     pool.begin_with(format!(
         "BEGIN; SET LOCAL statement_timeout = {}; SET LOCAL lock_timeout = {}; \
-         SET LOCAL idle_in_transaction_session_timeout = {}",
+         SET LOCAL idle_in_transaction_session_timeout = {}; \
+         SET LOCAL plan_cache_mode = force_custom_plan",
         bounds.statement_timeout_ms, bounds.lock_timeout_ms, bounds.idle_in_transaction_timeout_ms
     ))
     .await

@@ -150,7 +150,10 @@ impl Application {
 }
 
 /// The session bounds as connection options: every session of a pool `build` makes has them.
-fn session_bounds(settings: &Settings) -> [(&'static str, String); 3] {
+/// With them, custom plans for every statement: see [`crate::repository::begin`] for why a cached
+/// generic plan is a trap on a table that grows during the sale (the order lookup, and the
+/// lock table under `pg-lock`, run outside `begin`).
+fn session_bounds(settings: &Settings) -> [(&'static str, String); 4] {
     let ms = |value: u64| format!("{value}ms");
     [
         ("statement_timeout", ms(settings.pg_statement_timeout_ms)),
@@ -159,6 +162,7 @@ fn session_bounds(settings: &Settings) -> [(&'static str, String); 3] {
             "idle_in_transaction_session_timeout",
             ms(settings.pg_idle_in_transaction_timeout_ms),
         ),
+        ("plan_cache_mode", "force_custom_plan".to_owned()),
     ]
 }
 
@@ -171,10 +175,14 @@ fn batch_timeout(settings: &Settings) -> Duration {
         + settings.work()
 }
 
+/// No ping before a pooled connection is handed out (sqlx's default): it would be one more
+/// round trip on every batch. A connection that died while idle fails its batch instead,
+/// which answers 503 like any lost connection, and is dropped from the pool.
 fn pool_options(settings: &Settings) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(settings.database_max_connections)
         .acquire_timeout(settings.database_acquire_timeout())
+        .test_before_acquire(false)
 }
 
 /// How batches of different instances are kept apart, for the configured strategy.
@@ -220,6 +228,7 @@ async fn exclusion(
             let locks = PgPoolOptions::new()
                 .max_connections(LOCK_TABLE_CONNECTIONS)
                 .acquire_timeout(settings.database_acquire_timeout())
+                .test_before_acquire(false)
                 .connect_lazy_with(pool.connect_options().as_ref().clone());
             let table = PgLockTable::new(locks);
             table

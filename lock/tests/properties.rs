@@ -294,6 +294,33 @@ async fn acquire_gets_the_lock_once_the_holder_releases_it<H: Harness>(h: H) {
     assert!(fence > holder_fence);
 }
 
+async fn an_endless_wait_gets_the_lock_once_the_holder_releases_it<H: Harness>(h: H) {
+    // `Duration::MAX` means no deadline: it must not overflow the clock it is added to.
+    let key = h.key("endless");
+    let endless = LockOptions::builder()
+        .ttl(ms(5_000))
+        .wait_timeout(Duration::MAX)
+        .retry_delay(ms(1), ms(20))
+        .build()
+        .unwrap();
+    let locker = locker(h.backend().await, endless);
+    let holder = locker.try_acquire(&key).await.unwrap();
+    let waiter = {
+        let (locker, key) = (locker.clone(), key.clone());
+        tokio::spawn(async move { locker.acquire(&key).await.map(|g| g.fence()) })
+    };
+    sleep(ms(100)).await;
+    assert!(!waiter.is_finished(), "the waiter did not wait");
+    let holder_fence = holder.fence();
+    assert!(holder.release().await.unwrap());
+    let fence = timeout(Duration::from_secs(30), waiter)
+        .await
+        .unwrap()
+        .expect("the waiter panicked")
+        .unwrap();
+    assert!(fence > holder_fence);
+}
+
 async fn the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_release<H: Harness>(
     h: H,
 ) {
@@ -607,6 +634,7 @@ suite!(
     try_acquire_returns_at_once_when_the_lock_is_held,
     acquire_gives_up_at_its_deadline,
     acquire_gets_the_lock_once_the_holder_releases_it,
+    an_endless_wait_gets_the_lock_once_the_holder_releases_it,
     the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_release,
     a_dropped_guard_releases_the_lock,
     a_dropped_guard_stops_its_watchdog,

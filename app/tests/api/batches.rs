@@ -8,6 +8,7 @@ use redis::aio::ConnectionManager;
 use reqwest::Response;
 use serde_json::{Value, json};
 use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -240,4 +241,143 @@ async fn a_buyer_can_look_up_their_order(pool: PgPool) {
     assert_eq!(found["order_id"], order["order_id"]);
     assert_eq!(found["quantity"], 2);
     assert_eq!((missing, bad), (404, 400));
+}
+
+/// How many sequential scans PostgreSQL has counted on `orders`, as `observer` sees it once
+/// the pending statistics of `pool`'s one connection are flushed.
+async fn orders_seq_scans(pool: &PgPool, observer: &PgPool) -> i64 {
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    // The flush happens as the session goes idle after that call; one more round trip makes
+    // sure it is done before the observer reads.
+    sqlx::query("SELECT 1").execute(&mut *conn).await.unwrap();
+    sqlx::query_scalar("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'orders'")
+        .fetch_one(observer)
+        .await
+        .unwrap()
+}
+
+/// Read a batch's snapshot the way a batch does: in a transaction of the service's.
+async fn read_batch(pool: &PgPool, product: seckill::domain::ProductId) -> Vec<i64> {
+    let bounds = seckill::repository::SessionBounds {
+        statement_timeout_ms: 5_000,
+        lock_timeout_ms: 2_000,
+        idle_in_transaction_timeout_ms: 5_000,
+    };
+    let mut tx = seckill::repository::begin(pool, bounds).await.unwrap();
+    let snapshot = seckill::repository::batch_snapshot(&mut tx, product, &[1, 2, 3], false)
+        .await
+        .unwrap()
+        .unwrap();
+    tx.commit().await.unwrap();
+    snapshot.bought
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn the_batch_read_uses_the_orders_index_however_small_the_table_was_when_first_planned(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange: one session reads batches while `orders` holds a page of rows, and
+    // PostgreSQL has just analyzed it (as autovacuum does early in a fresh deployment's
+    // first sale: a plan cached then scans the whole table until the next analyze)...
+    let observer = pool_options.connect_with(connect.clone()).await.unwrap();
+    let session = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(connect)
+        .await
+        .unwrap();
+    // Only the test's own ANALYZE: an autovacuum run in the middle would replan, and hide
+    // the trap on code without the fix.
+    sqlx::query("ALTER TABLE orders SET (autovacuum_enabled = off)")
+        .execute(&observer)
+        .await
+        .unwrap();
+    let id: i64 =
+        sqlx::query_scalar("INSERT INTO products (name, stock) VALUES ('p', 10) RETURNING id")
+            .fetch_one(&observer)
+            .await
+            .unwrap();
+    let fill = |from: i64, to: i64| {
+        sqlx::query(
+            "INSERT INTO orders (product_id, user_id, quantity) SELECT $1, g, 1 FROM generate_series($2::BIGINT, $3::BIGINT) g",
+        )
+        .bind(id)
+        .bind(from)
+        .bind(to)
+    };
+    fill(100_001, 100_100).execute(&observer).await.unwrap();
+    sqlx::query("ANALYZE orders")
+        .execute(&observer)
+        .await
+        .unwrap();
+    let product = seckill::domain::ProductId::parse(&id.to_string()).unwrap();
+    for _ in 0..10 {
+        read_batch(&session, product).await;
+    }
+    // ... then the table grows.
+    fill(1, 20_000).execute(&observer).await.unwrap();
+    let before = orders_seq_scans(&session, &observer).await;
+
+    // Act
+    for _ in 0..5 {
+        assert_eq!(read_batch(&session, product).await.len(), 3);
+    }
+
+    // Assert: found through the index, not by scanning the table.
+    assert_eq!(orders_seq_scans(&session, &observer).await, before);
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn an_optimistic_batch_that_read_before_a_restock_writes_nothing_and_the_restock_stays(
+    pool: PgPool,
+) {
+    // Arrange: a pg-optimistic batch has read the row (stock 10)...
+    use seckill::repository::{self, Restocked, StockWrite};
+    let bounds = repository::SessionBounds {
+        statement_timeout_ms: 5_000,
+        lock_timeout_ms: 2_000,
+        idle_in_transaction_timeout_ms: 5_000,
+    };
+    let id: i64 =
+        sqlx::query_scalar("INSERT INTO products (name, stock) VALUES ('p', 10) RETURNING id")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let product = seckill::domain::ProductId::parse(&id.to_string()).unwrap();
+    let mut batch = repository::begin(&pool, bounds).await.unwrap();
+    let read = repository::batch_snapshot(&mut batch, product, &[7], false)
+        .await
+        .unwrap()
+        .unwrap();
+    // ... and an admin restocks 5 before the batch writes.
+    let add = seckill::domain::Stock::parse(5).unwrap();
+    let restocked = repository::add_stock(&pool, bounds, product, add, "test")
+        .await
+        .unwrap();
+    assert!(matches!(restocked, Restocked::Done { .. }));
+
+    // Act: the batch writes what it read, minus one sold.
+    let write = StockWrite::IfVersion {
+        read: read.stock,
+        version: read.version,
+    };
+    let sold = repository::sell_orders(&mut batch, product, &[7], &[1], None, write)
+        .await
+        .unwrap();
+    batch.rollback().await.unwrap();
+
+    // Assert: the compare-and-set saw the restock; nothing was sold over it.
+    assert_eq!(sold, None, "the batch overwrote a restock it never saw");
+    let (stock, orders): (i64, i64) = sqlx::query_as(
+        "SELECT stock, (SELECT COUNT(*) FROM orders WHERE product_id = $1) FROM products WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((stock, orders), (15, 0));
 }
