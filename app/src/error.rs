@@ -147,9 +147,15 @@ fn is_unavailable(error: &sqlx::Error) -> bool {
         | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
             // 08: connection exception; 57P01-03: admin shutdown, crash shutdown, cannot
-            // connect now (pg_terminate_backend, a restart); 25P03: the session sat idle in
-            // a transaction too long and PostgreSQL ended it (this instance was paused).
-            code.starts_with("08") || matches!(code.as_ref(), "57P01" | "57P02" | "57P03" | "25P03")
+            // connect now (pg_terminate_backend, a restart); 57P05: the session sat idle
+            // longer than the server's idle_session_timeout (pooled connections are not
+            // pinged before use); 25P03: the session sat idle in a transaction too long and
+            // PostgreSQL ended it (this instance was paused).
+            code.starts_with("08")
+                || matches!(
+                    code.as_ref(),
+                    "57P01" | "57P02" | "57P03" | "57P05" | "25P03"
+                )
         }),
         _ => false,
     }

@@ -37,7 +37,7 @@ pub struct SessionBounds {
 /// scans the whole table for every batch until the next analyze: the sale slows down as it
 /// sells. Planning costs a fraction of a millisecond per statement, and a batch plans two.
 /// The service's own pools set the same for every session (`startup`); this keeps it true
-/// for any pool.
+/// for batches on any pool.
 pub async fn begin(
     pool: &PgPool,
     bounds: SessionBounds,

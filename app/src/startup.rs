@@ -175,9 +175,10 @@ fn batch_timeout(settings: &Settings) -> Duration {
         + settings.work()
 }
 
-/// No ping before a pooled connection is handed out (sqlx's default): it would be one more
-/// round trip on every batch. A connection that died while idle fails its batch instead,
-/// which answers 503 like any lost connection, and is dropped from the pool.
+/// No ping before a pooled connection is handed out (sqlx pings by default): it would be one
+/// more round trip on every batch. A connection that died while idle fails its batch
+/// instead, which answers 503 `database_unavailable` like any lost connection (the buyers
+/// may retry at once), and is dropped from the pool.
 fn pool_options(settings: &Settings) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(settings.database_max_connections)
@@ -228,7 +229,6 @@ async fn exclusion(
             let locks = PgPoolOptions::new()
                 .max_connections(LOCK_TABLE_CONNECTIONS)
                 .acquire_timeout(settings.database_acquire_timeout())
-                .test_before_acquire(false)
                 .connect_lazy_with(pool.connect_options().as_ref().clone());
             let table = PgLockTable::new(locks);
             table

@@ -162,6 +162,13 @@ pub(crate) async fn sell(
         )
         .await?
         .ok_or(BatchError::Conflict)?;
+        if sold.orders.len() < selling.len() && decisions.contains(&Decision::SoldOut) {
+            // Someone we meant to sell to bought after our read saw their orders (an order
+            // committed while we waited for the row lock: the row is re-read then, the orders
+            // are not; or a lock-free strategy). Their units were not taken, and a buyer told
+            // sold_out could have had them: read again.
+            return Err(BatchError::Conflict);
+        }
         let left = StockSeen {
             stock: sold.left,
             restock_gen: seen.restock_gen,
@@ -260,6 +267,97 @@ mod tests {
             &HashSet::new(),
         );
         assert_eq!(decisions, [SoldOut, Sell, AlreadyPurchased]);
+    }
+
+    #[sqlx::test(migrator = "crate::MIGRATOR")]
+    async fn a_batch_that_waited_for_the_row_sees_the_orders_committed_meanwhile(pool: PgPool) {
+        // Arrange: stock 2; another session holds the row, sells one unit to user 7...
+        let bounds = SessionBounds {
+            statement_timeout_ms: 10_000,
+            lock_timeout_ms: 10_000,
+            idle_in_transaction_timeout_ms: 10_000,
+        };
+        let id: i64 =
+            sqlx::query_scalar("INSERT INTO products (name, stock) VALUES ('p', 2) RETURNING id")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        let product = ProductId::parse(&id.to_string()).unwrap();
+        let mut other = pool.begin().await.unwrap();
+        sqlx::query("SELECT stock FROM products WHERE id = $1 FOR UPDATE")
+            .bind(id)
+            .execute(&mut *other)
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO orders (product_id, user_id, quantity) VALUES ($1, 7, 1)")
+            .bind(id)
+            .execute(&mut *other)
+            .await
+            .unwrap();
+        sqlx::query("UPDATE products SET stock = 1 WHERE id = $1")
+            .bind(id)
+            .execute(&mut *other)
+            .await
+            .unwrap();
+        // ... while a pg-row batch of users 7 and 8 waits for the row, then it commits.
+        let requests = [request(7, 1), request(8, 1)];
+        let batch = {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                sell(
+                    &pool,
+                    bounds,
+                    product,
+                    Step::RowLock,
+                    &requests,
+                    Duration::ZERO,
+                )
+                .await
+            })
+        };
+        let waiting = "SELECT COUNT(*) FROM pg_stat_activity \
+                       WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        let started = tokio::time::Instant::now();
+        while sqlx::query_scalar::<_, i64>(waiting)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            == 0
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the batch never waited"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        other.commit().await.unwrap();
+
+        // Act: the batch, and the retry a conflict asks for.
+        let answers = match batch.await.unwrap() {
+            Ok(answers) => answers,
+            Err(BatchError::Conflict) => sell(
+                &pool,
+                bounds,
+                product,
+                Step::RowLock,
+                &requests,
+                Duration::ZERO,
+            )
+            .await
+            .unwrap(),
+            Err(other) => panic!("the batch failed: {other:?}"),
+        };
+
+        // Assert: 7 has their order already; 8 gets the unit that is left.
+        assert!(matches!(
+            answers[0],
+            Err(PurchaseError::AlreadyPurchased(_))
+        ));
+        assert!(
+            matches!(answers[1], Ok(_)),
+            "user 8 was answered {:?} with a unit left",
+            answers[1]
+        );
     }
 
     #[test]

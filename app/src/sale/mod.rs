@@ -198,9 +198,10 @@ impl Sale {
     ///
     /// # Errors
     /// Every [`PurchaseError`]. None leaves anything written, with one exception no server can
-    /// rule out: a commit that PostgreSQL carried out but whose answer was lost with the
-    /// connection is reported as a database error (the orders and their decrement are then
-    /// all there, never one without the other; `GET /api/products/{id}/orders/{user}` tells).
+    /// rule out: a commit that PostgreSQL carried out but whose answer was lost (with the
+    /// connection, or past the batch's time bound) is reported as a database error or a
+    /// timeout (the orders and their decrement are then all there, never one without the
+    /// other; `GET /api/products/{id}/orders/{user}` tells).
     #[tracing::instrument(name = "purchase", skip_all, fields(
         product_id = %request.product_id,
         user_id = request.user_id.get(),

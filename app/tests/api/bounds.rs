@@ -118,3 +118,73 @@ async fn a_full_pool_answers_busy_and_the_instance_stays_ready(pool: PgPool) {
     assert_eq!(ready, 200, "{body}");
     assert_eq!(body["postgres"], true);
 }
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn pooled_connections_the_server_closed_while_idle_answer_503_never_500(
+    _pool_options: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    // Arrange: PostgreSQL ends sessions idle for 300 ms (idle_session_timeout), and the
+    // service's own pool, which does not ping a connection before a batch uses it...
+    let database = connect.get_database().expect("a test database").to_owned();
+    let admin = PgPool::connect_with(connect.clone()).await.unwrap();
+    sqlx::query(&format!(
+        "ALTER DATABASE \"{database}\" SET idle_session_timeout = '300ms'"
+    ))
+    .execute(&admin)
+    .await
+    .unwrap();
+    admin.close().await;
+    let prefix = testkit::unique_prefix("idle");
+    let _cleanup = testkit::PrefixCleanup::new(&shared_redis_url(), &prefix);
+    let mut settings = settings(&shared_redis_url(), &prefix);
+    settings.database_url = format!(
+        "postgres://postgres@127.0.0.1:{}/{database}",
+        connect.get_port()
+    )
+    .into();
+    settings.lock_strategy = LockStrategy::PgAtomic;
+    settings.database_max_connections = 3;
+    let app = seckill::Application::build(settings)
+        .await
+        .expect("the app builds");
+    let url = format!("http://127.0.0.1:{}", app.port());
+    tokio::spawn(app.run_until_stopped());
+    let client = reqwest::Client::new();
+    let created: serde_json::Value = client
+        .post(format!("{url}/api/products"))
+        .bearer_auth(crate::helpers::ADMIN_TOKEN)
+        .json(&serde_json::json!({"name": "p", "stock": 100}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let purchase = |user: i64| {
+        client
+            .post(format!("{url}/api/products/{}/purchase", created["id"]))
+            .json(&serde_json::json!({"user_id": user}))
+            .send()
+    };
+    assert_eq!(purchase(1).await.unwrap().status(), 201);
+    // ... has closed every pooled connection by now.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+
+    // Act: buy until a purchase gets through on a fresh connection.
+    let mut statuses = Vec::new();
+    for user in 2..12 {
+        let status = purchase(user).await.unwrap().status().as_u16();
+        statuses.push(status);
+        if status == 201 {
+            break;
+        }
+    }
+
+    // Assert: a dead connection is an outage of one batch (503, retry), never a 500.
+    assert_eq!(statuses.last(), Some(&201), "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == 201 || *s == 503),
+        "{statuses:?}"
+    );
+}
