@@ -43,8 +43,9 @@ pub enum Step {
 pub(crate) enum BatchError {
     /// The row holds a higher fence than ours.
     Refused { stored: i64 },
-    /// Someone wrote the stock between our read and our write (optimistic, atomic): try
-    /// again with a fresh read.
+    /// Someone wrote between our read and our write (the stock, under optimistic or atomic;
+    /// an order our read missed, under any strategy; or a deadlock): try again with a fresh
+    /// read.
     Conflict,
     /// Anything else: every buyer in the batch gets this.
     Failed(PurchaseError),
@@ -143,8 +144,9 @@ pub(crate) async fn sell(
         .collect();
     sales.sort_unstable();
     let (selling, quantities): (Vec<i64>, Vec<i32>) = sales.into_iter().unzip();
-    // A user can still have bought since we looked (an instance without our lock, under
-    // `none` or the lock-free strategies): the insert skips them, and takes nothing for them.
+    // A user can still have bought since we looked (under `none` and the lock-free
+    // strategies; or, under a row lock, while we waited for it: the row is read again then,
+    // the orders are not): the insert skips them, and takes nothing for them.
     let (left, order_ids) = if selling.is_empty() {
         (seen, HashMap::new())
     } else {

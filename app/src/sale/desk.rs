@@ -95,8 +95,8 @@ pub(crate) struct Desk {
 /// asking for it again, so that a leader of another instance, woken by the release, gets it.
 const HANDOFF_PAUSE: Duration = Duration::from_millis(2);
 
-/// A batch that conflicts with a concurrent writer (optimistic, atomic) is retried this
-/// often before its buyers are told busy.
+/// A batch that conflicts with a concurrent writer (see `BatchError::Conflict`) is retried
+/// this often before its buyers are told busy.
 const MAX_ATTEMPTS: u32 = 20;
 
 impl Desk {

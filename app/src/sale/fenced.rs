@@ -62,7 +62,8 @@ pub async fn sell_holding<G: FencedGuard>(
             Ok(answers) => return answers,
             Err(BatchError::Refused { stored }) => stored,
             Err(BatchError::Failed(error)) => return all(error),
-            // Only the lock-free writes can conflict.
+            // Under the lock only an overlapping (stale) holder or a deadlock can cause a
+            // conflict: rare enough to answer busy (the buyers retry) rather than retry here.
             Err(BatchError::Conflict) => return all(PurchaseError::Busy),
         };
         if resync == MAX_RESYNCS {
