@@ -88,6 +88,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.rounds > 0, "--rounds must be at least 1");
     let run_for = Duration::from_secs_f64(args.seconds);
     let prefix = format!("distlock-bench:{}", std::process::id());
+    // Every lock leaves a fence counter, which has no TTL by design: the run's keys (rslock's
+    // `<prefix>...` and ours, with `{<prefix>...}:fence`) are deleted however the run ends.
+    let _cleanup = testkit::PrefixCleanup::new(&args.redis_url, &prefix);
     println!(
         "redis={} concurrency={} seconds={} rounds={} worker_threads={}",
         args.redis_url, args.concurrency, args.seconds, args.rounds, args.worker_threads
@@ -171,36 +174,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 median(&mut our_cpu) / median(&mut their_cpu)
             );
         }
-        forget_keys(&mut conn.clone(), &prefix).await?;
         println!("cycles_per_sec={rate:.0}");
-    } else {
-        forget_keys(&mut conn.clone(), &prefix).await?;
-    }
-    Ok(())
-}
-
-/// Delete the run's keys: every lock left a fence counter, which has no TTL by design.
-async fn forget_keys(conn: &mut ConnectionManager, prefix: &str) -> anyhow::Result<()> {
-    // rslock's keys are `<prefix>...`; ours also have `{<prefix>...}:fence`.
-    for pattern in [format!("{prefix}*"), format!("{{{prefix}*")] {
-        let mut cursor = 0u64;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(conn)
-                .await?;
-            if !keys.is_empty() {
-                redis::cmd("DEL").arg(&keys).query_async::<()>(conn).await?;
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
     }
     Ok(())
 }

@@ -354,16 +354,26 @@ impl Leader {
                 break;
             };
             self.dequeued();
-            if order.reply.is_closed() {
-                self.shared.metrics.buyers_gone.inc();
-            } else if order.deadline <= now {
-                self.shared.metrics.lock_timeouts.inc();
-                let _ = order.reply.send(Err(PurchaseError::Busy));
-            } else {
+            if let Some(order) = self.still_live(order, now) {
                 batch.push(order);
             }
         }
         batch
+    }
+
+    /// `Some(order)` while its buyer waits and its deadline is ahead. Otherwise the order is
+    /// done with: a buyer who left is forgotten, one whose time is up is told busy.
+    fn still_live(&self, order: Order, now: Instant) -> Option<Order> {
+        if order.reply.is_closed() {
+            self.shared.metrics.buyers_gone.inc();
+            None
+        } else if order.deadline <= now {
+            self.shared.metrics.lock_timeouts.inc();
+            let _ = order.reply.send(Err(PurchaseError::Busy));
+            None
+        } else {
+            Some(order)
+        }
     }
 
     /// Tell buyers past their deadline that they waited too long; forget buyers who left.
@@ -371,15 +381,9 @@ impl Leader {
         let now = Instant::now();
         let mut live = VecDeque::with_capacity(self.waiting.len());
         for order in std::mem::take(&mut self.waiting) {
-            if order.reply.is_closed() {
-                self.dequeued();
-                self.shared.metrics.buyers_gone.inc();
-            } else if order.deadline <= now {
-                self.dequeued();
-                self.shared.metrics.lock_timeouts.inc();
-                let _ = order.reply.send(Err(PurchaseError::Busy));
-            } else {
-                live.push_back(order);
+            match self.still_live(order, now) {
+                Some(order) => live.push_back(order),
+                None => self.dequeued(),
             }
         }
         self.waiting = live;

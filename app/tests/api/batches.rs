@@ -12,7 +12,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::helpers::{TestApp, books, error_code, settings, shared_redis_url, spawn_with};
+use crate::helpers::{BOUNDS, TestApp, books, error_code, settings, shared_redis_url, spawn_with};
 
 /// An instance (under `redis`) and a product whose lock the test can hold from outside, so
 /// that buyers queue at the instance's desk until the test lets go.
@@ -262,12 +262,7 @@ async fn orders_seq_scans(pool: &PgPool, observer: &PgPool) -> i64 {
 
 /// Read a batch's snapshot the way a batch does: in a transaction of the service's.
 async fn read_batch(pool: &PgPool, product: seckill::domain::ProductId) -> Vec<i64> {
-    let bounds = seckill::repository::SessionBounds {
-        statement_timeout_ms: 5_000,
-        lock_timeout_ms: 2_000,
-        idle_in_transaction_timeout_ms: 5_000,
-    };
-    let mut tx = seckill::repository::begin(pool, bounds).await.unwrap();
+    let mut tx = seckill::repository::begin(pool, BOUNDS).await.unwrap();
     let snapshot = seckill::repository::batch_snapshot(&mut tx, product, &[1, 2, 3], false)
         .await
         .unwrap()
@@ -337,25 +332,20 @@ async fn an_optimistic_batch_that_read_before_a_restock_writes_nothing_and_the_r
 ) {
     // Arrange: a pg-optimistic batch has read the row (stock 10)...
     use seckill::repository::{self, Restocked, StockWrite};
-    let bounds = repository::SessionBounds {
-        statement_timeout_ms: 5_000,
-        lock_timeout_ms: 2_000,
-        idle_in_transaction_timeout_ms: 5_000,
-    };
     let id: i64 =
         sqlx::query_scalar("INSERT INTO products (name, stock) VALUES ('p', 10) RETURNING id")
             .fetch_one(&pool)
             .await
             .unwrap();
     let product = seckill::domain::ProductId::parse(&id.to_string()).unwrap();
-    let mut batch = repository::begin(&pool, bounds).await.unwrap();
+    let mut batch = repository::begin(&pool, BOUNDS).await.unwrap();
     let read = repository::batch_snapshot(&mut batch, product, &[7], false)
         .await
         .unwrap()
         .unwrap();
     // ... and an admin restocks 5 before the batch writes.
     let add = seckill::domain::Stock::parse(5).unwrap();
-    let restocked = repository::add_stock(&pool, bounds, product, add, "test")
+    let restocked = repository::add_stock(&pool, BOUNDS, product, add, "test")
         .await
         .unwrap();
     assert!(matches!(restocked, Restocked::Done { .. }));

@@ -6,17 +6,10 @@ use distlock::{LockOptions, Locker};
 use redis::aio::ConnectionManager;
 use seckill::domain::{ProductId, Quantity, UserId};
 use seckill::metrics::Metrics;
-use seckill::repository::SessionBounds;
 use seckill::sale::{PurchaseError, PurchaseRequest, fenced};
 use sqlx::PgPool;
 
-use crate::helpers::{books, settings, shared_redis_url, spawn_with};
-
-const BOUNDS: SessionBounds = SessionBounds {
-    statement_timeout_ms: 5_000,
-    lock_timeout_ms: 2_000,
-    idle_in_transaction_timeout_ms: 5_000,
-};
+use crate::helpers::{BOUNDS, books, settings, shared_redis_url, spawn_with};
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn a_stale_leaders_whole_batch_is_fenced_off_and_writes_nothing(pool: PgPool) {

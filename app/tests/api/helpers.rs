@@ -8,6 +8,13 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+/// Session bounds for tests that drive the service's transactions directly.
+pub const BOUNDS: seckill::repository::SessionBounds = seckill::repository::SessionBounds {
+    statement_timeout_ms: 5_000,
+    lock_timeout_ms: 2_000,
+    idle_in_transaction_timeout_ms: 5_000,
+};
+
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123";
 
 /// Settings for a test instance: port 0, a unique Redis key prefix, a patient lock.
