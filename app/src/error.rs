@@ -9,6 +9,7 @@ use actix_web::web::Bytes;
 use actix_web::{HttpRequest, HttpResponse, ResponseError};
 use serde::Serialize;
 
+use crate::repository;
 use crate::sale::PurchaseError;
 
 #[derive(Debug, thiserror::Error)]
@@ -131,9 +132,12 @@ impl ApiError {
 fn is_contention(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::PoolTimedOut => true,
-        sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|code| matches!(code.as_ref(), "55P03" | "57014" | "40P01" | "40001")),
+        sqlx::Error::Database(db) => {
+            repository::is_lost_race(error)
+                || db
+                    .code()
+                    .is_some_and(|code| matches!(code.as_ref(), "55P03" | "57014"))
+        }
         _ => false,
     }
 }

@@ -398,3 +398,12 @@ pub async fn ping(conn: &mut PgConnection) -> sqlx::Result<()> {
         .await
         .map(|_| ())
 }
+
+/// A transaction that lost a deadlock (40P01) or a serialization race (40001): nothing was
+/// written, and the same work can simply be tried again.
+pub(crate) fn is_lost_race(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| matches!(code.as_ref(), "40P01" | "40001"))
+}

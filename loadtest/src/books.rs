@@ -36,6 +36,21 @@ impl Books {
     }
 }
 
+/// Judge the attack `report` made on the instances at `host`: read the books from
+/// PostgreSQL, and ask the service which buyers who lost their answer have an order.
+///
+/// # Errors
+/// When PostgreSQL or the service cannot be asked.
+pub async fn judge(
+    report: &AttackReport,
+    host: &str,
+    database_url: &str,
+) -> anyhow::Result<Verdict> {
+    let books = read(database_url, report.product_id).await?;
+    let committed = crate::attack::orders_of(host, report.product_id, &report.lost_answers).await?;
+    Ok(Verdict::judge(report, books, committed))
+}
+
 pub async fn read(database_url: &str, product_id: i64) -> anyhow::Result<Books> {
     let pool = PgPool::connect(database_url)
         .await

@@ -290,10 +290,7 @@ impl Setup<'_> {
             },
         )
         .await?;
-        let books = books::read(database_url, product).await?;
-        let lost = report.lost_answers.clone();
-        let committed = attack::orders_of(&hosts[0], product, &lost).await?;
-        let verdict = Verdict::judge(&report, books, committed);
+        let verdict = books::judge(&report, &hosts[0], database_url).await?;
         println!("{}", verdict.render(&report));
         let mut split = Vec::new();
         for host in hosts {

@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::Parser;
 use loadtest::attack::Cancel;
 use loadtest::attack::{self, Extras};
-use loadtest::books::{self, Verdict};
+use loadtest::books;
 use loadtest::cli::{AttackArgs, Cli, Command};
 use loadtest::demo;
 
@@ -60,10 +60,7 @@ async fn attack(
         extras,
     )
     .await?;
-    let books = books::read(database_url, product).await?;
-    let lost = report.lost_answers.clone();
-    let committed = attack::orders_of(&args.hosts[0], product, &lost).await?;
-    let verdict = Verdict::judge(&report, books, committed);
+    let verdict = books::judge(&report, &args.hosts[0], database_url).await?;
     println!("{}", verdict.render(&report));
     Ok(verdict.passed())
 }

@@ -16,7 +16,7 @@ use crate::options::LockOptions;
 use crate::retry::{Backoff, deadline_after};
 use crate::signals::ReleaseSignals;
 use crate::token::Token;
-use crate::waiting::Waiting;
+use crate::waiting::{LocalKey, Waiting};
 
 /// Takes locks on one [`Backend`]: a Redis connection, a [`Redlock`](crate::Redlock) set of
 /// masters, or a [`PgLockTable`](crate::PgLockTable).
@@ -122,7 +122,8 @@ impl<B: Backend> Locker<B> {
 
     pub(crate) async fn try_acquire_hold(&self, key: &str) -> Result<Hold<B>> {
         self.backend.check_key(key)?;
-        match self.attempt(key).await? {
+        let local = self.waiting.as_ref().map(|w| w.local_key(key));
+        match self.attempt(key, local).await? {
             Ok(hold) => Ok(hold),
             Err(_expires_in) => Err(Error::Held {
                 key: key.to_owned(),
@@ -201,13 +202,12 @@ impl<B: Backend> Locker<B> {
             }
             // A zero wait makes one attempt, unbounded: `wait_timeout(0)` means "try once".
             // Otherwise no attempt starts at or after the deadline.
+            let attempt = self.attempt(key, local.as_ref().map(|(_, l)| Arc::clone(l)));
             let outcome = match left() {
-                _ if wait.is_zero() => self.attempt(key).await?,
+                _ if wait.is_zero() => attempt.await?,
                 Some(left) if left.is_zero() => return Err(timed_out()),
-                Some(left) => timeout(left, self.attempt(key))
-                    .await
-                    .map_err(|_| timed_out())??,
-                None => self.attempt(key).await?,
+                Some(left) => timeout(left, attempt).await.map_err(|_| timed_out())??,
+                None => attempt.await?,
             };
             let expires_in = match outcome {
                 Ok(hold) => return Ok(enter(hold)),
@@ -233,12 +233,17 @@ impl<B: Backend> Locker<B> {
         }
     }
 
-    /// One acquire attempt: the hold, or (`Err`) what is left of the holder's lease.
+    /// One acquire attempt: the hold, or (`Err`) what is left of the holder's lease. `local`
+    /// is the key's local state, for the hold (when this process's waiters take turns).
     ///
     /// The attempt runs in a task of its own, which finishes it even if the caller goes
     /// away (a deadline, a cancelled request) and then gives back whatever it took: a
     /// release sent right away could overtake the acquire on another connection (a pool).
-    async fn attempt(&self, key: &str) -> Result<Result<Hold<B>, Option<Duration>>> {
+    async fn attempt(
+        &self,
+        key: &str,
+        local: Option<Arc<LocalKey>>,
+    ) -> Result<Result<Hold<B>, Option<Duration>>> {
         let token = Token::new();
         let ttl = self.options.ttl();
         // TIMING: the lease is counted from before the command is sent (see `Lease`).
@@ -288,7 +293,7 @@ impl<B: Backend> Locker<B> {
             fence: fence.get().into(),
             lease,
             watchdog,
-            local: self.waiting.as_ref().map(|w| w.local_key(key)),
+            local,
             released: false.into(),
         }))
     }

@@ -176,18 +176,8 @@ impl RedisCluster {
             // above port 55535 ("Redis port number too high"), and may be taken.
             let started = (0..ATTEMPTS).find_map(|_| {
                 let (port, bus) = (free_port(), free_port());
-                let dir = cluster.dir.to_str().expect("a UTF-8 temp dir").to_owned();
-                let node_args = [
-                    "--cluster-enabled".to_owned(),
-                    "yes".to_owned(),
-                    "--cluster-port".to_owned(),
-                    bus.to_string(),
-                    "--cluster-config-file".to_owned(),
-                    format!("nodes-{port}.conf"),
-                    "--dir".to_owned(),
-                    dir,
-                ];
-                spawn_redis(port, &node_args).map(|child| (child, port))
+                spawn_redis(port, &cluster_args(Some(bus), &cluster.dir, port))
+                    .map(|child| (child, port))
             });
             let (child, port) = started.expect("a cluster node on a free port");
             cluster.nodes.push(child);
@@ -304,6 +294,22 @@ fn server_info(port: u16) -> Option<String> {
     None
 }
 
+/// The arguments of cluster node `port` keeping its files in `dir`, with its bus port
+/// `bus` (`None`: redis-server's default, port + 10,000).
+fn cluster_args(bus: Option<u16>, dir: &std::path::Path, port: u16) -> Vec<String> {
+    let mut args = vec!["--cluster-enabled".to_owned(), "yes".to_owned()];
+    if let Some(bus) = bus {
+        args.extend(["--cluster-port".to_owned(), bus.to_string()]);
+    }
+    args.extend([
+        "--cluster-config-file".to_owned(),
+        format!("nodes-{port}.conf"),
+        "--dir".to_owned(),
+        dir.to_str().expect("a UTF-8 temp dir").to_owned(),
+    ]);
+    args
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,20 +321,6 @@ mod tests {
             .step_by(7)
             .find(|&port| TcpListener::bind(("127.0.0.1", port)).is_ok())
             .expect("a free port above 55535")
-    }
-
-    fn cluster_args(bus: Option<u16>, dir: &std::path::Path, port: u16) -> Vec<String> {
-        let mut args = vec!["--cluster-enabled".to_owned(), "yes".to_owned()];
-        if let Some(bus) = bus {
-            args.extend(["--cluster-port".to_owned(), bus.to_string()]);
-        }
-        args.extend([
-            "--cluster-config-file".to_owned(),
-            format!("nodes-{port}.conf"),
-            "--dir".to_owned(),
-            dir.to_str().unwrap().to_owned(),
-        ]);
-        args
     }
 
     #[test]

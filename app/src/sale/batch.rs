@@ -55,11 +55,7 @@ impl From<sqlx::Error> for BatchError {
     /// A deadlock (40P01) or a serialization failure (40001) means "try again", like a
     /// conflict; anything else fails the batch.
     fn from(error: sqlx::Error) -> Self {
-        let retry = error
-            .as_database_error()
-            .and_then(|e| e.code())
-            .is_some_and(|code| matches!(code.as_ref(), "40P01" | "40001"));
-        if retry {
+        if repository::is_lost_race(&error) {
             BatchError::Conflict
         } else {
             BatchError::Failed(error.into())
