@@ -20,7 +20,7 @@ use sqlx::PgPool;
 use crate::attack::create_product;
 use crate::cli::BenchArgs;
 use crate::instances::{Instance, InstanceConfig};
-use crate::servers;
+use crate::servers::{self, ThrowawayDatabase};
 
 const ADMIN_TOKEN: &str = "bench-admin-token-0123456789";
 
@@ -64,11 +64,12 @@ struct Wrk {
 
 /// One configuration under test: an instance with its database and product.
 struct Subject {
-    label: String,
+    strategy: LockStrategy,
+    batch: u32,
     instance: Instance,
     pool: PgPool,
     product: i64,
-    database: String,
+    database: ThrowawayDatabase,
     prefix: String,
 }
 
@@ -89,7 +90,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("stopped by Ctrl-C")),
     };
     for subject in subjects {
-        if let Err(error) = subject.remove(&postgres.url, &redis.url).await {
+        if let Err(error) = subject.remove(&redis.url).await {
             eprintln!("cleanup: {error:#}");
         }
     }
@@ -134,7 +135,7 @@ async fn measure(
             println!(
                 "round {}: {} {:.0} orders/s",
                 round + 1,
-                s.label,
+                s.label(),
                 orders[i].last().unwrap()
             );
         }
@@ -155,8 +156,8 @@ async fn measure(
         let _ = writeln!(
             report,
             "| {} | {} | {m:.0} | {:.2} |",
-            s.strategy_name(),
-            s.batch(),
+            s.strategy.name(),
+            s.batch,
             m / baseline
         );
     }
@@ -244,25 +245,15 @@ impl Subject {
         format!("/api/products/{}/purchase", self.product)
     }
 
-    fn strategy_name(&self) -> &str {
-        self.label.split('/').next().unwrap_or_default()
-    }
-
-    fn batch(&self) -> &str {
-        self.label.split('/').nth(1).unwrap_or_default()
+    fn label(&self) -> String {
+        format!("{}/{}", self.strategy.name(), self.batch)
     }
 
     /// Stop the instance, drop its database, delete its Redis keys.
-    async fn remove(self, admin_url: &str, redis_url: &str) -> anyhow::Result<()> {
+    async fn remove(self, redis_url: &str) -> anyhow::Result<()> {
         drop(self.instance);
         self.pool.close().await;
-        let admin = PgPool::connect(admin_url).await?;
-        sqlx::query(&format!(
-            r#"DROP DATABASE "{}" WITH (FORCE)"#,
-            self.database
-        ))
-        .execute(&admin)
-        .await?;
+        self.database.remove().await?;
         servers::forget_keys(redis_url, &self.prefix).await
     }
 }
@@ -273,22 +264,15 @@ async fn subject(
     strategy: LockStrategy,
     batch: u32,
 ) -> anyhow::Result<Subject> {
-    let database = format!(
+    let name = format!(
         "seckill_bench_{}_{}_{batch}",
         std::process::id(),
         strategy.name().replace('-', "_")
     );
-    let admin = PgPool::connect(admin_url)
-        .await
-        .context("cannot connect to PostgreSQL")?;
-    sqlx::query(&format!(r#"CREATE DATABASE "{database}""#))
-        .execute(&admin)
-        .await?;
-    let mut url = reqwest::Url::parse(admin_url)?;
-    url.set_path(&format!("/{database}"));
-    let prefix = format!("bench:{database}:");
+    let prefix = format!("bench:{name}:");
+    let database = ThrowawayDatabase::create(admin_url, name).await?;
     let config = InstanceConfig {
-        database_url: url.as_str(),
+        database_url: &database.url,
         redis_url,
         redis_key_prefix: &prefix,
         admin_token: ADMIN_TOKEN,
@@ -304,13 +288,14 @@ async fn subject(
         let name = format!("bench-{}-{batch}", strategy.name());
         let instance = Instance::start(&me, &config, &name).await?;
         let product = create_product(&instance.url, ADMIN_TOKEN, 1_000_000_000).await?;
-        let pool = PgPool::connect(url.as_str()).await?;
+        let pool = PgPool::connect(&database.url).await?;
         anyhow::Ok((instance, product, pool))
     }
     .await;
     match started {
         Ok((instance, product, pool)) => Ok(Subject {
-            label: format!("{}/{batch}", strategy.name()),
+            strategy,
+            batch,
             instance,
             pool,
             product,
@@ -319,9 +304,7 @@ async fn subject(
         }),
         Err(error) => {
             // Nothing of it is kept: the database and any keys go now.
-            let _ = sqlx::query(&format!(r#"DROP DATABASE "{database}" WITH (FORCE)"#))
-                .execute(&admin)
-                .await;
+            let _ = database.remove().await;
             let _ = servers::forget_keys(redis_url, &prefix).await;
             Err(error)
         }

@@ -12,16 +12,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use goose::config::GooseConfiguration;
-use reqwest::Url;
 use seckill::LockStrategy;
-use sqlx::{Connection, PgConnection};
 
 use crate::attack::{self, AttackReport, Cancel, Extras};
 use crate::books::{self, NO_LOST_UPDATE, NO_OVERSELL, NO_SERVER_ERROR, Verdict};
 use crate::chart::{self, Bar};
 use crate::cli::DemoArgs;
 use crate::instances::{Instance, InstanceConfig};
-use crate::servers::{self, Server};
+use crate::servers::{self, Server, ThrowawayDatabase};
 
 const ADMIN_TOKEN: &str = "demo-admin-token-0123456789";
 
@@ -193,7 +191,12 @@ impl Setup<'_> {
             strategy.name(),
             batch_max
         );
-        let database = ThrowawayDatabase::create(self.database_url, strategy, batch_max)
+        let name = format!(
+            "seckill_demo_{}_{}_{batch_max}",
+            std::process::id(),
+            strategy.name().replace('-', "_")
+        );
+        let database = ThrowawayDatabase::create(self.database_url, name)
             .await
             .map_err(|e| format!("{e:#}"))?;
         let outcome = self
@@ -412,47 +415,4 @@ fn draw_chart(args: &DemoArgs, rows: &[Row]) -> anyhow::Result<()> {
 
 fn display(path: &Path) -> String {
     path.display().to_string()
-}
-
-/// A database of its own for one run, removed with [`remove`](Self::remove).
-struct ThrowawayDatabase {
-    admin_url: String,
-    name: String,
-    url: String,
-}
-
-impl ThrowawayDatabase {
-    async fn create(
-        admin_url: &str,
-        strategy: LockStrategy,
-        batch_max: u32,
-    ) -> anyhow::Result<Self> {
-        let name = format!(
-            "seckill_demo_{}_{}_{batch_max}",
-            std::process::id(),
-            strategy.name().replace('-', "_")
-        );
-        let mut admin = PgConnection::connect(admin_url)
-            .await
-            .context("cannot connect to PostgreSQL to create the demo database")?;
-        sqlx::query(&format!(r#"CREATE DATABASE "{name}""#))
-            .execute(&mut admin)
-            .await
-            .with_context(|| format!("creating database {name}"))?;
-        let mut url = Url::parse(admin_url).context("invalid --database-url")?;
-        url.set_path(&format!("/{name}"));
-        Ok(Self {
-            admin_url: admin_url.to_owned(),
-            name,
-            url: url.to_string(),
-        })
-    }
-
-    async fn remove(self) -> anyhow::Result<()> {
-        let mut admin = PgConnection::connect(&self.admin_url).await?;
-        sqlx::query(&format!(r#"DROP DATABASE "{}" WITH (FORCE)"#, self.name))
-            .execute(&mut admin)
-            .await?;
-        Ok(())
-    }
 }

@@ -14,6 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use reqwest::Url;
+use sqlx::{Connection, PgConnection};
 
 use crate::instances::own_process_group_and_die_with_parent;
 
@@ -343,4 +345,48 @@ pub async fn forget_keys(redis_url: &str, prefix: &str) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A database of its own for one run, on the server `admin_url` points at (its user,
+/// password, host and parameters kept), removed with [`remove`](Self::remove).
+pub struct ThrowawayDatabase {
+    admin_url: String,
+    name: String,
+    /// The database's URL.
+    pub url: String,
+}
+
+impl ThrowawayDatabase {
+    /// Create database `name`.
+    ///
+    /// # Errors
+    /// When PostgreSQL cannot be reached or refuses.
+    pub async fn create(admin_url: &str, name: String) -> anyhow::Result<Self> {
+        let mut admin = PgConnection::connect(admin_url)
+            .await
+            .context("cannot connect to PostgreSQL to create a throwaway database")?;
+        sqlx::query(&format!(r#"CREATE DATABASE "{name}""#))
+            .execute(&mut admin)
+            .await
+            .with_context(|| format!("creating database {name}"))?;
+        let mut url = Url::parse(admin_url).context("invalid PostgreSQL URL")?;
+        url.set_path(&format!("/{name}"));
+        Ok(Self {
+            admin_url: admin_url.to_owned(),
+            name,
+            url: url.to_string(),
+        })
+    }
+
+    /// Drop the database, closing whatever is still connected to it.
+    ///
+    /// # Errors
+    /// When PostgreSQL cannot be reached or refuses.
+    pub async fn remove(self) -> anyhow::Result<()> {
+        let mut admin = PgConnection::connect(&self.admin_url).await?;
+        sqlx::query(&format!(r#"DROP DATABASE "{}" WITH (FORCE)"#, self.name))
+            .execute(&mut admin)
+            .await?;
+        Ok(())
+    }
 }
