@@ -282,3 +282,49 @@ impl Sale {
         self.restocks.publish(id, generation);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::PurchaseError;
+    use crate::metrics::{Metrics, PurchaseCounters};
+    use crate::settings::LockStrategy;
+
+    /// The purchase path counts each outcome on a counter resolved at start-up: a label
+    /// missing from `PurchaseCounters` would panic there.
+    #[test]
+    fn every_outcome_has_its_counter() {
+        let counters = PurchaseCounters::new(&Metrics::new(), LockStrategy::Redis);
+        let redis = redis::RedisError::from(std::io::Error::other("down"));
+        let errors = [
+            PurchaseError::NotFound,
+            PurchaseError::SoldOut(None),
+            PurchaseError::AlreadyPurchased(None),
+            PurchaseError::Busy,
+            PurchaseError::LockLost,
+            PurchaseError::Redis(Arc::new(redis)),
+            PurchaseError::LockService(Arc::new(distlock::Error::InvalidOptions("x".into()))),
+            PurchaseError::Database(Arc::new(sqlx::Error::PoolTimedOut)),
+            PurchaseError::DatabaseTimeout,
+            PurchaseError::Internal("bug".into()),
+        ];
+        for error in &errors {
+            // An exhaustive match: a new variant must be added to the list above.
+            match error {
+                PurchaseError::NotFound
+                | PurchaseError::SoldOut(_)
+                | PurchaseError::AlreadyPurchased(_)
+                | PurchaseError::Busy
+                | PurchaseError::LockLost
+                | PurchaseError::Redis(_)
+                | PurchaseError::LockService(_)
+                | PurchaseError::Database(_)
+                | PurchaseError::DatabaseTimeout
+                | PurchaseError::Internal(_) => {}
+            }
+            counters.outcome(error.outcome()).inc();
+        }
+        counters.outcome("created").inc();
+    }
+}
