@@ -57,7 +57,9 @@ impl<B: Backend> Hold<B> {
         // woken. On one multiplexed connection its attempt then runs right after our
         // release: one round trip later instead of two. (Had the first poll not sent it
         // yet, the attempt finds the lock still held and waits for the release message.)
-        let first = futures_util::poll!(unlock.as_mut());
+        // (`futures_util::poll!` would need that crate's `async-await-macro` feature.)
+        let first =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(unlock.as_mut().poll(cx))).await;
         if let Some(local) = &self.local {
             local.ring();
         }
