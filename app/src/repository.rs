@@ -256,8 +256,6 @@ pub async fn order_of(pool: &PgPool, product: ProductId, user: i64) -> sqlx::Res
 pub struct BatchSnapshot {
     pub stock: i64,
     pub restock_gen: i64,
-    /// The highest fence that has written the row.
-    pub fence: i64,
     /// Bumped by every write (the optimistic strategy compares it).
     pub version: i64,
     /// Of the batch's users, those who already have an order for the product.
@@ -285,7 +283,7 @@ pub async fn batch_snapshot(
     if lock {
         sqlx::query_as!(
             BatchSnapshot,
-            r#"SELECT p.stock, p.restock_gen, p.fence, p.version,
+            r#"SELECT p.stock, p.restock_gen, p.version,
                       ARRAY(SELECT o.user_id FROM orders o
                             WHERE o.product_id = p.id AND o.user_id = ANY($2)) AS "bought!"
                FROM products p WHERE p.id = $1
@@ -298,7 +296,7 @@ pub async fn batch_snapshot(
     } else {
         sqlx::query_as!(
             BatchSnapshot,
-            r#"SELECT p.stock, p.restock_gen, p.fence, p.version,
+            r#"SELECT p.stock, p.restock_gen, p.version,
                       ARRAY(SELECT o.user_id FROM orders o
                             WHERE o.product_id = p.id AND o.user_id = ANY($2)) AS "bought!"
                FROM products p WHERE p.id = $1"#,
@@ -313,7 +311,7 @@ pub async fn batch_snapshot(
 /// How a batch writes the stock after its orders.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StockWrite {
-    /// `stock = read - sold`: the row is ours (locked, or fenced), or nobody checks (`none`).
+    /// `stock = read - sold`: the row is ours (locked), or nobody checks (`none`).
     Set { read: i64 },
     /// The same, only if nobody wrote since `version` was read (optimistic).
     IfVersion { read: i64, version: i64 },
@@ -330,8 +328,7 @@ pub struct Sold {
     pub orders: Vec<(i64, i64)>,
 }
 
-/// Insert one order per `(user, quantity)` (under `fence`, stored on the row too, if any)
-/// and write the stock `how`, in one statement. A user who has an order already is skipped,
+/// Insert one order per `(user, quantity)` and write the stock `how`, in one statement. A user who has an order already is skipped,
 /// and what they asked for is not taken from the stock. `None`: the write's condition
 /// failed (another writer came first); the caller rolls the transaction back.
 pub async fn sell_orders(
@@ -339,7 +336,6 @@ pub async fn sell_orders(
     id: ProductId,
     users: &[i64],
     quantities: &[i32],
-    fence: Option<i64>,
     how: StockWrite,
 ) -> sqlx::Result<Option<Sold>> {
     let (mode, read, version) = match how {
@@ -351,21 +347,20 @@ pub async fn sell_orders(
     // it takes exactly what was inserted.
     let rows = sqlx::query!(
         r#"WITH inserted AS (
-               INSERT INTO orders (product_id, user_id, quantity, fence)
-               SELECT $1::BIGINT, u, q, $4::BIGINT FROM UNNEST($2::BIGINT[], $3::INT[]) AS t (u, q)
+               INSERT INTO orders (product_id, user_id, quantity)
+               SELECT $1::BIGINT, u, q FROM UNNEST($2::BIGINT[], $3::INT[]) AS t (u, q)
                ON CONFLICT ON CONSTRAINT orders_one_per_user DO NOTHING
                RETURNING user_id, id, quantity
            ),
            sold AS (SELECT COALESCE(SUM(quantity), 0)::BIGINT AS units FROM inserted),
            written AS (
                UPDATE products p
-               SET stock = (CASE WHEN $5::TEXT = 'take' THEN p.stock ELSE $6::BIGINT END) - sold.units,
-                   fence = COALESCE($4, p.fence),
+               SET stock = (CASE WHEN $4::TEXT = 'take' THEN p.stock ELSE $5::BIGINT END) - sold.units,
                    version = p.version + 1
                FROM sold
                WHERE p.id = $1
-                 AND ($5 <> 'if_version' OR p.version = $7::BIGINT)
-                 AND ($5 <> 'take' OR p.stock >= sold.units)
+                 AND ($4 <> 'if_version' OR p.version = $6::BIGINT)
+                 AND ($4 <> 'take' OR p.stock >= sold.units)
                RETURNING p.stock
            )
            SELECT w.stock AS "left!", i.user_id AS "user_id?", i.id AS "order_id?"
@@ -373,7 +368,6 @@ pub async fn sell_orders(
         id.get(),
         users,
         quantities,
-        fence,
         mode,
         read,
         version,
@@ -389,6 +383,163 @@ pub async fn sell_orders(
             .iter()
             .filter_map(|r| Some((r.user_id?, r.order_id?)))
             .collect(),
+    }))
+}
+
+/// The product's row as the holder of its lock keeps track of it between batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldRow {
+    pub stock: i64,
+    /// Bumped by every write: a sale, a restock, a stale holder's batch.
+    pub version: i64,
+    /// The highest fence that has written the row.
+    pub fence: i64,
+    pub restock_gen: i64,
+}
+
+impl HeldRow {
+    pub fn seen(&self) -> StockSeen {
+        StockSeen {
+            stock: self.stock,
+            restock_gen: self.restock_gen,
+        }
+    }
+}
+
+/// The product's row, read without a lock (one statement, with no commit to wait for), and
+/// which of `users` already have an order for it. `None`: no such product.
+pub async fn held_row(
+    pool: &PgPool,
+    id: ProductId,
+    users: &[i64],
+) -> sqlx::Result<Option<(HeldRow, Vec<i64>)>> {
+    let row = sqlx::query!(
+        r#"SELECT p.stock, p.version, p.fence, p.restock_gen,
+                  ARRAY(SELECT o.user_id FROM orders o
+                        WHERE o.product_id = p.id AND o.user_id = ANY($2)) AS "bought!"
+           FROM products p WHERE p.id = $1"#,
+        id.get(),
+        users,
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|r| {
+        let row = HeldRow {
+            stock: r.stock,
+            version: r.version,
+            fence: r.fence,
+            restock_gen: r.restock_gen,
+        };
+        (row, r.bought)
+    }))
+}
+
+/// What a lock holder's write did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HolderWrite {
+    /// Committed: the row as the write left it, `(user, order id)` of every order inserted
+    /// (a user who already had an order is skipped, and nothing is taken for them), and
+    /// which of the `others` already had an order.
+    Committed {
+        row: HeldRow,
+        orders: Vec<(i64, i64)>,
+        bought: Vec<i64>,
+    },
+    /// Nothing written: the stock was short of what the orders ask, the row was not at the
+    /// `version` expected, or it holds a fence above ours. This is the row as it is now
+    /// (read under its lock).
+    Moved(HeldRow),
+}
+
+/// A lock holder's batch: one statement, which is its own transaction, so one round trip
+/// and one commit. It locks the row (waiting for any other writer's commit); only if the
+/// stock covers every `(user, quantity)`, the row's version is `version` (when given: the
+/// holder's allocation was made against that row) and the row holds no fence above `fence`,
+/// it inserts one order per `(user, quantity)`, takes what was inserted from the stock, and
+/// stores `fence`. It also tells which of `others` (buyers it does not sell to) already have
+/// an order. `None`: no such product.
+pub async fn sell_as_holder(
+    pool: &PgPool,
+    id: ProductId,
+    users: &[i64],
+    quantities: &[i32],
+    fence: i64,
+    version: Option<i64>,
+    others: &[i64],
+) -> sqlx::Result<Option<HolderWrite>> {
+    // `current` is evaluated once, before the insert that depends on it; it returns the
+    // latest committed row (a row lock waits, then re-reads). The update then writes that
+    // same latest row, whatever the statement's snapshot saw.
+    let rows = sqlx::query!(
+        r#"WITH current AS (
+               SELECT p.id, p.stock, p.version, p.fence, p.restock_gen
+               FROM products p WHERE p.id = $1
+               FOR UPDATE
+           ),
+           ours AS (
+               SELECT c.id FROM current c
+               WHERE c.fence <= $4
+                 AND ($5::BIGINT IS NULL OR c.version = $5)
+                 AND c.stock >= (SELECT COALESCE(SUM(q), 0) FROM UNNEST($3::INT[]) AS t (q))
+           ),
+           inserted AS (
+               INSERT INTO orders (product_id, user_id, quantity, fence)
+               SELECT o.id, t.u, t.q, $4::BIGINT
+               FROM ours o, UNNEST($2::BIGINT[], $3::INT[]) AS t (u, q)
+               ON CONFLICT ON CONSTRAINT orders_one_per_user DO NOTHING
+               RETURNING user_id, id, quantity
+           ),
+           written AS (
+               UPDATE products p
+               SET stock = p.stock - (SELECT COALESCE(SUM(i.quantity), 0) FROM inserted i),
+                   fence = $4,
+                   version = p.version + 1
+               FROM ours o
+               WHERE p.id = o.id
+               RETURNING p.stock, p.version
+           )
+           SELECT c.stock AS "stock!", c.version AS "version!", c.fence AS "fence!",
+                  c.restock_gen AS "restock_gen!",
+                  w.stock AS "left?", w.version AS "new_version?",
+                  i.user_id AS "user_id?", i.id AS "order_id?",
+                  ARRAY(SELECT o.user_id FROM orders o
+                        WHERE o.product_id = $1 AND o.user_id = ANY($6)) AS "bought!"
+           FROM current c
+           LEFT JOIN written w ON true
+           LEFT JOIN inserted i ON true"#,
+        id.get(),
+        users,
+        quantities,
+        fence,
+        version,
+        others,
+    )
+    .fetch_all(pool)
+    .await?;
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let current = HeldRow {
+        stock: first.stock,
+        version: first.version,
+        fence: first.fence,
+        restock_gen: first.restock_gen,
+    };
+    let (Some(left), Some(version)) = (first.left, first.new_version) else {
+        return Ok(Some(HolderWrite::Moved(current)));
+    };
+    Ok(Some(HolderWrite::Committed {
+        row: HeldRow {
+            stock: left,
+            version,
+            fence,
+            ..current
+        },
+        orders: rows
+            .iter()
+            .filter_map(|r| Some((r.user_id?, r.order_id?)))
+            .collect(),
+        bought: first.bought.clone(),
     }))
 }
 

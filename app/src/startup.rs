@@ -48,9 +48,9 @@ impl Application {
     /// a failed migration, an address that cannot be bound.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         settings.check().map_err(anyhow::Error::msg)?;
-        let options = PgConnectOptions::from_str(settings.database_url())
-            .context("invalid DATABASE_URL")?
-            .options(session_bounds(&settings));
+        // The session bounds are added by `build_with_pool`.
+        let options =
+            PgConnectOptions::from_str(settings.database_url()).context("invalid DATABASE_URL")?;
         let pool = pool_options(&settings)
             .connect_with(options)
             .await
@@ -59,13 +59,17 @@ impl Application {
     }
 
     /// As [`build`](Self::build), on a pool the caller made (tests hand in their own
-    /// database). The session bounds are set at the start of every transaction the service
-    /// opens; `build` also sets them on every session of the pool it makes.
+    /// database). Every session the service uses must carry the session bounds: a lock
+    /// holder's batch is one statement with no transaction of its own to set them in. So the
+    /// pool's new connections get them from now on, and its idle connections, made without
+    /// them, are closed; a connection the caller has checked out at this moment keeps its
+    /// own settings.
     ///
     /// # Errors
     /// As [`build`](Self::build).
     pub async fn build_with_pool(settings: Settings, pool: PgPool) -> anyhow::Result<Self> {
         settings.check().map_err(anyhow::Error::msg)?;
+        bound_sessions(&pool, &settings);
         MIGRATOR
             .run(&pool)
             .await
@@ -149,8 +153,8 @@ impl Application {
     }
 }
 
-/// The session bounds as connection options: every session of a pool `build` makes has them.
-/// With them, custom plans for every statement: see [`crate::repository::begin`] for why a cached
+/// The session bounds as connection options: every session the service uses has them (see
+/// [`bound_sessions`]). With them, custom plans for every statement: see [`crate::repository::begin`] for why a cached
 /// generic plan is a trap on a table that grows during the sale (the order lookup, and the
 /// lock table under `pg-lock`, run outside `begin`).
 fn session_bounds(settings: &Settings) -> [(&'static str, String); 4] {
@@ -166,9 +170,19 @@ fn session_bounds(settings: &Settings) -> [(&'static str, String); 4] {
     ]
 }
 
+/// Give every session of `pool` from now on the session bounds: as options of its new
+/// connections, and by closing the idle ones (made with the options the pool had before).
+fn bound_sessions(pool: &PgPool, settings: &Settings) {
+    let options = pool.connect_options().as_ref().clone();
+    pool.set_connect_options(options.options(session_bounds(settings)));
+    while let Some(mut idle) = pool.try_acquire() {
+        idle.close_on_drop();
+    }
+}
+
 /// The longest a healthy batch can take: waiting for a connection, then its four
-/// statements (begin, read, insert-and-write, commit), each bounded by `statement_timeout` on
-/// the server, plus the work.
+/// statements (begin, read, insert-and-write, commit; a lock holder's batch is usually one),
+/// each bounded by `statement_timeout` on the server, plus the work.
 fn batch_timeout(settings: &Settings) -> Duration {
     settings.database_acquire_timeout()
         + Duration::from_millis(settings.pg_statement_timeout_ms) * 4

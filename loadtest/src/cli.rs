@@ -118,11 +118,11 @@ pub struct DemoArgs {
     pub instances: u16,
 
     /// Units on sale per strategy: enough for a sale of several seconds at full load.
-    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(i64).range(1..=10_000_000))]
+    #[arg(long, default_value_t = 50_000, value_parser = clap::value_parser!(i64).range(1..=10_000_000))]
     pub stock: i64,
 
     /// Distinct buyers per strategy (more than the stock, so it sells out).
-    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    #[arg(long, default_value_t = 75_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub buyers: u64,
 
     /// Concurrent simulated users (goose users), all started in the first second.

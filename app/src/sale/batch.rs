@@ -1,9 +1,9 @@
-//! Selling one batch: many buyers of one product, one transaction, four round trips.
+//! Selling one batch without a lock of ours: many buyers of one product, one transaction,
+//! four round trips. (The lock strategies sell their batches in [`super::fenced`].)
 //!
 //! 1. `BEGIN` with the session bounds.
-//! 2. Read the row the strategy's way ([`Step::locks`]): locked (`FOR UPDATE`, which the
-//!    fenced strategies follow with a check of the stored fence) or not; and, in the same
-//!    statement, which buyers already have an order.
+//! 2. Read the row the strategy's way ([`Step::locks`]): locked (`FOR UPDATE`) or not; and,
+//!    in the same statement, which buyers already have an order.
 //! 3. Allocate in arrival order ([`allocate`]): each request gets its quantity while stock
 //!    lasts; a user who already bought, or who appears twice in the batch, gets
 //!    `already_purchased`; the rest get `sold_out`. Then insert every order and write the
@@ -25,9 +25,6 @@ use crate::repository::{self, SessionBounds, StockSeen, StockWrite};
 /// How one strategy reads and writes the stock inside a batch's transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
-    /// `redis`, `redlock`, `pg-lock`: lock the row and check that no newer holder wrote
-    /// (the stored fence is not above ours), then write what we computed with our fence.
-    Fenced(i64),
     /// `pg-row`: `SELECT ... FOR UPDATE`, then write what we computed.
     RowLock,
     /// `pg-optimistic`: read the version, write only if it is unchanged.
@@ -41,8 +38,6 @@ pub enum Step {
 /// Why a batch wrote nothing.
 #[derive(Debug)]
 pub(crate) enum BatchError {
-    /// The row holds a higher fence than ours.
-    Refused { stored: i64 },
     /// Someone wrote between our read and our write (the stock, under optimistic or atomic;
     /// an order our read missed, under any strategy; or a deadlock): try again with a fresh
     /// read.
@@ -100,7 +95,7 @@ pub(crate) fn allocate(
 }
 
 /// Sell `requests` (all of `product`) in one transaction. `work` is spent inside the
-/// transaction, after the read, by the strategies whose lock is the transaction itself.
+/// transaction, after the read: the transaction is the lock.
 ///
 /// # Errors
 /// [`BatchError`]; nothing was written.
@@ -117,14 +112,7 @@ pub(crate) async fn sell(
     let snapshot = repository::batch_snapshot(&mut tx, product, &users, step.locks())
         .await?
         .ok_or(BatchError::Failed(PurchaseError::NotFound))?;
-    if let Step::Fenced(ours) = step
-        && snapshot.fence > ours
-    {
-        return Err(BatchError::Refused {
-            stored: snapshot.fence,
-        });
-    }
-    if !matches!(step, Step::Fenced(_)) && !work.is_zero() {
+    if !work.is_zero() {
         tokio::time::sleep(work).await;
     }
     let seen = snapshot.seen();
@@ -146,16 +134,11 @@ pub(crate) async fn sell(
     let (left, order_ids) = if selling.is_empty() {
         (seen, HashMap::new())
     } else {
-        let fence = match step {
-            Step::Fenced(fence) => Some(fence),
-            _ => None,
-        };
         let sold = repository::sell_orders(
             &mut tx,
             product,
             &selling,
             &quantities,
-            fence,
             step.write(&snapshot),
         )
         .await?
@@ -191,14 +174,14 @@ pub(crate) async fn sell(
 impl Step {
     /// Whether this strategy reads the row locked (until the transaction ends).
     fn locks(self) -> bool {
-        matches!(self, Step::Fenced(_) | Step::RowLock)
+        matches!(self, Step::RowLock)
     }
 
     /// How this strategy writes the stock after reading `snapshot`.
     fn write(self, snapshot: &repository::BatchSnapshot) -> StockWrite {
         let read = snapshot.stock;
         match self {
-            Step::Fenced(_) | Step::RowLock | Step::Unsafe => StockWrite::Set { read },
+            Step::RowLock | Step::Unsafe => StockWrite::Set { read },
             Step::Optimistic => StockWrite::IfVersion {
                 read,
                 version: snapshot.version,

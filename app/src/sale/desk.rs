@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep, timeout, timeout_at};
 
 use super::batch::{self, BatchError, Step};
-use super::fenced::{lock_failed, lock_key, sell_holding};
+use super::fenced::{Holder, lock_failed, lock_key};
 use super::{Bought, PurchaseError, PurchaseRequest};
 use crate::domain::ProductId;
 use crate::metrics::Metrics;
@@ -212,6 +212,8 @@ impl Leader {
                 .observe(asked.elapsed().as_secs_f64());
             metrics.lock_acquisitions.inc();
             let held_since = Instant::now();
+            let shared = Arc::clone(&self.shared);
+            let mut holder = Holder::new(&shared.pool, &metrics, &guard, self.product);
             let mut batches = 0;
             let still_waiting = loop {
                 let batch = self.take_batch();
@@ -224,14 +226,7 @@ impl Leader {
                     sleep(self.shared.work).await;
                 }
                 let requests: Vec<PurchaseRequest> = batch.iter().map(|o| o.request).collect();
-                let selling = sell_holding(
-                    &self.shared.pool,
-                    self.shared.bounds,
-                    &metrics,
-                    &guard,
-                    self.product,
-                    &requests,
-                );
+                let selling = holder.sell(&requests);
                 let answers = timeout(self.shared.batch_timeout, selling)
                     .await
                     .unwrap_or_else(|_| vec![Err(PurchaseError::DatabaseTimeout); requests.len()]);
@@ -303,7 +298,6 @@ impl Leader {
                     sleep(Duration::from_millis(pause)).await;
                 }
                 Err(BatchError::Failed(error)) => return all(error),
-                Err(BatchError::Refused { .. }) => return all(PurchaseError::LockLost),
             }
         }
         all(PurchaseError::Busy)

@@ -355,7 +355,7 @@ async fn an_optimistic_batch_that_read_before_a_restock_writes_nothing_and_the_r
         read: read.stock,
         version: read.version,
     };
-    let sold = repository::sell_orders(&mut batch, product, &[7], &[1], None, write)
+    let sold = repository::sell_orders(&mut batch, product, &[7], &[1], write)
         .await
         .unwrap();
     batch.rollback().await.unwrap();
