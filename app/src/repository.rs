@@ -15,7 +15,9 @@ use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use crate::domain::{ProductId, ProductName, Stock};
 
 /// Limits on the service's own sessions, so a hung or paused instance cannot freeze a
-/// product: set at the start of every transaction the service opens.
+/// product: set on every session of the service's pool (`startup`), and again at the start of
+/// every transaction it opens with [`begin`]. A lock holder's batch is one statement, with no
+/// transaction of its own to set them in: it relies on the session's.
 #[derive(Debug, Clone, Copy)]
 pub struct SessionBounds {
     /// `statement_timeout`: no statement runs longer (SQLSTATE 57014).
@@ -37,7 +39,7 @@ pub struct SessionBounds {
 /// scans the whole table for every batch until the next analyze: the sale slows down as it
 /// sells. Planning costs a fraction of a millisecond per statement, and a batch plans two.
 /// The service's own pools set the same for every session (`startup`); this keeps it true
-/// for batches on any pool.
+/// for transactions on any pool.
 pub async fn begin(
     pool: &PgPool,
     bounds: SessionBounds,
@@ -438,34 +440,51 @@ pub async fn held_row(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HolderWrite {
     /// Committed: the row as the write left it, `(user, order id)` of every order inserted
-    /// (a user who already had an order is skipped, and nothing is taken for them), and
-    /// which of the `others` already had an order.
+    /// (a user who already had an order is skipped, and nothing is taken for them; when
+    /// nothing at all was inserted, the row is not written), and which of the buyers told
+    /// `sold_out` had an order before.
     Committed {
         row: HeldRow,
         orders: Vec<(i64, i64)>,
         bought: Vec<i64>,
     },
-    /// Nothing written: the stock was short of what the orders ask, the row was not at the
-    /// `version` expected, or it holds a fence above ours. This is the row as it is now
-    /// (read under its lock).
-    Moved(HeldRow),
+    /// Nothing written: the stock was short of what the orders ask; or, for an exact
+    /// allocation, the row was not at the version it was made against, or one of the buyers
+    /// it sells to had an order already; or the row holds a fence above ours. The row as it
+    /// is now (read under its lock), and which of the batch's buyers have an order.
+    Moved { row: HeldRow, bought: Vec<i64> },
+}
+
+/// What a lock holder's allocation decided, for [`sell_as_holder`].
+#[derive(Debug, Clone, Copy)]
+pub struct HolderBatch<'a> {
+    /// The buyers sold to, with what each gets.
+    pub users: &'a [i64],
+    pub quantities: &'a [i32],
+    /// The holder's fence.
+    pub fence: i64,
+    /// The version of the row the allocation was made against, when it was made against
+    /// the stock (`None`: as if the stock were plenty).
+    pub exact: Option<i64>,
+    /// Every buyer of the batch.
+    pub everyone: &'a [i64],
+    /// The buyers the allocation tells `sold_out`.
+    pub refused: &'a [i64],
 }
 
 /// A lock holder's batch: one statement, which is its own transaction, so one round trip
-/// and one commit. It locks the row (waiting for any other writer's commit); only if the
-/// stock covers every `(user, quantity)`, the row's version is `version` (when given: the
-/// holder's allocation was made against that row) and the row holds no fence above `fence`,
-/// it inserts one order per `(user, quantity)`, takes what was inserted from the stock, and
-/// stores `fence`. It also tells which of `others` (buyers it does not sell to) already have
-/// an order. `None`: no such product.
+/// and one commit. It locks the row (waiting for any other writer's commit) and writes only
+/// if the row holds no fence above the holder's and the stock covers every order; for an
+/// `exact` allocation, only if the row is still at that version and none of the buyers it
+/// sells to has an order yet, so that its `sold_out` answers stand. Then it inserts the
+/// orders, takes what was inserted from the stock, and stores the fence. It tells which
+/// buyers had an order before: of `everyone` when it writes nothing, so that the holder can
+/// allocate again; of `refused` when it writes, so that they are told `already_purchased`
+/// instead. `None`: no such product.
 pub async fn sell_as_holder(
     pool: &PgPool,
     id: ProductId,
-    users: &[i64],
-    quantities: &[i32],
-    fence: i64,
-    version: Option<i64>,
-    others: &[i64],
+    batch: HolderBatch<'_>,
 ) -> sqlx::Result<Option<HolderWrite>> {
     // `current` is evaluated once, before the insert that depends on it; it returns the
     // latest committed row (a row lock waits, then re-reads). The update then writes that
@@ -479,8 +498,11 @@ pub async fn sell_as_holder(
            ours AS (
                SELECT c.id FROM current c
                WHERE c.fence <= $4
-                 AND ($5::BIGINT IS NULL OR c.version = $5)
                  AND c.stock >= (SELECT COALESCE(SUM(q), 0) FROM UNNEST($3::INT[]) AS t (q))
+                 AND ($5::BIGINT IS NULL
+                      OR (c.version = $5
+                          AND NOT EXISTS (SELECT 1 FROM orders o
+                                          WHERE o.product_id = $1 AND o.user_id = ANY($2))))
            ),
            inserted AS (
                INSERT INTO orders (product_id, user_id, quantity, fence)
@@ -491,28 +513,33 @@ pub async fn sell_as_holder(
            ),
            written AS (
                UPDATE products p
-               SET stock = p.stock - (SELECT COALESCE(SUM(i.quantity), 0) FROM inserted i),
+               SET stock = p.stock - (SELECT SUM(i.quantity) FROM inserted i),
                    fence = $4,
                    version = p.version + 1
                FROM ours o
-               WHERE p.id = o.id
+               WHERE p.id = o.id AND EXISTS (SELECT 1 FROM inserted)
                RETURNING p.stock, p.version
            )
            SELECT c.stock AS "stock!", c.version AS "version!", c.fence AS "fence!",
                   c.restock_gen AS "restock_gen!",
+                  EXISTS (SELECT 1 FROM ours) AS "passed!",
                   w.stock AS "left?", w.version AS "new_version?",
                   i.user_id AS "user_id?", i.id AS "order_id?",
                   ARRAY(SELECT o.user_id FROM orders o
-                        WHERE o.product_id = $1 AND o.user_id = ANY($6)) AS "bought!"
+                        WHERE o.product_id = $1
+                          AND o.user_id = ANY(CASE WHEN EXISTS (SELECT 1 FROM ours)
+                                                   THEN $7::BIGINT[] ELSE $6::BIGINT[] END))
+                        AS "bought!"
            FROM current c
            LEFT JOIN written w ON true
            LEFT JOIN inserted i ON true"#,
         id.get(),
-        users,
-        quantities,
-        fence,
-        version,
-        others,
+        batch.users,
+        batch.quantities,
+        batch.fence,
+        batch.exact,
+        batch.everyone,
+        batch.refused,
     )
     .fetch_all(pool)
     .await?;
@@ -525,21 +552,30 @@ pub async fn sell_as_holder(
         fence: first.fence,
         restock_gen: first.restock_gen,
     };
-    let (Some(left), Some(version)) = (first.left, first.new_version) else {
-        return Ok(Some(HolderWrite::Moved(current)));
-    };
-    Ok(Some(HolderWrite::Committed {
-        row: HeldRow {
-            stock: left,
+    let bought = first.bought.clone();
+    if !first.passed {
+        return Ok(Some(HolderWrite::Moved {
+            row: current,
+            bought,
+        }));
+    }
+    let row = match (first.left, first.new_version) {
+        (Some(stock), Some(version)) => HeldRow {
+            stock,
             version,
-            fence,
+            fence: batch.fence,
             ..current
         },
+        // Everyone it was to sell to had bought already: the row is as it was.
+        _ => current,
+    };
+    Ok(Some(HolderWrite::Committed {
+        row,
         orders: rows
             .iter()
             .filter_map(|r| Some((r.user_id?, r.order_id?)))
             .collect(),
-        bought: first.bought.clone(),
+        bought,
     }))
 }
 

@@ -48,9 +48,9 @@ impl Application {
     /// a failed migration, an address that cannot be bound.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         settings.check().map_err(anyhow::Error::msg)?;
-        // The session bounds are added by `build_with_pool`.
-        let options =
-            PgConnectOptions::from_str(settings.database_url()).context("invalid DATABASE_URL")?;
+        let options = PgConnectOptions::from_str(settings.database_url())
+            .context("invalid DATABASE_URL")?
+            .options(session_bounds(&settings));
         let pool = pool_options(&settings)
             .connect_with(options)
             .await
@@ -60,20 +60,21 @@ impl Application {
 
     /// As [`build`](Self::build), on a pool the caller made (tests hand in their own
     /// database). Every session the service uses must carry the session bounds: a lock
-    /// holder's batch is one statement with no transaction of its own to set them in. So the
-    /// pool's new connections get them from now on, and its idle connections, made without
-    /// them, are closed; a connection the caller has checked out at this moment keeps its
-    /// own settings.
+    /// holder's batch is one statement with no transaction of its own to set them in. A pool
+    /// made without them (as `build` makes it with them) gets them for its new connections
+    /// from now on, and the connections it has are closed as they come back, for up to a
+    /// second: one the caller keeps checked out longer keeps its own settings, so hand in a
+    /// pool nobody is using.
     ///
     /// # Errors
     /// As [`build`](Self::build).
     pub async fn build_with_pool(settings: Settings, pool: PgPool) -> anyhow::Result<Self> {
         settings.check().map_err(anyhow::Error::msg)?;
-        bound_sessions(&pool, &settings);
         MIGRATOR
             .run(&pool)
             .await
             .context("cannot run database migrations")?;
+        bound_sessions(&pool, &settings).await;
         let strategy = settings.lock_strategy;
         let redis = if strategy.needs_redis() {
             RedisLink::connect_now(settings.redis_url(), "REDIS_URL").await?
@@ -170,19 +171,35 @@ fn session_bounds(settings: &Settings) -> [(&'static str, String); 4] {
     ]
 }
 
-/// Give every session of `pool` from now on the session bounds: as options of its new
-/// connections, and by closing the idle ones (made with the options the pool had before).
-fn bound_sessions(pool: &PgPool, settings: &Settings) {
+/// Give every session of `pool` from now on the session bounds, unless its connections are
+/// made with them already: as options of its new connections; and the connections made
+/// before are closed, each as soon as it is idle (one handed back just now becomes idle a
+/// moment later), waiting for them up to `HANDED_BACK`.
+async fn bound_sessions(pool: &PgPool, settings: &Settings) {
+    const HANDED_BACK: Duration = Duration::from_secs(1);
+    let bounded = PgConnectOptions::new_without_pgpass().options(session_bounds(settings));
     let options = pool.connect_options().as_ref().clone();
+    if let Some(bounds) = bounded.get_options()
+        && options.get_options().is_some_and(|o| o.ends_with(bounds))
+    {
+        return;
+    }
     pool.set_connect_options(options.options(session_bounds(settings)));
-    while let Some(mut idle) = pool.try_acquire() {
-        idle.close_on_drop();
+    let deadline = tokio::time::Instant::now() + HANDED_BACK;
+    loop {
+        while let Some(mut idle) = pool.try_acquire() {
+            idle.close_on_drop();
+        }
+        if pool.size() == 0 || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
 /// The longest a healthy batch can take: waiting for a connection, then its four
-/// statements (begin, read, insert-and-write, commit; a lock holder's batch is usually one),
-/// each bounded by `statement_timeout` on the server, plus the work.
+/// statements (begin, read, insert-and-write, commit; a lock holder's batch sends at most
+/// four, usually one), each bounded by `statement_timeout` on the server, plus the work.
 fn batch_timeout(settings: &Settings) -> Duration {
     settings.database_acquire_timeout()
         + Duration::from_millis(settings.pg_statement_timeout_ms) * 4

@@ -3,8 +3,9 @@
 //! Purchases of a product queue at its desk ([`Desk::submit`]); a bounded queue, so a flood
 //! beyond `QUEUE_MAX` gets an immediate 503 instead of a slow one. The leader is the only
 //! task of this instance that sells the product. It takes everything waiting, up to
-//! `BATCH_MAX` purchases, sells it in one transaction ([`super::batch`]) and answers each
-//! buyer. There is no timer: a batch is whatever queued while the previous one was sold, so
+//! `BATCH_MAX` purchases, sells it in one transaction (under a lock strategy, usually one
+//! statement: [`super::fenced`]; otherwise four round trips: [`super::batch`]) and answers
+//! each buyer. There is no timer: a batch is whatever queued while the previous one was sold, so
 //! nothing is added to latency at low load.
 //!
 //! Under a lock strategy the leader takes the product's lock once and keeps it while buyers

@@ -29,7 +29,7 @@ use super::batch::{Decision, allocate};
 use super::{Bought, PurchaseError, PurchaseRequest};
 use crate::domain::ProductId;
 use crate::metrics::Metrics;
-use crate::repository::{self, HeldRow, HolderWrite};
+use crate::repository::{self, HeldRow, HolderBatch, HolderWrite};
 
 /// The lock key of a product, as the documents this project grew from name it
 /// (`lock_sale_<id>`), after `REDIS_KEY_PREFIX`.
@@ -40,9 +40,11 @@ pub fn lock_key(prefix: &str, id: ProductId) -> String {
 /// A refused fence is resynced at most this often in one batch before giving up.
 const MAX_RESYNCS: usize = 3;
 
-/// A batch whose row moved under it (restocks) is allocated again at most this often before
-/// its buyers are told busy.
-const MAX_ATTEMPTS: usize = 20;
+/// Statements one batch may send before its buyers are told busy: usually one; one more to
+/// learn the row when the stock is short, one when a buyer turns out to have an order
+/// already, one when a restock moves the row in between. The desk's time bound for a batch
+/// counts four.
+const MAX_ATTEMPTS: usize = 4;
 
 /// Map a lock error to the purchase's answer.
 pub(crate) fn lock_failed(error: LockError) -> PurchaseError {
@@ -79,104 +81,97 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
         }
     }
 
-    /// Sell one batch of `product`; one answer per request, in order, each decided by a
-    /// commit (or by a read of the unchanged row, for a `sold_out` in a batch that sells
-    /// nothing). A buyer told `sold_out` in a batch where someone turned out to have bought
-    /// already (their units were not taken) is decided again against the stock left.
+    /// Sell one batch of `product`; one answer per request, in order. At most one statement
+    /// of the batch writes, and every answer is decided by it; or, for a batch that sells
+    /// nothing, by a read of the unchanged row. A batch that fails writes nothing, and every
+    /// buyer in it gets the same error.
     pub async fn sell(
         &mut self,
         requests: &[PurchaseRequest],
     ) -> Vec<Result<Bought, PurchaseError>> {
-        let mut answers: Vec<Option<Result<Bought, PurchaseError>>> = vec![None; requests.len()];
-        // Indexes of the requests not yet decided.
-        let mut pending: Vec<usize> = (0..requests.len()).collect();
+        let everyone: Vec<i64> = requests.iter().map(|r| r.user_id.get()).collect();
+        // Buyers a statement of this batch found with an order already.
+        let mut bought_before = HashSet::new();
         let mut resyncs = 0;
-        let mut attempts = 0;
-        let failed = loop {
-            attempts += 1;
-            if attempts > MAX_ATTEMPTS {
-                break PurchaseError::Busy;
-            }
+        for _ in 0..MAX_ATTEMPTS {
             let fence = self.guard.fence();
             if let Some(row) = self.row
                 && row.fence > fence.as_i64()
             {
                 if resyncs == MAX_RESYNCS {
-                    break PurchaseError::LockLost;
+                    return all(requests, PurchaseError::LockLost);
                 }
                 resyncs += 1;
                 if let Err(error) = self.resync(fence, row.fence).await {
-                    break error;
+                    return all(requests, error);
                 }
                 continue;
             }
-            let batch: Vec<PurchaseRequest> = pending.iter().map(|&i| requests[i]).collect();
             // First as if the stock were plenty: the write then needs only that it is (no
             // read first, whatever other instances sold since we last saw the row).
-            let mut decisions = allocate(i64::MAX, &batch, &HashSet::new());
-            let mut expected = None;
+            let mut decisions = allocate(i64::MAX, requests, &bought_before);
+            let mut exact = None;
             if let Some(row) = self.row
-                && row.stock < demand(&batch, &decisions)
+                && row.stock < demand(requests, &decisions)
             {
                 // Not enough for everyone, as far as we know: allocate against the row as
                 // we saw it, and write only if it is still so.
-                decisions = allocate(row.stock, &batch, &HashSet::new());
-                expected = Some(row);
+                decisions = allocate(row.stock, requests, &bought_before);
+                exact = Some(row);
             }
             // Sorted by user, like every batch: two writers' unique-index locks are then taken
             // in the same order.
-            let mut sales: Vec<(i64, i32)> = batch
+            let mut sales: Vec<(i64, i32)> = requests
                 .iter()
                 .zip(&decisions)
                 .filter(|(_, d)| **d == Decision::Sell)
                 .map(|(r, _)| (r.user_id.get(), r.quantity.get()))
                 .collect();
             sales.sort_unstable();
-            // Those told sold_out: the statement says which of them had bought already.
-            let refused: Vec<i64> = batch
+            if sales.is_empty() {
+                // Nothing to write. Only an exact allocation (or buyers this batch found with
+                // an order, which needs a known row too) sells nothing.
+                let Some(row) = exact.or(self.row) else {
+                    return all(
+                        requests,
+                        PurchaseError::Internal("no row to answer from".into()),
+                    );
+                };
+                // Confirm that the row is still what we allocated against.
+                match repository::held_row(self.pool, self.product, &everyone).await {
+                    Ok(Some((now, bought))) if now == row => {
+                        let found = Found {
+                            left: row,
+                            orders: HashMap::new(),
+                            bought: bought.into_iter().collect(),
+                        };
+                        return found.answers(requests, &decisions);
+                    }
+                    Ok(Some((now, bought))) => {
+                        self.row = Some(now);
+                        bought_before.extend(bought);
+                        continue;
+                    }
+                    Ok(None) => return all(requests, PurchaseError::NotFound),
+                    Err(error) => return all(requests, error.into()),
+                }
+            }
+            let (users, quantities): (Vec<i64>, Vec<i32>) = sales.iter().copied().unzip();
+            let refused: Vec<i64> = requests
                 .iter()
                 .zip(&decisions)
                 .filter(|(_, d)| **d == Decision::SoldOut)
                 .map(|(r, _)| r.user_id.get())
                 .collect();
-            if let Some(row) = expected
-                && sales.is_empty()
-            {
-                // Nothing to write: confirm that the stock is still what we allocated against.
-                match repository::held_row(self.pool, self.product, &refused).await {
-                    Ok(Some((now, bought))) if now == row => {
-                        let bought = bought.into_iter().collect();
-                        let no_orders = HashMap::new();
-                        let done = Done {
-                            left: row,
-                            orders: &no_orders,
-                            bought: &bought,
-                        };
-                        done.answer(&mut answers, requests, &pending, &decisions);
-                        return finish(answers);
-                    }
-                    Ok(Some((now, _))) => {
-                        self.row = Some(now);
-                        continue;
-                    }
-                    Ok(None) => break PurchaseError::NotFound,
-                    Err(error) => {
-                        self.row = None;
-                        break error.into();
-                    }
-                }
-            }
-            let (users, quantities): (Vec<i64>, Vec<i32>) = sales.iter().copied().unzip();
-            let written = repository::sell_as_holder(
-                self.pool,
-                self.product,
-                &users,
-                &quantities,
-                fence.as_i64(),
-                expected.map(|row| row.version),
-                &refused,
-            )
-            .await;
+            let batch = HolderBatch {
+                users: &users,
+                quantities: &quantities,
+                fence: fence.as_i64(),
+                exact: exact.map(|row| row.version),
+                everyone: &everyone,
+                refused: &refused,
+            };
+            let written = repository::sell_as_holder(self.pool, self.product, batch).await;
             match written {
                 Ok(Some(HolderWrite::Committed {
                     row: left,
@@ -184,34 +179,27 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
                     bought,
                 })) => {
                     self.row = Some(left);
-                    let orders: HashMap<i64, i64> = orders.into_iter().collect();
-                    let bought: HashSet<i64> = bought.into_iter().collect();
-                    let done = Done {
+                    let found = Found {
                         left,
-                        orders: &orders,
-                        bought: &bought,
+                        orders: orders.into_iter().collect(),
+                        bought: bought.into_iter().collect(),
                     };
-                    let sold_out = done.answer(&mut answers, requests, &pending, &decisions);
-                    if orders.len() == sales.len() || sold_out.is_empty() {
-                        return finish(answers);
-                    }
-                    // Someone we meant to sell to had bought already, and their units are
-                    // still in stock: the buyers told sold_out may have them.
-                    pending = sold_out;
+                    return found.answers(requests, &decisions);
                 }
-                Ok(Some(HolderWrite::Moved(now))) => self.row = Some(now),
-                Ok(None) => break PurchaseError::NotFound,
+                Ok(Some(HolderWrite::Moved { row, bought })) => {
+                    self.row = Some(row);
+                    bought_before.extend(bought);
+                }
+                Ok(None) => return all(requests, PurchaseError::NotFound),
                 Err(error) => {
                     // The commit may or may not have happened: read the row again next time.
                     self.row = None;
-                    break error.into();
+                    return all(requests, error.into());
                 }
             }
-        };
-        for i in pending {
-            answers[i] = Some(Err(failed.clone()));
         }
-        finish(answers)
+        // The row kept moving under us (restocks): the buyers may try again.
+        all(requests, PurchaseError::Busy)
     }
 
     /// The row holds `stored`, a fence above ours: take a fence above it if we still hold
@@ -234,49 +222,51 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
     }
 }
 
-/// What a write (or, when nothing was to be sold, a read of the unchanged row) found.
-struct Done<'a> {
+/// What the statement that decided a batch found: a write, or a read of the unchanged row
+/// when nothing was to be sold.
+struct Found {
     /// The row after it.
     left: HeldRow,
     /// The orders it inserted, by user.
-    orders: &'a HashMap<i64, i64>,
-    /// Of the buyers allocated nothing, those who had bought already.
-    bought: &'a HashSet<i64>,
+    orders: HashMap<i64, i64>,
+    /// Of the buyers allocated nothing, those who had an order before it.
+    bought: HashSet<i64>,
 }
 
-impl Done<'_> {
-    /// Answer the `pending` requests as `decisions` (made against the row before the
-    /// write) and what the write found say. Returns the requests told `sold_out`, which the
-    /// caller decides again if someone's units were not taken.
-    fn answer(
+impl Found {
+    /// The answer to each request, as `decisions` (made against the row before the statement)
+    /// and what the statement found say.
+    fn answers(
         &self,
-        answers: &mut [Option<Result<Bought, PurchaseError>>],
         requests: &[PurchaseRequest],
-        pending: &[usize],
         decisions: &[Decision],
-    ) -> Vec<usize> {
+    ) -> Vec<Result<Bought, PurchaseError>> {
         let left = self.left.seen();
-        let mut sold_out = Vec::new();
-        for (&i, decision) in pending.iter().zip(decisions) {
-            let user = requests[i].user_id.get();
-            answers[i] = Some(match decision {
-                Decision::Sell => match self.orders.get(&user) {
-                    Some(&order_id) => Ok(Bought { order_id, left }),
-                    // Skipped by the insert: they had bought already.
-                    None => Err(PurchaseError::AlreadyPurchased(Some(left))),
-                },
-                Decision::SoldOut if self.bought.contains(&user) => {
-                    Err(PurchaseError::AlreadyPurchased(Some(left)))
+        requests
+            .iter()
+            .zip(decisions)
+            .map(|(request, decision)| {
+                let user = request.user_id.get();
+                match decision {
+                    Decision::Sell => match self.orders.get(&user) {
+                        Some(&order_id) => Ok(Bought { order_id, left }),
+                        // Skipped by the insert: they had bought already.
+                        None => Err(PurchaseError::AlreadyPurchased(Some(left))),
+                    },
+                    Decision::SoldOut if self.bought.contains(&user) => {
+                        Err(PurchaseError::AlreadyPurchased(Some(left)))
+                    }
+                    Decision::SoldOut => Err(PurchaseError::SoldOut(Some(left))),
+                    Decision::AlreadyPurchased => Err(PurchaseError::AlreadyPurchased(Some(left))),
                 }
-                Decision::AlreadyPurchased => Err(PurchaseError::AlreadyPurchased(Some(left))),
-                Decision::SoldOut => {
-                    sold_out.push(i);
-                    Err(PurchaseError::SoldOut(Some(left)))
-                }
-            });
-        }
-        sold_out
+            })
+            .collect()
     }
+}
+
+/// The same error for every request.
+fn all(requests: &[PurchaseRequest], error: PurchaseError) -> Vec<Result<Bought, PurchaseError>> {
+    vec![Err(error); requests.len()]
 }
 
 /// The units the requests `decisions` sells ask for.
@@ -287,20 +277,4 @@ fn demand(batch: &[PurchaseRequest], decisions: &[Decision]) -> i64 {
         .filter(|(_, d)| **d == Decision::Sell)
         .map(|(r, _)| i64::from(r.quantity.get()))
         .sum()
-}
-
-/// Every request has its answer by now.
-fn finish(
-    answers: Vec<Option<Result<Bought, PurchaseError>>>,
-) -> Vec<Result<Bought, PurchaseError>> {
-    answers
-        .into_iter()
-        .map(|answer| {
-            answer.unwrap_or_else(|| {
-                Err(PurchaseError::Internal(
-                    "a purchase was left undecided".into(),
-                ))
-            })
-        })
-        .collect()
 }

@@ -3,7 +3,8 @@
 //! 1. [`catalog`]: is the product known to exist, and is it sold out (from memory)? Unknown
 //!    products and sold-out answers never reach a desk, a lock or Redis.
 //! 2. [`desk`]: the purchase queues at its product's desk, where one leader task per
-//!    instance sells batches of purchases, each in one transaction ([`batch`]).
+//!    instance sells batches of purchases, each in one transaction ([`fenced`] under a
+//!    lock of ours, [`batch`] otherwise).
 //! 3. The strategy decides how batches of different instances are kept apart:
 //!
 //! | strategy | what keeps two instances' batches apart | write path |

@@ -72,7 +72,7 @@ async fn a_stale_leaders_whole_batch_is_fenced_off_and_writes_nothing(pool: PgPo
 }
 
 /// A lock on a fresh key of the shared Redis (its keys deleted when the cleanup is dropped),
-/// and a product with `stock` units.
+/// and a product created with `stock` units (in the ledger too).
 async fn holding(
     pool: &PgPool,
     stock: i64,
@@ -81,13 +81,16 @@ async fn holding(
     distlock::LockGuard<ConnectionManager>,
     testkit::PrefixCleanup,
 ) {
-    let id: i64 =
-        sqlx::query_scalar("INSERT INTO products (name, stock) VALUES ('Phone', $1) RETURNING id")
-            .bind(stock)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-    let product = ProductId::parse(&id.to_string()).unwrap();
+    let product = seckill::repository::insert_product(
+        pool,
+        BOUNDS,
+        &seckill::domain::ProductName::parse("Phone".into()).unwrap(),
+        seckill::domain::Stock::parse(stock).unwrap(),
+        "test",
+    )
+    .await
+    .unwrap();
+    let product = ProductId::parse(&product.id.to_string()).unwrap();
     let redis = ConnectionManager::new(redis::Client::open(shared_redis_url()).unwrap())
         .await
         .unwrap();
@@ -112,32 +115,142 @@ fn buyers(product: ProductId, users: &[i64]) -> Vec<PurchaseRequest> {
         .collect()
 }
 
+/// An order bought outside the holder, with its decrement, as another instance would.
+async fn bought_elsewhere(pool: &PgPool, product: ProductId, user: i64) {
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO orders (product_id, user_id, quantity) VALUES ($1, $2, 1)")
+        .bind(product.get())
+        .bind(user)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE products SET stock = stock - 1, version = version + 1 WHERE id = $1")
+        .bind(product.get())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// The product row's version: bumped by every write of the row.
+async fn version(pool: &PgPool, product: ProductId) -> i64 {
+    sqlx::query_scalar("SELECT version FROM products WHERE id = $1")
+        .bind(product.get())
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Every 201 carries the order of its own buyer, and the books balance.
+async fn assert_owned_and_balanced(
+    pool: &PgPool,
+    product: ProductId,
+    batch: &[PurchaseRequest],
+    answers: &[Result<seckill::sale::Bought, PurchaseError>],
+) {
+    for (request, answer) in batch.iter().zip(answers) {
+        if let Ok(bought) = answer {
+            let owner: i64 = sqlx::query_scalar("SELECT user_id FROM orders WHERE id = $1")
+                .bind(bought.order_id)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            assert_eq!(owner, request.user_id.get(), "{answers:?}");
+        }
+    }
+    let books = books(pool, product.get()).await;
+    assert!(books.balance(), "{books:?}");
+}
+
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn a_holder_gives_the_units_of_a_buyer_who_had_bought_already_to_the_next_in_line(
     pool: PgPool,
 ) {
-    // Arrange: two units left, and user 7 bought before (a twin on another instance).
-    let (product, guard, _cleanup) = holding(&pool, 2).await;
-    sqlx::query("INSERT INTO orders (product_id, user_id, quantity) VALUES ($1, 7, 1)")
-        .bind(product.get())
-        .execute(&pool)
-        .await
-        .unwrap();
+    // Arrange: three units; user 7 bought one elsewhere (a twin on another instance).
+    let (product, guard, _cleanup) = holding(&pool, 3).await;
+    bought_elsewhere(&pool, product, 7).await;
+    let before = version(&pool, product).await;
     let metrics = Metrics::new();
     let mut holder = fenced::Holder::new(&pool, &metrics, &guard, product);
 
-    // Act: 7, 8 and 9 in one batch. Allocated against the stock, 7 and 8 get the two units
-    // and 9 is sold out; the write then skips 7.
-    let answers = holder.sell(&buyers(product, &[7, 8, 9])).await;
+    // Act: 7, 8 and 9 in one batch. As if the stock were plenty, they ask for three units;
+    // two are left, so the holder learns the row (and that 7 has an order) and allocates.
+    let batch = buyers(product, &[7, 8, 9]);
+    let answers = holder.sell(&batch).await;
 
-    // Assert: 7 already bought; 8 and 9 have the two units.
+    // Assert: 7 already bought; 8 and 9 have the two units, sold in one write.
     assert!(
         matches!(answers[0], Err(PurchaseError::AlreadyPurchased(_))),
         "{answers:?}"
     );
     assert!(answers[1].is_ok() && answers[2].is_ok(), "{answers:?}");
-    let books = books(&pool, product.get()).await;
-    assert_eq!((books.stock, books.orders), (0, 3));
+    assert_eq!(version(&pool, product).await, before + 1, "one write");
+    assert_owned_and_balanced(&pool, product, &batch, &answers).await;
+    assert_eq!(books(&pool, product.get()).await.stock, 0);
+    guard.release().await.unwrap();
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_holder_tells_sold_out_only_when_no_unit_is_left_for_that_buyer(pool: PgPool) {
+    // Arrange: two units; the holder knows the row (it sold one), then user 7 buys one
+    // elsewhere, as a stale holder or an overlapping writer would.
+    let (product, guard, _cleanup) = holding(&pool, 3).await;
+    let metrics = Metrics::new();
+    let mut holder = fenced::Holder::new(&pool, &metrics, &guard, product);
+    assert!(holder.sell(&buyers(product, &[1])).await[0].is_ok());
+    bought_elsewhere(&pool, product, 7).await;
+
+    // Act: 7 again, then 8 and 9, one unit left. Allocated against the row it remembers
+    // (two left), 7 and 8 would get them and 9 would be sold out.
+    let batch = buyers(product, &[7, 8, 9]);
+    let answers = holder.sell(&batch).await;
+
+    // Assert: 7 already bought, 8 has the last unit, 9 is sold out: nobody was told sold_out
+    // while a unit was left for them.
+    assert!(
+        matches!(answers[0], Err(PurchaseError::AlreadyPurchased(_))),
+        "{answers:?}"
+    );
+    assert!(answers[1].is_ok(), "{answers:?}");
+    assert!(
+        matches!(answers[2], Err(PurchaseError::SoldOut(_))),
+        "{answers:?}"
+    );
+    assert_owned_and_balanced(&pool, product, &batch, &answers).await;
+    assert_eq!(books(&pool, product.get()).await.stock, 0);
+    guard.release().await.unwrap();
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_batch_of_buyers_who_all_bought_already_leaves_the_row_alone(pool: PgPool) {
+    // Arrange: users 1 and 2 bought elsewhere.
+    let (product, guard, _cleanup) = holding(&pool, 5).await;
+    bought_elsewhere(&pool, product, 1).await;
+    bought_elsewhere(&pool, product, 2).await;
+    let row = |pool: PgPool| async move {
+        sqlx::query_as::<_, (i64, i64, i64)>(
+            "SELECT stock, version, fence FROM products WHERE id = $1",
+        )
+        .bind(product.get())
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let before = row(pool.clone()).await;
+    let metrics = Metrics::new();
+    let mut holder = fenced::Holder::new(&pool, &metrics, &guard, product);
+
+    // Act
+    let answers = holder.sell(&buyers(product, &[1, 2])).await;
+
+    // Assert: both told already_purchased; stock, version and stored fence unchanged.
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a, Err(PurchaseError::AlreadyPurchased(_)))),
+        "{answers:?}"
+    );
+    assert_eq!(row(pool.clone()).await, before);
     guard.release().await.unwrap();
 }
 
@@ -166,11 +279,12 @@ async fn a_holder_that_saw_the_stock_gone_sells_again_after_a_restock(pool: PgPo
     .await
     .unwrap();
     assert!(matches!(added, seckill::repository::Restocked::Done { .. }));
-    let answers = holder.sell(&buyers(product, &[3, 4, 5])).await;
+    let batch = buyers(product, &[3, 4, 5]);
+    let answers = holder.sell(&batch).await;
 
     // Assert: the holder's memory of an empty stock did not answer for the row.
     assert!(answers.iter().all(Result::is_ok), "{answers:?}");
-    let books = books(&pool, product.get()).await;
-    assert_eq!((books.stock, books.orders), (0, 4));
+    assert_owned_and_balanced(&pool, product, &batch, &answers).await;
+    assert_eq!(books(&pool, product.get()).await.stock, 0);
     guard.release().await.unwrap();
 }
