@@ -451,7 +451,9 @@ pub enum HolderWrite {
     /// Nothing written: the stock was short of what the orders ask; or, for an exact
     /// allocation, the row was not at the version it was made against, or one of the buyers
     /// it sells to had an order already; or the row holds a fence above ours. The row as it
-    /// is now (read under its lock), and which of the batch's buyers have an order.
+    /// is now (read under its lock), and which of the batch's buyers had an order when the
+    /// statement started (an order committed while it waited for the row lock, by a writer
+    /// that overlapped a holder, is missed: the next write's guard or insert catches it).
     Moved { row: HeldRow, bought: Vec<i64> },
 }
 

@@ -190,7 +190,14 @@ async fn bound_sessions(pool: &PgPool, settings: &Settings) {
         while let Some(mut idle) = pool.try_acquire() {
             idle.close_on_drop();
         }
-        if pool.size() == 0 || tokio::time::Instant::now() >= deadline {
+        if pool.size() == 0 {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                connections = pool.size(),
+                "connections of the pool handed in stayed checked out; they keep the settings they were made with"
+            );
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;

@@ -32,6 +32,8 @@ pub(crate) struct Hold<B: Backend> {
     pub(crate) local: Option<Arc<LocalKey>>,
     /// Set once the backend has answered the release, so `Drop` need not release again.
     pub(crate) released: AtomicBool,
+    /// Another owner held the lock when this acquisition first asked for it.
+    pub(crate) contended: bool,
 }
 
 impl<B: Backend> Hold<B> {
@@ -145,6 +147,13 @@ impl<B: Backend> LockGuard<B> {
     /// The locked key.
     pub fn key(&self) -> &str {
         &self.hold.key
+    }
+
+    /// Whether another owner held the lock when this acquisition first asked for it, so
+    /// that it had to wait: a sign that others want the key, for a caller that gives it up
+    /// sooner when they do. Always `false` from `try_acquire`.
+    pub fn was_contended(&self) -> bool {
+        self.hold.contended
     }
 
     /// The fence of this acquisition (shared by all reentrant guards of it).

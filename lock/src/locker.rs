@@ -169,6 +169,8 @@ impl<B: Backend> Locker<B> {
             None => None,
         };
         let channel = release_channel(key).ok();
+        // Whether an attempt found the key held by another owner.
+        let mut contended = false;
         loop {
             if let Some(guard) = reenter() {
                 return Ok(guard);
@@ -210,9 +212,13 @@ impl<B: Backend> Locker<B> {
                 None => attempt.await?,
             };
             let expires_in = match outcome {
-                Ok(hold) => return Ok(enter(hold)),
+                Ok(mut hold) => {
+                    hold.contended = contended;
+                    return Ok(enter(hold));
+                }
                 Err(expires_in) => expires_in,
             };
+            contended = true;
             if left().is_some_and(|left| left.is_zero()) || wait.is_zero() {
                 return Err(timed_out());
             }
@@ -295,6 +301,7 @@ impl<B: Backend> Locker<B> {
             watchdog,
             local,
             released: false.into(),
+            contended: false,
         }))
     }
 }

@@ -294,6 +294,36 @@ async fn acquire_gets_the_lock_once_the_holder_releases_it<H: Harness>(h: H) {
     assert!(fence > holder_fence);
 }
 
+async fn an_acquisition_that_had_to_wait_says_it_was_contended<H: Harness>(h: H) {
+    // Arrange: a free key is taken at once.
+    let key = h.key("contended");
+    let locker = locker(h.backend().await, patient());
+    let holder = locker.acquire(&key).await.unwrap();
+    assert!(!holder.was_contended(), "the key was free");
+
+    // Act: a waiter asks while the lock is held (it is released a second after the waiter
+    // said it was about to ask, a margin no scheduling delay reaches).
+    let (asking, asked) = tokio::sync::oneshot::channel();
+    let waiter = {
+        let (locker, key) = (locker.clone(), key.clone());
+        tokio::spawn(async move {
+            asking.send(()).unwrap();
+            locker.acquire(&key).await.map(|g| g.was_contended())
+        })
+    };
+    asked.await.unwrap();
+    sleep(ms(1_000)).await;
+    assert!(holder.release().await.unwrap());
+
+    // Assert
+    let contended = timeout(Duration::from_secs(30), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(contended, "the waiter found the lock held");
+}
+
 async fn an_endless_wait_gets_the_lock_once_the_holder_releases_it<H: Harness>(h: H) {
     // `Duration::MAX` means no deadline: it must not overflow the clock it is added to.
     let key = h.key("endless");
@@ -634,6 +664,7 @@ suite!(
     try_acquire_returns_at_once_when_the_lock_is_held,
     acquire_gives_up_at_its_deadline,
     acquire_gets_the_lock_once_the_holder_releases_it,
+    an_acquisition_that_had_to_wait_says_it_was_contended,
     an_endless_wait_gets_the_lock_once_the_holder_releases_it,
     the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_release,
     a_dropped_guard_releases_the_lock,

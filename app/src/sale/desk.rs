@@ -92,9 +92,14 @@ pub(crate) struct Desk {
     depth: Arc<AtomicUsize>,
 }
 
-/// After giving up the lock with buyers still waiting, the leader waits this long before
-/// asking for it again, so that a leader of another instance, woken by the release, gets it.
+/// After giving up the lock with buyers still waiting, a leader waits this long before asking
+/// for it again, so that a leader of another instance, woken by the release, gets it; if an
+/// acquisition found the lock held by another instance within `CONTENTION_MEMORY`.
 const HANDOFF_PAUSE: Duration = Duration::from_millis(2);
+
+/// How long a leader goes on pausing after a hold since it last found the lock held: other
+/// instances' leaders often find it free in the moment between two holds.
+const CONTENTION_MEMORY: Duration = Duration::from_secs(1);
 
 /// A batch that conflicts with a concurrent writer (see `BatchError::Conflict`) is retried
 /// this often before its buyers are told busy.
@@ -187,6 +192,8 @@ impl Leader {
     async fn lead_locked<B: Backend>(&mut self, locker: &Locker<B>) {
         let key = lock_key(&self.shared.key_prefix, self.product);
         let metrics = self.shared.metrics.clone();
+        // When an acquisition last found the lock held by another instance.
+        let mut last_contended: Option<Instant> = None;
         while self.wait_for_work().await {
             // Wait for the lock until the first waiting buyer's deadline; then answer the
             // buyers whose time is up, and wait again for the others.
@@ -212,6 +219,9 @@ impl Leader {
                 .lock_wait_seconds
                 .observe(asked.elapsed().as_secs_f64());
             metrics.lock_acquisitions.inc();
+            if guard.was_contended() {
+                last_contended = Some(Instant::now());
+            }
             let held_since = Instant::now();
             let shared = Arc::clone(&self.shared);
             let mut holder = Holder::new(&shared.pool, &metrics, &guard, self.product);
@@ -256,8 +266,10 @@ impl Leader {
                 }
             }
             // With BATCH_MAX=1 (the per-request baseline) the leader asks again at once, as
-            // every buyer used to.
-            if still_waiting && self.shared.batch_max > 1 {
+            // every buyer used to; and so does a leader that has found the lock free for a
+            // while (one instance alone, or the others idle): nobody else is waiting.
+            let others_want_it = last_contended.is_some_and(|at| at.elapsed() < CONTENTION_MEMORY);
+            if still_waiting && others_want_it && self.shared.batch_max > 1 {
                 sleep(HANDOFF_PAUSE).await;
             }
         }

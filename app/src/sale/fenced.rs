@@ -2,19 +2,24 @@
 //!
 //! While the leader holds the product's lock, no other instance's batch can write the row:
 //! the row stays as this leader last left it, unless an admin restocks it (or a stale holder
-//! writes before its fence is refused). So the leader ([`Holder`]) keeps the row in memory
-//! and allocates each batch against it, without reading, and sells the batch in one
-//! statement that is its own transaction ([`repository::sell_as_holder`]): one round trip
-//! and one commit per batch, against four for a batch without a lock of ours. The statement
-//! locks the row and writes only if the row is exactly what the allocation assumed and
-//! holds no fence above ours; otherwise it writes nothing and returns the row as it is, and
-//! the leader allocates again. A batch whose allocation sells nothing writes nothing: one
-//! read confirms that the row did not change (a restock) before its buyers are told
-//! `sold_out`.
+//! writes before its fence is refused). So the leader ([`Holder`]) does not read the row
+//! before a batch: it sells the batch with one statement that is its own transaction
+//! ([`repository::sell_as_holder`]), one round trip and one commit, against four for a batch
+//! without a lock of ours. The statement locks the row and writes only if the row holds no
+//! fence above ours and its stock covers the orders; otherwise it writes nothing and returns
+//! the row as it is now, with which of the batch's buyers have an order.
+//!
+//! The leader allocates as if the stock were plenty (every buyer gets what they ask) unless
+//! the row it last saw says otherwise; then it allocates exactly against that row, in
+//! arrival order, and the write also requires the row's version to be unchanged and none of
+//! the buyers it sells to to have an order, so that the `sold_out` answers it gives stand.
+//! At most one statement of a batch writes, and every answer of the batch is decided by it.
+//! A batch that an exact allocation sells nothing to writes nothing: one read confirms that
+//! the row did not change (a restock) before its buyers are told `sold_out`.
 //!
 //! A stored fence above ours means one of two things, told apart by
 //! [`FencedGuard::advance_fence`]: either we are stale (our lease ran out and a newer
-//! holder wrote: every buyer still undecided gets 503 `lock_lost`, and nothing of theirs is
+//! holder wrote: every buyer of the batch gets 503 `lock_lost`, and nothing of theirs is
 //! written), or the counter went back below the stored fence (a counter reset by hand: we
 //! still hold the lock, so we take a fence above the stored one and go on). A Redis that
 //! lost its counter in a restart needs no such repair: its new counter starts above the
@@ -40,10 +45,10 @@ pub fn lock_key(prefix: &str, id: ProductId) -> String {
 /// A refused fence is resynced at most this often in one batch before giving up.
 const MAX_RESYNCS: usize = 3;
 
-/// Statements one batch may send before its buyers are told busy: usually one; one more to
-/// learn the row when the stock is short, one when a buyer turns out to have an order
-/// already, one when a restock moves the row in between. The desk's time bound for a batch
-/// counts four.
+/// Attempts one batch may make (each one statement, or a fence resync) before its buyers
+/// are told busy: usually one; one more to learn the row when the stock is short or a buyer
+/// turns out to have an order already, one when a restock moves the row in between. The
+/// desk's time bound for a batch counts four statements.
 const MAX_ATTEMPTS: usize = 4;
 
 /// Map a lock error to the purchase's answer.
@@ -129,13 +134,22 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
                 .collect();
             sales.sort_unstable();
             if sales.is_empty() {
-                // Nothing to write. Only an exact allocation (or buyers this batch found with
-                // an order, which needs a known row too) sells nothing.
-                let Some(row) = exact.or(self.row) else {
-                    return all(
-                        requests,
-                        PurchaseError::Internal("no row to answer from".into()),
-                    );
+                // Nothing to write.
+                let Some(row) = exact else {
+                    // As if the stock were plenty, only buyers with an order (found by a
+                    // statement of this batch, which told us the row) get nothing.
+                    let left = self.row.unwrap_or(HeldRow {
+                        stock: 0,
+                        version: 0,
+                        fence: 0,
+                        restock_gen: 0,
+                    });
+                    let found = Found {
+                        left,
+                        orders: HashMap::new(),
+                        bought: HashSet::new(),
+                    };
+                    return found.answers(requests, &decisions);
                 };
                 // Confirm that the row is still what we allocated against.
                 match repository::held_row(self.pool, self.product, &everyone).await {

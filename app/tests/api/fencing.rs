@@ -222,6 +222,56 @@ async fn a_holder_tells_sold_out_only_when_no_unit_is_left_for_that_buyer(pool: 
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn an_exact_allocation_is_not_written_when_a_buyer_it_sells_to_has_an_order(pool: PgPool) {
+    // Arrange: three units; in one hold, the holder sells one to user 1 and knows that two
+    // are left.
+    let (product, guard, _cleanup) = holding(&pool, 3).await;
+    let metrics = Metrics::new();
+    let mut holder = fenced::Holder::new(&pool, &metrics, &guard, product);
+    assert!(holder.sell(&buyers(product, &[1])).await[0].is_ok());
+
+    // Act: user 1 again, then 2 and 3. Against the two units it knows of, the allocation
+    // sells to 1 and 2 and tells 3 sold_out; but 1 has an order.
+    let batch = buyers(product, &[1, 2, 3]);
+    let answers = holder.sell(&batch).await;
+
+    // Assert: 1 already bought; 2 and 3 have the two units. Written as allocated, the insert
+    // would have skipped 1 and told 3 sold_out with a unit left.
+    assert!(
+        matches!(answers[0], Err(PurchaseError::AlreadyPurchased(_))),
+        "{answers:?}"
+    );
+    assert!(answers[1].is_ok() && answers[2].is_ok(), "{answers:?}");
+    assert_owned_and_balanced(&pool, product, &batch, &answers).await;
+    assert_eq!(books(&pool, product.get()).await.stock, 0);
+    guard.release().await.unwrap();
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_buyer_left_without_a_unit_who_had_bought_is_told_already_purchased(pool: PgPool) {
+    // Arrange: user 5 bought elsewhere; the holder sells to user 1 and knows that one unit
+    // is left.
+    let (product, guard, _cleanup) = holding(&pool, 3).await;
+    bought_elsewhere(&pool, product, 5).await;
+    let metrics = Metrics::new();
+    let mut holder = fenced::Holder::new(&pool, &metrics, &guard, product);
+    assert!(holder.sell(&buyers(product, &[1])).await[0].is_ok());
+
+    // Act: 2 takes the last unit; 5 comes after, with nothing left for them.
+    let batch = buyers(product, &[2, 5]);
+    let answers = holder.sell(&batch).await;
+
+    // Assert: 5 is told what is true of them: they bought already.
+    assert!(answers[0].is_ok(), "{answers:?}");
+    assert!(
+        matches!(answers[1], Err(PurchaseError::AlreadyPurchased(_))),
+        "{answers:?}"
+    );
+    assert_owned_and_balanced(&pool, product, &batch, &answers).await;
+    guard.release().await.unwrap();
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn a_batch_of_buyers_who_all_bought_already_leaves_the_row_alone(pool: PgPool) {
     // Arrange: users 1 and 2 bought elsewhere.
     let (product, guard, _cleanup) = holding(&pool, 5).await;
