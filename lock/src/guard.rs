@@ -149,9 +149,13 @@ impl<B: Backend> LockGuard<B> {
         &self.hold.key
     }
 
-    /// Whether another owner held the lock when this acquisition first asked for it, so
-    /// that it had to wait: a sign that others want the key, for a caller that gives it up
-    /// sooner when they do. Always `false` from `try_acquire`.
+    /// Whether an attempt of this acquisition found the key held, so that it had to wait: a
+    /// sign that others want the key, for a caller that gives it up sooner when they do.
+    /// "Held" is what the backend answered: another owner's lock, a lease of our own that a
+    /// failed release left behind, or (Redlock) an attempt that ran out of validity or
+    /// could not spread its fence. A wait behind waiters of this process (release signals'
+    /// turns) does not count. Always `false` from [`Locker::try_acquire`](crate::Locker::try_acquire);
+    /// a reentrant guard reports the acquisition it shares.
     pub fn was_contended(&self) -> bool {
         self.hold.contended
     }

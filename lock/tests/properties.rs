@@ -308,20 +308,28 @@ async fn an_acquisition_that_had_to_wait_says_it_was_contended<H: Harness>(h: H)
         let (locker, key) = (locker.clone(), key.clone());
         tokio::spawn(async move {
             asking.send(()).unwrap();
-            locker.acquire(&key).await.map(|g| g.was_contended())
+            locker.acquire(&key).await
         })
     };
     asked.await.unwrap();
     sleep(ms(1_000)).await;
     assert!(holder.release().await.unwrap());
 
-    // Assert
-    let contended = timeout(Duration::from_secs(30), waiter)
+    // Assert: the waiter had to wait; once the key is free again, neither the next acquire
+    // nor a try says so.
+    let waited = timeout(Duration::from_secs(30), waiter)
         .await
         .unwrap()
         .unwrap()
         .unwrap();
-    assert!(contended, "the waiter found the lock held");
+    assert!(waited.was_contended(), "the waiter found the lock held");
+    assert!(waited.release().await.unwrap());
+    let again = locker.acquire(&key).await.unwrap();
+    assert!(!again.was_contended(), "the key was free again");
+    assert!(again.release().await.unwrap());
+    let tried = locker.try_acquire(&key).await.unwrap();
+    assert!(!tried.was_contended());
+    assert!(tried.release().await.unwrap());
 }
 
 async fn an_endless_wait_gets_the_lock_once_the_holder_releases_it<H: Harness>(h: H) {

@@ -93,8 +93,11 @@ pub(crate) struct Desk {
 }
 
 /// After giving up the lock with buyers still waiting, a leader waits this long before asking
-/// for it again, so that a leader of another instance, woken by the release, gets it; if an
-/// acquisition found the lock held by another instance within `CONTENTION_MEMORY`.
+/// for it again, so that a leader of another instance, woken by the release, gets it. It
+/// pauses only if, within `CONTENTION_MEMORY`, one of its own acquisitions found the lock
+/// held or timed out waiting for it: another instance wants the product too. (A leader that
+/// has only ever found the lock free learns of the others when it first loses the race
+/// between two holds, which the release message makes a fair one.)
 const HANDOFF_PAUSE: Duration = Duration::from_millis(2);
 
 /// How long a leader goes on pausing after a hold since it last found the lock held: other
@@ -205,9 +208,11 @@ impl Leader {
             let asked = Instant::now();
             let guard = match timeout_at(until, locker.acquire(&key)).await {
                 Ok(Ok(guard)) => guard,
-                Err(_elapsed) => continue,
                 // Buyers whose time is up are answered at the top of the loop.
-                Ok(Err(LockError::Timeout { .. })) => continue,
+                Err(_) | Ok(Err(LockError::Timeout { .. })) => {
+                    last_contended = Some(Instant::now());
+                    continue;
+                }
                 Ok(Err(error)) => {
                     let error = lock_failed(error);
                     tracing::warn!(%error, product_id = %self.product, "cannot take the lock");

@@ -135,27 +135,22 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
             sales.sort_unstable();
             if sales.is_empty() {
                 // Nothing to write.
-                let Some(row) = exact else {
-                    // As if the stock were plenty, only buyers with an order (found by a
-                    // statement of this batch, which told us the row) get nothing.
-                    let left = self.row.unwrap_or(HeldRow {
-                        stock: 0,
-                        version: 0,
-                        fence: 0,
-                        restock_gen: 0,
-                    });
+                if let (None, Some(left)) = (exact, self.row) {
+                    // As if the stock were plenty, only buyers found with an order by a
+                    // statement of this batch (which told us the row) get nothing: that
+                    // statement decided their answers.
                     let found = Found {
                         left,
                         orders: HashMap::new(),
                         bought: HashSet::new(),
                     };
                     return found.answers(requests, &decisions);
-                };
+                }
                 // Confirm that the row is still what we allocated against.
                 match repository::held_row(self.pool, self.product, &everyone).await {
-                    Ok(Some((now, bought))) if now == row => {
+                    Ok(Some((now, bought))) if Some(now) == exact => {
                         let found = Found {
-                            left: row,
+                            left: now,
                             orders: HashMap::new(),
                             bought: bought.into_iter().collect(),
                         };

@@ -305,6 +305,34 @@ async fn a_batch_of_buyers_who_all_bought_already_leaves_the_row_alone(pool: PgP
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn buyers_found_with_orders_when_the_stock_is_short_are_answered_without_a_write(
+    pool: PgPool,
+) {
+    // Arrange: users 1 and 2 bought elsewhere; one unit is left.
+    let (product, guard, _cleanup) = holding(&pool, 3).await;
+    bought_elsewhere(&pool, product, 1).await;
+    bought_elsewhere(&pool, product, 2).await;
+    let before = version(&pool, product).await;
+    let metrics = Metrics::new();
+    let mut holder = fenced::Holder::new(&pool, &metrics, &guard, product);
+
+    // Act: both ask again. As if the stock were plenty they want two units; the statement
+    // finds one, and their orders.
+    let answers = holder.sell(&buyers(product, &[1, 2])).await;
+
+    // Assert: both already bought, with the stock they saw; nothing written.
+    for answer in &answers {
+        match answer {
+            Err(PurchaseError::AlreadyPurchased(Some(seen))) => assert_eq!(seen.stock, 1),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(version(&pool, product).await, before);
+    assert_eq!(books(&pool, product.get()).await.stock, 1);
+    guard.release().await.unwrap();
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn a_holder_that_saw_the_stock_gone_sells_again_after_a_restock(pool: PgPool) {
     // Arrange: the holder sells the only unit, and then tells the next buyer sold_out.
     let (product, guard, _cleanup) = holding(&pool, 1).await;
