@@ -60,13 +60,13 @@ pub struct Settings {
     #[arg(long, env = "BATCH_MAX", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch_max: u32,
 
-    /// How long an instance keeps a product's lock while buyers keep queueing, in ms, before
-    /// it lets other instances have their turn (a batch already started is finished first).
-    /// Shorter holds give the other instances' queues their turn sooner, as bigger batches:
-    /// with three instances here, 1 (one or two batches per hold) sold about a third more
-    /// than 10, and 10 a quarter more than 50. Must be below half of LOCK_WAIT_MS, or the
-    /// buyers of other instances would give up waiting for their turn.
-    #[arg(long, env = "HOLD_MS", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    /// How long an instance alone keeps a product's lock while buyers keep queueing, in ms,
+    /// before it gives it up and asks again (a batch already started is finished first).
+    /// While other instances want the product (an acquisition of this one found the lock
+    /// held within the last second), a hold sells one batch, whatever this is. Must be below
+    /// half of LOCK_WAIT_MS, or the buyers of other instances would give up waiting for
+    /// their turn.
+    #[arg(long, env = "HOLD_MS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub hold_ms: u64,
 
     /// Purchases that may queue for one product in one instance; beyond it, new arrivals get

@@ -9,8 +9,10 @@
 //! nothing is added to latency at low load.
 //!
 //! Under a lock strategy the leader takes the product's lock once and keeps it while buyers
-//! keep coming, up to `HOLD_MS`; then it releases it and, if buyers are still waiting,
-//! pauses briefly so another instance's leader can have its turn. Buyers queue in memory,
+//! keep coming, up to `HOLD_MS`; while other instances want the product too (one of its
+//! acquisitions found the lock held within the last second), it sells one batch per hold.
+//! Then it releases the lock and, if buyers are still waiting and others want it, pauses
+//! briefly so another instance's leader can have its turn. Buyers queue in memory,
 //! not on Redis or on the connection pool: only the leaders contend for the lock.
 //!
 //! A buyer who disconnected before their batch was taken is skipped; one already taken is
@@ -250,8 +252,14 @@ impl Leader {
                     .iter()
                     .any(|a| matches!(a, Err(PurchaseError::LockLost)));
                 self.answer(batch, answers);
+                // While other instances want the product, one batch per hold: their queues
+                // fill meanwhile, and each of their batches carries more buyers than a second
+                // batch of ours would (the buyers who came while ours was sold).
+                let others_want_it =
+                    last_contended.is_some_and(|at| at.elapsed() < CONTENTION_MEMORY);
                 if lost
                     || self.shared.batch_max == 1
+                    || others_want_it
                     || held_since.elapsed() >= self.shared.hold
                     || !guard.is_held()
                 {

@@ -76,6 +76,15 @@ impl Desk {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+
+    /// Wait until every queued buyer has been taken into a batch.
+    async fn wait_for_empty_queue(&self) {
+        let started = Instant::now();
+        while self.queued().await > 0.0 {
+            assert!(started.elapsed() < Duration::from_secs(10), "never taken");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
 }
 
 async fn answer(sent: JoinHandle<Response>) -> (u16, Value) {
@@ -215,6 +224,34 @@ async fn batch_max_one_sells_one_purchase_per_transaction_and_per_hold(pool: PgP
     assert_eq!(
         desk.app.metric("seckill_lock_acquisitions_total").await,
         4.0
+    );
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn while_another_instance_wants_the_lock_each_hold_sells_one_batch(pool: PgPool) {
+    // Arrange: every batch spends 500 ms of work under the lock; a hold may last 2 s. The
+    // lock is held from outside while buyer 1 queues, so the leader finds it held.
+    let desk = Desk::open(pool.clone(), 10, |s| {
+        s.work_ms = 500;
+        s.hold_ms = 2_000;
+    })
+    .await;
+    let held = desk.hold().await;
+    let first = desk.queue(1, 1).await;
+    assert!(held.release().await.unwrap());
+
+    // Act: buyer 2 comes while buyer 1's batch is being worked on.
+    desk.wait_for_empty_queue().await;
+    let second = desk.send(2, 1, Duration::from_secs(60));
+
+    // Assert: two batches, each in a hold of its own (alone, the leader would have kept the
+    // lock for the second: the hold budget had not run out).
+    assert_eq!(answer(first).await.0, 201);
+    assert_eq!(answer(second).await.0, 201);
+    assert_eq!(desk.app.metric("seckill_batch_size_count").await, 2.0);
+    assert_eq!(
+        desk.app.metric("seckill_lock_acquisitions_total").await,
+        2.0
     );
 }
 
