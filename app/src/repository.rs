@@ -439,28 +439,24 @@ pub async fn held_row(
 /// What a lock holder's write did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HolderWrite {
-    /// Committed: the row as the write left it, `(user, order id)` of every order inserted
-    /// (a user who already had an order is skipped, and nothing is taken for them; when
-    /// nothing at all was inserted, the row is not written), and which of the buyers told
-    /// `sold_out` had an order before.
+    /// Committed: the row as the write left it, `(user, order id)` of every order (a buyer
+    /// sold to who has an order already gets none), and which of the buyers told `sold_out`
+    /// had an order before.
     Committed {
         row: HeldRow,
         orders: Vec<(i64, i64)>,
         bought: Vec<i64>,
     },
-    /// Nothing written: the stock was short of what the orders ask; or, for an exact
-    /// allocation, the row was not at the version it was made against, or one of the buyers
-    /// it sells to had an order already; or the row holds a fence above ours. The row as it
-    /// is now (read under its lock), and which of the batch's buyers had an order when the
-    /// statement started (an order committed while it waited for the row lock, by a writer
-    /// that overlapped a holder, is missed: the next write's guard or insert catches it).
-    Moved { row: HeldRow, bought: Vec<i64> },
+    /// Nothing written: the row holds a fence above ours, or its stock is short of the
+    /// orders, or (for an exact allocation) it is not at the version the allocation was made
+    /// against, or a buyer sold to has an order already. Read the row to learn which.
+    NotWritten,
 }
 
 /// What a lock holder's allocation decided, for [`sell_as_holder`].
 #[derive(Debug, Clone, Copy)]
 pub struct HolderBatch<'a> {
-    /// The buyers sold to, with what each gets.
+    /// The buyers sold to (each once), with what each gets.
     pub users: &'a [i64],
     pub quantities: &'a [i32],
     /// The holder's fence.
@@ -468,117 +464,92 @@ pub struct HolderBatch<'a> {
     /// The version of the row the allocation was made against, when it was made against
     /// the stock (`None`: as if the stock were plenty).
     pub exact: Option<i64>,
-    /// Every buyer of the batch.
-    pub everyone: &'a [i64],
     /// The buyers the allocation tells `sold_out`.
     pub refused: &'a [i64],
 }
 
 /// A lock holder's batch: one statement, which is its own transaction, so one round trip
-/// and one commit. It locks the row (waiting for any other writer's commit) and writes only
-/// if the row holds no fence above the holder's and the stock covers every order; for an
-/// `exact` allocation, only if the row is still at that version and none of the buyers it
-/// sells to has an order yet, so that its `sold_out` answers stand. Then it inserts the
-/// orders, takes what was inserted from the stock, and stores the fence. It tells which
-/// buyers had an order before: of `everyone` when it writes nothing, so that the holder can
-/// allocate again; of `refused` when it writes, so that they are told `already_purchased`
-/// instead. `None`: no such product.
+/// and one commit. Buyers who have an order already are left out (`fresh`); one guarded
+/// `UPDATE` takes exactly what the others ask from the stock and stores the holder's fence,
+/// only if the row holds no fence above it and its stock covers those orders, and, for an
+/// `exact` allocation (whose `sold_out` answers assume every buyer sold to takes their
+/// units), only if the row is still at that version and nobody was left out; only then are
+/// the orders inserted. An order committed by an overlapping writer after the statement
+/// began makes the insert fail (a unique violation, 23505): the whole statement is undone.
+/// It also tells which of `refused` had an order before, so that they are told
+/// `already_purchased`. `None`: an error.
+///
+/// Under `READ COMMITTED` the `UPDATE` waits for any other writer of the row and then checks
+/// its conditions against the row as that writer left it, as `pg-atomic`'s does.
 pub async fn sell_as_holder(
     pool: &PgPool,
     id: ProductId,
     batch: HolderBatch<'_>,
-) -> sqlx::Result<Option<HolderWrite>> {
-    // `current` is evaluated once, before the insert that depends on it; it returns the
-    // latest committed row (a row lock waits, then re-reads). The update then writes that
-    // same latest row, whatever the statement's snapshot saw.
+) -> sqlx::Result<HolderWrite> {
     let rows = sqlx::query!(
-        r#"WITH current AS (
-               SELECT p.id, p.stock, p.version, p.fence, p.restock_gen
-               FROM products p WHERE p.id = $1
-               FOR UPDATE
-           ),
-           ours AS (
-               SELECT c.id FROM current c
-               WHERE c.fence <= $4
-                 AND c.stock >= (SELECT COALESCE(SUM(q), 0) FROM UNNEST($3::INT[]) AS t (q))
-                 AND ($5::BIGINT IS NULL
-                      OR (c.version = $5
-                          AND NOT EXISTS (SELECT 1 FROM orders o
-                                          WHERE o.product_id = $1 AND o.user_id = ANY($2))))
-           ),
-           inserted AS (
-               INSERT INTO orders (product_id, user_id, quantity, fence)
-               SELECT o.id, t.u, t.q, $4::BIGINT
-               FROM ours o, UNNEST($2::BIGINT[], $3::INT[]) AS t (u, q)
-               ON CONFLICT ON CONSTRAINT orders_one_per_user DO NOTHING
-               RETURNING user_id, id, quantity
+        r#"WITH fresh AS (
+               SELECT t.u, t.q FROM UNNEST($2::BIGINT[], $3::INT[]) AS t (u, q)
+               WHERE NOT EXISTS (SELECT 1 FROM orders o
+                                 WHERE o.product_id = $1 AND o.user_id = t.u)
            ),
            written AS (
                UPDATE products p
-               SET stock = p.stock - (SELECT SUM(i.quantity) FROM inserted i),
+               SET stock = p.stock - (SELECT SUM(f.q) FROM fresh f),
                    fence = $4,
                    version = p.version + 1
-               FROM ours o
-               WHERE p.id = o.id AND EXISTS (SELECT 1 FROM inserted)
-               RETURNING p.stock, p.version
+               WHERE p.id = $1
+                 AND p.fence <= $4
+                 AND p.stock >= (SELECT SUM(f.q) FROM fresh f)
+                 AND ($5::BIGINT IS NULL
+                      OR (p.version = $5
+                          AND (SELECT COUNT(*) FROM fresh) = CARDINALITY($2::BIGINT[])))
+               RETURNING p.stock, p.version, p.restock_gen
+           ),
+           inserted AS (
+               INSERT INTO orders (product_id, user_id, quantity, fence)
+               SELECT $1::BIGINT, f.u, f.q, $4::BIGINT
+               FROM written, fresh f
+               RETURNING user_id, id
            )
-           SELECT c.stock AS "stock!", c.version AS "version!", c.fence AS "fence!",
-                  c.restock_gen AS "restock_gen!",
-                  EXISTS (SELECT 1 FROM ours) AS "passed!",
-                  w.stock AS "left?", w.version AS "new_version?",
-                  i.user_id AS "user_id?", i.id AS "order_id?",
+           SELECT w.stock AS "left!", w.version AS "version!", w.restock_gen AS "restock_gen!",
+                  i.user_id AS "user_id!", i.id AS "order_id!",
                   ARRAY(SELECT o.user_id FROM orders o
-                        WHERE o.product_id = $1
-                          AND o.user_id = ANY(CASE WHEN EXISTS (SELECT 1 FROM ours)
-                                                   THEN $7::BIGINT[] ELSE $6::BIGINT[] END))
-                        AS "bought!"
-           FROM current c
-           LEFT JOIN written w ON true
-           LEFT JOIN inserted i ON true"#,
+                        WHERE o.product_id = $1 AND o.user_id = ANY($6)) AS "bought!"
+           FROM written w JOIN inserted i ON true"#,
         id.get(),
         batch.users,
         batch.quantities,
         batch.fence,
         batch.exact,
-        batch.everyone,
         batch.refused,
     )
     .fetch_all(pool)
-    .await?;
+    .await;
+    let rows = match rows {
+        Ok(rows) => rows,
+        Err(error)
+            if error
+                .as_database_error()
+                .and_then(|e| e.code())
+                .is_some_and(|code| code == "23505") =>
+        {
+            return Ok(HolderWrite::NotWritten);
+        }
+        Err(error) => return Err(error),
+    };
     let Some(first) = rows.first() else {
-        return Ok(None);
+        return Ok(HolderWrite::NotWritten);
     };
-    let current = HeldRow {
-        stock: first.stock,
-        version: first.version,
-        fence: first.fence,
-        restock_gen: first.restock_gen,
-    };
-    let bought = first.bought.clone();
-    if !first.passed {
-        return Ok(Some(HolderWrite::Moved {
-            row: current,
-            bought,
-        }));
-    }
-    let row = match (first.left, first.new_version) {
-        (Some(stock), Some(version)) => HeldRow {
-            stock,
-            version,
+    Ok(HolderWrite::Committed {
+        row: HeldRow {
+            stock: first.left,
+            version: first.version,
             fence: batch.fence,
-            ..current
+            restock_gen: first.restock_gen,
         },
-        // Everyone it was to sell to had bought already: the row is as it was.
-        _ => current,
-    };
-    Ok(Some(HolderWrite::Committed {
-        row,
-        orders: rows
-            .iter()
-            .filter_map(|r| Some((r.user_id?, r.order_id?)))
-            .collect(),
-        bought,
-    }))
+        orders: rows.iter().map(|r| (r.user_id, r.order_id)).collect(),
+        bought: first.bought.clone(),
+    })
 }
 
 pub async fn ping(conn: &mut PgConnection) -> sqlx::Result<()> {

@@ -63,7 +63,7 @@ pub struct Settings {
     /// How long an instance alone keeps a product's lock while buyers keep queueing, in ms,
     /// before it gives it up and asks again (a batch already started is finished first).
     /// While other instances want the product (an acquisition of this one found the lock
-    /// held within the last second), a hold sells one batch, whatever this is. Must be below
+    /// held, or timed out, within the last second), a hold sells one batch, whatever this is. Must be below
     /// half of LOCK_WAIT_MS, or the buyers of other instances would give up waiting for
     /// their turn.
     #[arg(long, env = "HOLD_MS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=60_000))]

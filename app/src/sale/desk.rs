@@ -10,7 +10,8 @@
 //!
 //! Under a lock strategy the leader takes the product's lock once and keeps it while buyers
 //! keep coming, up to `HOLD_MS`; while other instances want the product too (one of its
-//! acquisitions found the lock held within the last second), it sells one batch per hold.
+//! acquisitions found the lock held, or timed out, within the last second), it sells one
+//! batch per hold.
 //! Then it releases the lock and, if buyers are still waiting and others want it, pauses
 //! briefly so another instance's leader can have its turn. Buyers queue in memory,
 //! not on Redis or on the connection pool: only the leaders contend for the lock.
@@ -99,7 +100,9 @@ pub(crate) struct Desk {
 /// pauses only if, within `CONTENTION_MEMORY`, one of its own acquisitions found the lock
 /// held or timed out waiting for it: another instance wants the product too. (A leader that
 /// has only ever found the lock free learns of the others when it first loses the race
-/// between two holds, which the release message makes a fair one.)
+/// between two holds: under `redis` a fair race, the others being woken by the release
+/// message; under `redlock` and `pg-lock`, whose waiters poll, one it can win many times,
+/// so their buyers may wait several holds at the start of contention.)
 const HANDOFF_PAUSE: Duration = Duration::from_millis(2);
 
 /// How long a leader goes on pausing after a hold since it last found the lock held: other

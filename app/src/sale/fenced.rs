@@ -5,9 +5,11 @@
 //! writes before its fence is refused). So the leader ([`Holder`]) does not read the row
 //! before a batch: it sells the batch with one statement that is its own transaction
 //! ([`repository::sell_as_holder`]), one round trip and one commit, against four for a batch
-//! without a lock of ours. The statement locks the row and writes only if the row holds no
-//! fence above ours and its stock covers the orders; otherwise it writes nothing and returns
-//! the row as it is now, with which of the batch's buyers have an order.
+//! without a lock of ours. The statement is one guarded `UPDATE` that takes exactly what the
+//! orders ask and stores our fence, only if the row holds no fence above ours, its stock
+//! covers the orders and none of the buyers sold to has an order yet, followed by the
+//! orders' insert; otherwise it writes nothing, and one read of the row (with which of the
+//! batch's buyers have an order) tells the leader why.
 //!
 //! The leader allocates as if the stock were plenty (every buyer gets what they ask) unless
 //! the row it last saw says otherwise; then it allocates exactly against that row, in
@@ -45,10 +47,10 @@ pub fn lock_key(prefix: &str, id: ProductId) -> String {
 /// A refused fence is resynced at most this often in one batch before giving up.
 const MAX_RESYNCS: usize = 3;
 
-/// Attempts one batch may make (each one statement, or a fence resync) before its buyers
-/// are told busy: usually one; one more to learn the row when the stock is short or a buyer
-/// turns out to have an order already, one when a restock moves the row in between. The
-/// desk's time bound for a batch counts four statements.
+/// Attempts one batch may make (each a write, or a read, or a fence resync) before its
+/// buyers are told busy: usually one write; a refused write and its read when the stock is
+/// short or a buyer turns out to have an order already; one more when a restock moves the
+/// row in between.
 const MAX_ATTEMPTS: usize = 4;
 
 /// Map a lock error to the purchase's answer.
@@ -177,16 +179,15 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
                 quantities: &quantities,
                 fence: fence.as_i64(),
                 exact: exact.map(|row| row.version),
-                everyone: &everyone,
                 refused: &refused,
             };
             let written = repository::sell_as_holder(self.pool, self.product, batch).await;
             match written {
-                Ok(Some(HolderWrite::Committed {
+                Ok(HolderWrite::Committed {
                     row: left,
                     orders,
                     bought,
-                })) => {
+                }) => {
                     self.row = Some(left);
                     let found = Found {
                         left,
@@ -195,11 +196,17 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
                     };
                     return found.answers(requests, &decisions);
                 }
-                Ok(Some(HolderWrite::Moved { row, bought })) => {
-                    self.row = Some(row);
-                    bought_before.extend(bought);
+                Ok(HolderWrite::NotWritten) => {
+                    // Learn why: the row as it is, and which of the buyers have an order.
+                    match repository::held_row(self.pool, self.product, &everyone).await {
+                        Ok(Some((now, bought))) => {
+                            self.row = Some(now);
+                            bought_before.extend(bought);
+                        }
+                        Ok(None) => return all(requests, PurchaseError::NotFound),
+                        Err(error) => return all(requests, error.into()),
+                    }
                 }
-                Ok(None) => return all(requests, PurchaseError::NotFound),
                 Err(error) => {
                     // The commit may or may not have happened: read the row again next time.
                     self.row = None;

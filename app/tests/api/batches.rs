@@ -228,31 +228,45 @@ async fn batch_max_one_sells_one_purchase_per_transaction_and_per_hold(pool: PgP
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn while_another_instance_wants_the_lock_each_hold_sells_one_batch(pool: PgPool) {
-    // Arrange: every batch spends 500 ms of work under the lock; a hold may last 2 s. The
-    // lock is held from outside while buyer 1 queues, so the leader finds it held.
+async fn holds_last_while_buyers_come_alone_and_one_batch_while_others_want_the_lock(pool: PgPool) {
+    // Arrange: every batch spends 300 ms of work under the lock; a hold may last 2 s.
     let desk = Desk::open(pool.clone(), 10, |s| {
-        s.work_ms = 500;
+        s.work_ms = 300;
         s.hold_ms = 2_000;
     })
     .await;
-    let held = desk.hold().await;
-    let first = desk.queue(1, 1).await;
-    assert!(held.release().await.unwrap());
+    let acquisitions = || desk.app.metric("seckill_lock_acquisitions_total");
 
-    // Act: buyer 2 comes while buyer 1's batch is being worked on.
-    desk.wait_for_empty_queue().await;
+    // Act 1, alone: buyer 2 comes while buyer 1's batch is being worked on.
+    let first = desk.send(1, 1, Duration::from_secs(60));
+    // The leader takes the batch right after the lock, before its work.
+    let started = Instant::now();
+    while acquisitions().await < 1.0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "never taken");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let second = desk.send(2, 1, Duration::from_secs(60));
-
-    // Assert: two batches, each in a hold of its own (alone, the leader would have kept the
-    // lock for the second: the hold budget had not run out).
     assert_eq!(answer(first).await.0, 201);
     assert_eq!(answer(second).await.0, 201);
+
+    // Assert 1: one hold sold both batches.
     assert_eq!(desk.app.metric("seckill_batch_size_count").await, 2.0);
-    assert_eq!(
-        desk.app.metric("seckill_lock_acquisitions_total").await,
-        2.0
-    );
+    assert_eq!(acquisitions().await, 1.0);
+
+    // Act 2: the lock is held from outside while buyer 3 queues, long enough for the
+    // leader to find it held; then buyer 4 comes while buyer 3's batch is worked on.
+    let held = desk.hold().await;
+    let third = desk.queue(3, 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(held.release().await.unwrap());
+    desk.wait_for_empty_queue().await;
+    let fourth = desk.send(4, 1, Duration::from_secs(60));
+    assert_eq!(answer(third).await.0, 201);
+    assert_eq!(answer(fourth).await.0, 201);
+
+    // Assert 2: two more batches, each in a hold of its own (the budget had not run out).
+    assert_eq!(desk.app.metric("seckill_batch_size_count").await, 4.0);
+    assert_eq!(acquisitions().await, 3.0);
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
