@@ -94,6 +94,20 @@ pub(crate) fn allocate(
         .collect()
 }
 
+/// The orders `decisions` make of `requests`: the users sold to and what each gets, in user
+/// order, so that two writers' batches take their unique-index locks in the same order and
+/// cannot deadlock.
+pub(crate) fn sales(requests: &[PurchaseRequest], decisions: &[Decision]) -> (Vec<i64>, Vec<i32>) {
+    let mut sales: Vec<(i64, i32)> = requests
+        .iter()
+        .zip(decisions)
+        .filter(|(_, d)| **d == Decision::Sell)
+        .map(|(r, _)| (r.user_id.get(), r.quantity.get()))
+        .collect();
+    sales.sort_unstable();
+    sales.into_iter().unzip()
+}
+
 /// Sell `requests` (all of `product`) in one transaction. `work` is spent inside the
 /// transaction, after the read: the transaction is the lock.
 ///
@@ -118,16 +132,7 @@ pub(crate) async fn sell(
     let seen = snapshot.seen();
     let bought_before: HashSet<i64> = snapshot.bought.iter().copied().collect();
     let decisions = allocate(seen.stock, requests, &bought_before);
-    // Inserted in user order: two instances' batches (under the lock-free strategies) then
-    // take their unique-index locks in the same order and cannot deadlock.
-    let mut sales: Vec<(i64, i32)> = requests
-        .iter()
-        .zip(&decisions)
-        .filter(|(_, d)| **d == Decision::Sell)
-        .map(|(r, _)| (r.user_id.get(), r.quantity.get()))
-        .collect();
-    sales.sort_unstable();
-    let (selling, quantities): (Vec<i64>, Vec<i32>) = sales.into_iter().unzip();
+    let (selling, quantities) = sales(requests, &decisions);
     // A user can still have bought since we looked (under `none` and the lock-free
     // strategies; or, under a row lock, while we waited for it: the row is read again then,
     // the orders are not): the insert skips them, and takes nothing for them.

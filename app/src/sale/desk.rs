@@ -109,6 +109,12 @@ const HANDOFF_PAUSE: Duration = Duration::from_millis(2);
 /// instances' leaders often find it free in the moment between two holds.
 const CONTENTION_MEMORY: Duration = Duration::from_secs(1);
 
+/// Whether another instance wanted the lock lately: an acquisition of ours found it held, or
+/// timed out, at `last_contended`, within `CONTENTION_MEMORY`.
+fn wanted_elsewhere(last_contended: Option<Instant>) -> bool {
+    last_contended.is_some_and(|at| at.elapsed() < CONTENTION_MEMORY)
+}
+
 /// A batch that conflicts with a concurrent writer (see `BatchError::Conflict`) is retried
 /// this often before its buyers are told busy.
 const MAX_ATTEMPTS: u32 = 20;
@@ -258,11 +264,9 @@ impl Leader {
                 // While other instances want the product, one batch per hold: their queues
                 // fill meanwhile, and each of their batches carries more buyers than a second
                 // batch of ours would (the buyers who came while ours was sold).
-                let others_want_it =
-                    last_contended.is_some_and(|at| at.elapsed() < CONTENTION_MEMORY);
                 if lost
                     || self.shared.batch_max == 1
-                    || others_want_it
+                    || wanted_elsewhere(last_contended)
                     || held_since.elapsed() >= self.shared.hold
                     || !guard.is_held()
                 {
@@ -284,8 +288,7 @@ impl Leader {
             // With BATCH_MAX=1 (the per-request baseline) the leader asks again at once, as
             // every buyer used to; and so does a leader that has found the lock free for a
             // while (one instance alone, or the others idle): nobody else is waiting.
-            let others_want_it = last_contended.is_some_and(|at| at.elapsed() < CONTENTION_MEMORY);
-            if still_waiting && others_want_it && self.shared.batch_max > 1 {
+            if still_waiting && wanted_elsewhere(last_contended) && self.shared.batch_max > 1 {
                 sleep(HANDOFF_PAUSE).await;
             }
         }

@@ -32,7 +32,7 @@ use std::collections::{HashMap, HashSet};
 use distlock::{Error as LockError, Fence, FencedGuard};
 use sqlx::PgPool;
 
-use super::batch::{Decision, allocate};
+use super::batch::{Decision, allocate, sales};
 use super::{Bought, PurchaseError, PurchaseRequest};
 use crate::domain::ProductId;
 use crate::metrics::Metrics;
@@ -96,7 +96,6 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
         &mut self,
         requests: &[PurchaseRequest],
     ) -> Vec<Result<Bought, PurchaseError>> {
-        let everyone: Vec<i64> = requests.iter().map(|r| r.user_id.get()).collect();
         // Buyers a statement of this batch found with an order already.
         let mut bought_before = HashSet::new();
         let mut resyncs = 0;
@@ -117,25 +116,18 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
             // First as if the stock were plenty: the write then needs only that it is (no
             // read first, whatever other instances sold since we last saw the row).
             let mut decisions = allocate(i64::MAX, requests, &bought_before);
+            let (mut users, mut quantities) = sales(requests, &decisions);
             let mut exact = None;
             if let Some(row) = self.row
-                && row.stock < demand(requests, &decisions)
+                && row.stock < quantities.iter().map(|&q| i64::from(q)).sum::<i64>()
             {
                 // Not enough for everyone, as far as we know: allocate against the row as
                 // we saw it, and write only if it is still so.
                 decisions = allocate(row.stock, requests, &bought_before);
+                (users, quantities) = sales(requests, &decisions);
                 exact = Some(row);
             }
-            // Sorted by user, like every batch: two writers' unique-index locks are then taken
-            // in the same order.
-            let mut sales: Vec<(i64, i32)> = requests
-                .iter()
-                .zip(&decisions)
-                .filter(|(_, d)| **d == Decision::Sell)
-                .map(|(r, _)| (r.user_id.get(), r.quantity.get()))
-                .collect();
-            sales.sort_unstable();
-            if sales.is_empty() {
+            if users.is_empty() {
                 // Nothing to write.
                 if let (None, Some(left)) = (exact, self.row) {
                     // As if the stock were plenty, only buyers found with an order by a
@@ -149,8 +141,8 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
                     return found.answers(requests, &decisions);
                 }
                 // Confirm that the row is still what we allocated against.
-                match repository::held_row(self.pool, self.product, &everyone).await {
-                    Ok(Some((now, bought))) if Some(now) == exact => {
+                match self.look(requests).await {
+                    Ok((now, bought)) if Some(now) == exact => {
                         let found = Found {
                             left: now,
                             orders: HashMap::new(),
@@ -158,16 +150,13 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
                         };
                         return found.answers(requests, &decisions);
                     }
-                    Ok(Some((now, bought))) => {
-                        self.row = Some(now);
+                    Ok((_, bought)) => {
                         bought_before.extend(bought);
                         continue;
                     }
-                    Ok(None) => return all(requests, PurchaseError::NotFound),
-                    Err(error) => return all(requests, error.into()),
+                    Err(error) => return all(requests, error),
                 }
             }
-            let (users, quantities): (Vec<i64>, Vec<i32>) = sales.iter().copied().unzip();
             let refused: Vec<i64> = requests
                 .iter()
                 .zip(&decisions)
@@ -198,13 +187,9 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
                 }
                 Ok(HolderWrite::NotWritten) => {
                     // Learn why: the row as it is, and which of the buyers have an order.
-                    match repository::held_row(self.pool, self.product, &everyone).await {
-                        Ok(Some((now, bought))) => {
-                            self.row = Some(now);
-                            bought_before.extend(bought);
-                        }
-                        Ok(None) => return all(requests, PurchaseError::NotFound),
-                        Err(error) => return all(requests, error.into()),
+                    match self.look(requests).await {
+                        Ok((_, bought)) => bought_before.extend(bought),
+                        Err(error) => return all(requests, error),
                     }
                 }
                 Err(error) => {
@@ -216,6 +201,20 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
         }
         // The row kept moving under us (restocks): the buyers may try again.
         all(requests, PurchaseError::Busy)
+    }
+
+    /// Read the row (remembered from now on) and which of the buyers of `requests` have an
+    /// order.
+    async fn look(
+        &mut self,
+        requests: &[PurchaseRequest],
+    ) -> Result<(HeldRow, Vec<i64>), PurchaseError> {
+        let everyone: Vec<i64> = requests.iter().map(|r| r.user_id.get()).collect();
+        let (row, bought) = repository::held_row(self.pool, self.product, &everyone)
+            .await?
+            .ok_or(PurchaseError::NotFound)?;
+        self.row = Some(row);
+        Ok((row, bought))
     }
 
     /// The row holds `stored`, a fence above ours: take a fence above it if we still hold
@@ -283,14 +282,4 @@ impl Found {
 /// The same error for every request.
 fn all(requests: &[PurchaseRequest], error: PurchaseError) -> Vec<Result<Bought, PurchaseError>> {
     vec![Err(error); requests.len()]
-}
-
-/// The units the requests `decisions` sells ask for.
-fn demand(batch: &[PurchaseRequest], decisions: &[Decision]) -> i64 {
-    batch
-        .iter()
-        .zip(decisions)
-        .filter(|(_, d)| **d == Decision::Sell)
-        .map(|(r, _)| i64::from(r.quantity.get()))
-        .sum()
 }
