@@ -12,7 +12,9 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::helpers::{BOUNDS, TestApp, books, error_code, settings, shared_redis_url, spawn_with};
+use crate::helpers::{
+    BOUNDS, TestApp, books, error_code, orders_reads, settings, shared_redis_url, spawn_with,
+};
 
 /// An instance (under `redis`) and a product whose lock the test can hold from outside, so
 /// that buyers queue at the instance's desk until the test lets go.
@@ -294,23 +296,6 @@ async fn a_buyer_can_look_up_their_order(pool: PgPool) {
     assert_eq!((missing, bad), (404, 400));
 }
 
-/// How many sequential scans PostgreSQL has counted on `orders`, as `observer` sees it once
-/// the pending statistics of `pool`'s one connection are flushed.
-async fn orders_seq_scans(pool: &PgPool, observer: &PgPool) -> i64 {
-    let mut conn = pool.acquire().await.unwrap();
-    sqlx::query("SELECT pg_stat_force_next_flush()")
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-    // The flush happens as the session goes idle after that call; one more round trip makes
-    // sure it is done before the observer reads.
-    sqlx::query("SELECT 1").execute(&mut *conn).await.unwrap();
-    sqlx::query_scalar("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'orders'")
-        .fetch_one(observer)
-        .await
-        .unwrap()
-}
-
 /// Read a batch's snapshot the way a batch does: in a transaction of the service's.
 async fn read_batch(pool: &PgPool, product: seckill::domain::ProductId) -> Vec<i64> {
     let mut tx = seckill::repository::begin(pool, BOUNDS).await.unwrap();
@@ -366,7 +351,7 @@ async fn the_batch_read_uses_the_orders_index_however_small_the_table_was_when_f
     }
     // ... then the table grows.
     fill(1, 20_000).execute(&observer).await.unwrap();
-    let before = orders_seq_scans(&session, &observer).await;
+    let before = orders_reads(&session, &observer).await.seq_scans;
 
     // Act
     for _ in 0..5 {
@@ -374,7 +359,7 @@ async fn the_batch_read_uses_the_orders_index_however_small_the_table_was_when_f
     }
 
     // Assert: found through the index, not by scanning the table.
-    assert_eq!(orders_seq_scans(&session, &observer).await, before);
+    assert_eq!(orders_reads(&session, &observer).await.seq_scans, before);
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]

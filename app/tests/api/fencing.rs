@@ -9,8 +9,9 @@ use seckill::domain::{ProductId, Quantity, UserId};
 use seckill::metrics::Metrics;
 use seckill::sale::{PurchaseError, PurchaseRequest, fenced};
 use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use crate::helpers::{BOUNDS, books, settings, shared_redis_url, spawn_with};
+use crate::helpers::{BOUNDS, books, orders_reads, settings, shared_redis_url, spawn_with};
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn a_stale_leaders_whole_batch_is_fenced_off_and_writes_nothing(pool: PgPool) {
@@ -364,5 +365,62 @@ async fn a_holder_that_saw_the_stock_gone_sells_again_after_a_restock(pool: PgPo
     assert!(answers.iter().all(Result::is_ok), "{answers:?}");
     assert_owned_and_balanced(&pool, product, &batch, &answers).await;
     assert_eq!(books(&pool, product.get()).await.stock, 0);
+    guard.release().await.unwrap();
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_holders_batch_reads_none_of_the_orders_the_product_has_already(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange: the holder's session plans as the service's do (for its parameters, every
+    // time), with no statistics on `orders` yet, as early in a fresh deployment's first
+    // sale; it sells a few batches while the product has few orders...
+    let observer = pool_options.connect_with(connect.clone()).await.unwrap();
+    let session = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(connect.options([("plan_cache_mode", "force_custom_plan")]))
+        .await
+        .unwrap();
+    // An autovacuum analyze in the middle would give the planner the truth, and hide the
+    // trap on code without the fix.
+    sqlx::query("ALTER TABLE orders SET (autovacuum_enabled = off)")
+        .execute(&observer)
+        .await
+        .unwrap();
+    let (product, guard, _cleanup) = holding(&observer, 1_000_000).await;
+    let metrics = Metrics::new();
+    let mut holder = fenced::Holder::new(&session, &metrics, &guard, product);
+    for first in (1..=80).step_by(8) {
+        let users: Vec<i64> = (first..first + 8).collect();
+        let answers = holder.sell(&buyers(product, &users)).await;
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    }
+    // ... then it has 20,000.
+    sqlx::query(
+        "INSERT INTO orders (product_id, user_id, quantity) \
+         SELECT $1, g, 1 FROM generate_series(1000001, 1020000) g",
+    )
+    .bind(product.get())
+    .execute(&observer)
+    .await
+    .unwrap();
+    let before = orders_reads(&session, &observer).await;
+
+    // Act: three batches of 64 new buyers.
+    for first in [100_001, 100_065, 100_129] {
+        let users: Vec<i64> = (first..first + 64).collect();
+        let answers = holder.sell(&buyers(product, &users)).await;
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    }
+
+    // Assert: the batches' cost does not grow with the orders the product has (a plan that
+    // hashes all of them to find the batch's repeat buyers reads 20,000 rows per batch).
+    let after = orders_reads(&session, &observer).await;
+    assert!(
+        after.rows - before.rows < 1_000,
+        "three batches read {} rows of orders",
+        after.rows - before.rows
+    );
     guard.release().await.unwrap();
 }

@@ -270,3 +270,33 @@ pub async fn error_code(response: Response) -> (u16, String) {
         body["error"].as_str().expect("an error code").to_owned(),
     )
 }
+
+/// How PostgreSQL has counted reads of `orders` so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OrdersReads {
+    /// Sequential scans started.
+    pub seq_scans: i64,
+    /// Rows read by them, and rows fetched through an index (bitmap scans included).
+    pub rows: i64,
+}
+
+/// The reads of `orders` counted so far, as `observer` sees them once the pending
+/// statistics of `pool`'s one connection are flushed.
+pub async fn orders_reads(pool: &PgPool, observer: &PgPool) -> OrdersReads {
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    // The flush happens as the session goes idle after that call; one more round trip makes
+    // sure it is done before the observer reads.
+    sqlx::query("SELECT 1").execute(&mut *conn).await.unwrap();
+    let (seq_scans, rows) = sqlx::query_as(
+        "SELECT seq_scan, seq_tup_read + COALESCE(idx_tup_fetch, 0) \
+         FROM pg_stat_user_tables WHERE relname = 'orders'",
+    )
+    .fetch_one(observer)
+    .await
+    .unwrap();
+    OrdersReads { seq_scans, rows }
+}
