@@ -258,6 +258,9 @@ static SOLD_OUT_BODY: LazyLock<Bytes> = LazyLock::new(|| serialized(&ApiError::S
 static ALREADY_PURCHASED_BODY: LazyLock<Bytes> =
     LazyLock::new(|| serialized(&ApiError::AlreadyPurchased));
 
+/// Serialized once for the life of the process: a static `Bytes` is cloned without touching
+/// a reference count that every worker thread would share.
 fn serialized(error: &ApiError) -> Bytes {
-    Bytes::from(serde_json::to_vec(&error.body()).expect("an error body serializes"))
+    let body = serde_json::to_vec(&error.body()).expect("an error body serializes");
+    Bytes::from_static(Box::leak(body.into_boxed_slice()))
 }

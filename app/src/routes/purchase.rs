@@ -1,4 +1,4 @@
-use actix_web::{HttpResponse, web};
+use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -50,10 +50,15 @@ pub struct OrderBody {
     )
 )]
 pub async fn purchase(
-    sale: web::Data<Sale>,
+    req: HttpRequest,
     path: web::Path<String>,
     body: web::Json<PurchaseBody>,
 ) -> Result<HttpResponse, ApiError> {
+    // Borrowed from the app, not extracted as `web::Data`: that would clone an `Arc` that
+    // every worker thread shares, on every purchase of the flood.
+    let sale: &Sale = req
+        .app_data::<web::Data<Sale>>()
+        .expect("the app registers the sale");
     let request = PurchaseRequest {
         product_id: ProductId::parse(&path).map_err(ApiError::InvalidInput)?,
         user_id: UserId::parse(body.user_id).map_err(ApiError::InvalidInput)?,

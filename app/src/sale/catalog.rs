@@ -16,6 +16,7 @@
 //!   instance within that bound.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -36,14 +37,21 @@ pub(crate) struct Catalog {
 pub(crate) struct Known {
     pub(crate) desk: Desk,
     marks: Mutex<Marks>,
+    /// When this instance learned of the product: `sold_out_at` counts from here.
+    learned: Instant,
+    /// The sold-out mark, as `Marks::sold_out` has it, for the purchases that read it: 0 for
+    /// none, else 1 + the nanoseconds from `learned` to the mark. Written under `marks`;
+    /// read without a lock, so the flood of sold-out purchases writes no shared memory to
+    /// check it.
+    sold_out_at: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 struct Marks {
     /// The newest restock generation this instance has heard of.
     generation: i64,
-    /// Sold out at `generation`, as of the instant.
-    sold_out: Option<(i64, Instant)>,
+    /// Sold out at this generation (when: `Known::sold_out_at`).
+    sold_out: Option<i64>,
 }
 
 impl Catalog {
@@ -52,6 +60,16 @@ impl Catalog {
             products: RwLock::new(HashMap::new()),
             recheck,
         }
+    }
+
+    /// Whether a purchase of `id` can be answered "sold out" from memory: the product is
+    /// known here and marked sold out (see [`Self::is_sold_out`]).
+    pub(crate) fn sold_out(&self, id: ProductId) -> bool {
+        self.products
+            .read()
+            .expect("catalog poisoned")
+            .get(&id)
+            .is_some_and(|known| self.is_sold_out(known))
     }
 
     /// The product, if this instance already knows it.
@@ -79,6 +97,8 @@ impl Catalog {
                     generation,
                     sold_out: None,
                 }),
+                learned: Instant::now(),
+                sold_out_at: AtomicU64::new(0),
             })
         });
         known.reopen(generation);
@@ -97,12 +117,19 @@ impl Catalog {
         }
     }
 
-    /// Whether purchases of `known` can be answered "sold out" from memory.
+    /// Whether purchases of `known` can be answered "sold out" from memory: it is marked
+    /// sold out at the newest restock generation heard of (a restock clears the mark), and
+    /// the mark is younger than `SOLD_OUT_RECHECK_MS`.
     pub(crate) fn is_sold_out(&self, known: &Known) -> bool {
-        let marks = known.marks();
-        marks.sold_out.is_some_and(|(generation, at)| {
-            generation >= marks.generation && at.elapsed() < self.recheck
-        })
+        match known.sold_out_at.load(Ordering::Acquire) {
+            0 => false,
+            at => {
+                let age = known
+                    .since_learned()
+                    .saturating_sub(Duration::from_nanos(at - 1));
+                age < self.recheck
+            }
+        }
     }
 }
 
@@ -112,7 +139,9 @@ impl Known {
         let mut marks = self.marks();
         if generation >= marks.generation {
             marks.generation = generation;
-            marks.sold_out = Some((generation, Instant::now()));
+            marks.sold_out = Some(generation);
+            let at = u64::try_from(self.since_learned().as_nanos()).unwrap_or(u64::MAX - 1);
+            self.sold_out_at.store(at + 1, Ordering::Release);
         }
     }
 
@@ -121,12 +150,14 @@ impl Known {
         if generation > marks.generation {
             marks.generation = generation;
         }
-        if marks
-            .sold_out
-            .is_some_and(|(sold_at, _)| sold_at < generation)
-        {
+        if marks.sold_out.is_some_and(|sold_at| sold_at < generation) {
             marks.sold_out = None;
+            self.sold_out_at.store(0, Ordering::Release);
         }
+    }
+
+    fn since_learned(&self) -> Duration {
+        Instant::now().saturating_duration_since(self.learned)
     }
 
     fn marks(&self) -> std::sync::MutexGuard<'_, Marks> {

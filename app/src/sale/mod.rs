@@ -223,11 +223,12 @@ impl Sale {
     }
 
     async fn purchase_uncounted(&self, request: PurchaseRequest) -> Result<Bought, PurchaseError> {
-        let product = self.known(request.product_id).await?;
-        if self.catalog.is_sold_out(&product) {
+        // The flood after a sale: answered from memory, before anything else is looked up.
+        if self.catalog.sold_out(request.product_id) {
             self.metrics.sold_out_fast_path.inc();
             return Err(PurchaseError::SoldOut(None));
         }
+        let product = self.known(request.product_id).await?;
         let deadline = Instant::now() + self.wait;
         let answer = match product.desk.submit(
             request,
