@@ -262,5 +262,5 @@ static ALREADY_PURCHASED_BODY: LazyLock<Bytes> =
 /// a reference count that every worker thread would share.
 fn serialized(error: &ApiError) -> Bytes {
     let body = serde_json::to_vec(&error.body()).expect("an error body serializes");
-    Bytes::from_static(Box::leak(body.into_boxed_slice()))
+    Bytes::from_static(body.leak())
 }

@@ -439,8 +439,9 @@ pub async fn held_row(
 /// What a lock holder's write did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HolderWrite {
-    /// Committed: the row as the write left it, `(user, order id)` of every order (one per
-    /// buyer sold to), and which of the buyers told `sold_out` had an order before.
+    /// Committed: the row as the write left it, `(user, order id)` of every order (a buyer
+    /// sold to who has an order already gets none), and which of the buyers told `sold_out`
+    /// had an order before.
     Committed {
         row: HeldRow,
         orders: Vec<(i64, i64)>,
@@ -468,20 +469,22 @@ pub struct HolderBatch<'a> {
 }
 
 /// A lock holder's batch: one statement, which is its own transaction, so one round trip
-/// and one commit. One guarded `UPDATE` takes what the orders ask from the stock and stores
-/// the holder's fence, only if the row holds no fence above it and its stock covers the
-/// orders, and, for an `exact` allocation (whose `sold_out` answers assume every buyer sold
-/// to takes their units), only if the row is still at that version; only then are the orders
-/// inserted. A buyer sold to who has an order already, committed before or during the
-/// statement, makes the insert fail (a unique violation, 23505), and the whole statement is
-/// undone. It also tells which of `refused` had an order before, so that they are told
-/// `already_purchased` (only looked up when there are any).
+/// and one commit. Buyers who have an order already are left out (`fresh`); one guarded
+/// `UPDATE` takes exactly what the others ask from the stock and stores the holder's fence,
+/// only if the row holds no fence above it and its stock covers those orders, and, for an
+/// `exact` allocation (whose `sold_out` answers assume every buyer sold to takes their
+/// units), only if the row is still at that version and nobody was left out; only then are
+/// the orders inserted. An order committed by an overlapping writer after the statement
+/// began makes the insert fail (a unique violation of `orders_one_per_user`): the whole
+/// statement is undone. It also tells which of `refused` had an order before, so that they
+/// are told `already_purchased` (looked up only when there are any).
 ///
-/// The statement reads no orders to find the batch's repeat buyers: the unique index does
-/// that as the insert goes. A lookup would be planned (the service plans every statement
-/// for its parameters), and before `orders` has statistics, early in a first sale, the
-/// planner hashes all of the product's orders to check 64 buyers: a batch then costs more
-/// with every order sold.
+/// Finding the buyers with an order costs one probe of the unique index per buyer, however
+/// many orders the product has: the `OFFSET 0` keeps PostgreSQL from turning the
+/// `NOT EXISTS` into a join, which it may plan (the service plans every statement for its
+/// parameters, and before `orders` has statistics, early in a first sale, the planner
+/// guesses few orders per product) as a hash of all of the product's orders: a batch would
+/// then cost more with every order sold.
 ///
 /// Under `READ COMMITTED` the `UPDATE` waits for any other writer of the row and then checks
 /// its conditions against the row as that writer left it, as `pg-atomic`'s does.
@@ -490,33 +493,43 @@ pub async fn sell_as_holder(
     id: ProductId,
     batch: HolderBatch<'_>,
 ) -> sqlx::Result<HolderWrite> {
-    let units: i64 = batch.quantities.iter().map(|&q| i64::from(q)).sum();
     let rows = sqlx::query!(
-        r#"WITH written AS (
+        r#"WITH fresh AS (
+               SELECT t.u, t.q FROM UNNEST($2::BIGINT[], $3::INT[]) AS t (u, q)
+               WHERE NOT EXISTS (SELECT 1 FROM orders o
+                                 WHERE o.product_id = $1 AND o.user_id = t.u
+                                 OFFSET 0)
+           ),
+           written AS (
                UPDATE products p
-               SET stock = p.stock - $5, fence = $4, version = p.version + 1
-               WHERE p.id = $1 AND p.fence <= $4 AND p.stock >= $5
-                 AND ($6::BIGINT IS NULL OR p.version = $6)
+               SET stock = p.stock - (SELECT SUM(f.q) FROM fresh f),
+                   fence = $4,
+                   version = p.version + 1
+               WHERE p.id = $1
+                 AND p.fence <= $4
+                 AND p.stock >= (SELECT SUM(f.q) FROM fresh f)
+                 AND ($5::BIGINT IS NULL
+                      OR (p.version = $5
+                          AND (SELECT COUNT(*) FROM fresh) = CARDINALITY($2::BIGINT[])))
                RETURNING p.stock, p.version, p.restock_gen
            ),
            inserted AS (
                INSERT INTO orders (product_id, user_id, quantity, fence)
-               SELECT $1::BIGINT, t.u, t.q, $4::BIGINT
-               FROM written, UNNEST($2::BIGINT[], $3::INT[]) AS t (u, q)
+               SELECT $1::BIGINT, f.u, f.q, $4::BIGINT
+               FROM written, fresh f
                RETURNING user_id, id
            )
            SELECT w.stock AS "left!", w.version AS "version!", w.restock_gen AS "restock_gen!",
                   i.user_id AS "user_id!", i.id AS "order_id!",
-                  CASE WHEN CARDINALITY($7::BIGINT[]) = 0 THEN '{}'::BIGINT[]
+                  CASE WHEN CARDINALITY($6::BIGINT[]) = 0 THEN '{}'::BIGINT[]
                        ELSE ARRAY(SELECT o.user_id FROM orders o
-                                  WHERE o.product_id = $1 AND o.user_id = ANY($7))
+                                  WHERE o.product_id = $1 AND o.user_id = ANY($6))
                   END AS "bought!"
            FROM written w JOIN inserted i ON true"#,
         id.get(),
         batch.users,
         batch.quantities,
         batch.fence,
-        units,
         batch.exact,
         batch.refused,
     )
@@ -527,8 +540,8 @@ pub async fn sell_as_holder(
         Err(error)
             if error
                 .as_database_error()
-                .and_then(|e| e.code())
-                .is_some_and(|code| code == "23505") =>
+                .and_then(|e| e.constraint())
+                .is_some_and(|constraint| constraint == "orders_one_per_user") =>
         {
             return Ok(HolderWrite::NotWritten);
         }

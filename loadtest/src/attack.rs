@@ -310,6 +310,10 @@ pub async fn run(
         tally: Arc::clone(&tally),
         client: reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
+            // Idle connections are dropped well before the service's keep-alive (5 s) ends
+            // them: a request sent on a connection the server is closing at that moment gets
+            // no answer, which the books would count as a lost one.
+            .pool_idle_timeout(Duration::from_secs(2))
             .build()?,
     });
     let progress = show_progress(Arc::clone(&plan));

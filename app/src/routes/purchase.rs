@@ -58,7 +58,7 @@ pub async fn purchase(
     // every worker thread shares, on every purchase of the flood.
     let sale: &Sale = req
         .app_data::<web::Data<Sale>>()
-        .expect("the app registers the sale");
+        .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("the app has no sale registered")))?;
     let request = PurchaseRequest {
         product_id: ProductId::parse(&path).map_err(ApiError::InvalidInput)?,
         user_id: UserId::parse(body.user_id).map_err(ApiError::InvalidInput)?,

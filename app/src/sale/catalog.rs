@@ -33,6 +33,14 @@ pub(crate) struct Catalog {
     recheck: Duration,
 }
 
+/// A known product, as a purchase finds it.
+pub(crate) enum ForPurchase {
+    /// Marked sold out: answer so from memory.
+    SoldOut,
+    /// On sale, as far as this instance knows: queue at its desk.
+    Open(Arc<Known>),
+}
+
 /// One product known to exist.
 pub(crate) struct Known {
     pub(crate) desk: Desk,
@@ -41,8 +49,8 @@ pub(crate) struct Known {
     learned: Instant,
     /// The sold-out mark, as `Marks::sold_out` has it, for the purchases that read it: 0 for
     /// none, else 1 + the nanoseconds from `learned` to the mark. Written under `marks`;
-    /// read without a lock, so the flood of sold-out purchases writes no shared memory to
-    /// check it.
+    /// read without taking that lock, so that the flood of sold-out purchases, on every
+    /// worker thread, does not contend for it.
     sold_out_at: AtomicU64,
 }
 
@@ -62,14 +70,17 @@ impl Catalog {
         }
     }
 
-    /// Whether a purchase of `id` can be answered "sold out" from memory: the product is
-    /// known here and marked sold out (see [`Self::is_sold_out`]).
-    pub(crate) fn sold_out(&self, id: ProductId) -> bool {
-        self.products
-            .read()
-            .expect("catalog poisoned")
-            .get(&id)
-            .is_some_and(|known| self.is_sold_out(known))
+    /// What this instance knows of `id` for a purchase, in one lookup: `None` if it does not
+    /// know the product yet. A product marked sold out (see [`Self::is_sold_out`]) is
+    /// answered without taking a reference to it.
+    pub(crate) fn for_purchase(&self, id: ProductId) -> Option<ForPurchase> {
+        let products = self.products.read().expect("catalog poisoned");
+        let known = products.get(&id)?;
+        Some(if self.is_sold_out(known) {
+            ForPurchase::SoldOut
+        } else {
+            ForPurchase::Open(Arc::clone(known))
+        })
     }
 
     /// The product, if this instance already knows it.

@@ -5,14 +5,11 @@
 //! writes before its fence is refused). So the leader ([`Holder`]) does not read the row
 //! before a batch: it sells the batch with one statement that is its own transaction
 //! ([`repository::sell_as_holder`]), one round trip and one commit, against four for a batch
-//! without a lock of ours. The statement is one guarded `UPDATE` that takes exactly what the
-//! orders ask and stores our fence, only if the row holds no fence above ours and its stock
-//! covers the orders, followed by the orders' insert, which fails the whole statement if a
-//! buyer sold to has an order already (the unique index finds them: the statement reads no
-//! orders, so its cost does not grow with the orders sold); otherwise it writes nothing,
-//! and one read of the row (with which of the batch's buyers have an order) tells the
-//! leader why. A batch with a repeat buyer therefore costs two more round trips, that read
-//! and the write without them.
+//! without a lock of ours. Buyers who have an order already are left out (one probe of the
+//! unique index each); one guarded `UPDATE` takes exactly what the others ask and stores
+//! our fence, only if the row holds no fence above ours and its stock covers those orders;
+//! then their orders are inserted. Otherwise it writes nothing, and one read of the row (with
+//! which of the batch's buyers have an order) tells the leader why.
 //!
 //! The leader allocates as if the stock were plenty (every buyer gets what they ask) unless
 //! the row it last saw says otherwise; then it allocates exactly against that row, in
@@ -268,8 +265,7 @@ impl Found {
                 match decision {
                     Decision::Sell => match self.orders.get(&user) {
                         Some(&order_id) => Ok(Bought { order_id, left }),
-                        // Not inserted: only an order of theirs does that (and it undoes
-                        // the whole statement, so this is never reached).
+                        // Skipped by the insert: they had bought already.
                         None => Err(PurchaseError::AlreadyPurchased(Some(left))),
                     },
                     Decision::SoldOut if self.bought.contains(&user) => {

@@ -35,7 +35,7 @@ use crate::domain::{ProductId, Quantity, UserId};
 use crate::metrics::{Metrics, PurchaseCounters};
 use crate::repository::{self, SessionBounds, StockSeen};
 use crate::settings::LockStrategy;
-use catalog::{Catalog, Known};
+use catalog::{Catalog, ForPurchase, Known};
 pub use desk::Exclusion;
 use desk::{Desk, DeskShared};
 use restocks::Restocks;
@@ -223,12 +223,15 @@ impl Sale {
     }
 
     async fn purchase_uncounted(&self, request: PurchaseRequest) -> Result<Bought, PurchaseError> {
-        // The flood after a sale: answered from memory, before anything else is looked up.
-        if self.catalog.sold_out(request.product_id) {
-            self.metrics.sold_out_fast_path.inc();
-            return Err(PurchaseError::SoldOut(None));
-        }
-        let product = self.known(request.product_id).await?;
+        let product = match self.catalog.for_purchase(request.product_id) {
+            // The flood after a sale: answered from memory.
+            Some(ForPurchase::SoldOut) => {
+                self.metrics.sold_out_fast_path.inc();
+                return Err(PurchaseError::SoldOut(None));
+            }
+            Some(ForPurchase::Open(product)) => product,
+            None => self.look_up(request.product_id).await?,
+        };
         let deadline = Instant::now() + self.wait;
         let answer = match product.desk.submit(
             request,
@@ -264,11 +267,8 @@ impl Sale {
         outcome
     }
 
-    /// The product, if it exists: from memory, or else from one lookup in PostgreSQL.
-    async fn known(&self, id: ProductId) -> Result<Arc<Known>, PurchaseError> {
-        if let Some(known) = self.catalog.get(id) {
-            return Ok(known);
-        }
+    /// A product this instance does not know yet, if it exists: one lookup in PostgreSQL.
+    async fn look_up(&self, id: ProductId) -> Result<Arc<Known>, PurchaseError> {
         let found = repository::find_product(&self.pool, id)
             .await?
             .ok_or(PurchaseError::NotFound)?;

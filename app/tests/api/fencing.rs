@@ -415,8 +415,14 @@ async fn a_holders_batch_reads_none_of_the_orders_the_product_has_already(
     }
 
     // Assert: the batches' cost does not grow with the orders the product has (a plan that
-    // hashes all of them to find the batch's repeat buyers reads 20,000 rows per batch).
+    // hashes all of them to find the batch's repeat buyers reads 20,000 rows per batch), as
+    // the statistics say once they show the batches' 192 orders.
     let after = orders_reads(&session, &observer).await;
+    assert_eq!(
+        after.inserted - before.inserted,
+        192,
+        "statistics not flushed"
+    );
     assert!(
         after.rows - before.rows < 1_000,
         "three batches read {} rows of orders",

@@ -276,8 +276,12 @@ pub async fn error_code(response: Response) -> (u16, String) {
 pub struct OrdersReads {
     /// Sequential scans started.
     pub seq_scans: i64,
+    /// Index scans started.
+    pub index_scans: i64,
     /// Rows read by them, and rows fetched through an index (bitmap scans included).
     pub rows: i64,
+    /// Rows inserted: proof that the statistics read are the session's latest.
+    pub inserted: i64,
 }
 
 /// The reads of `orders` counted so far, as `observer` sees them once the pending
@@ -291,12 +295,18 @@ pub async fn orders_reads(pool: &PgPool, observer: &PgPool) -> OrdersReads {
     // The flush happens as the session goes idle after that call; one more round trip makes
     // sure it is done before the observer reads.
     sqlx::query("SELECT 1").execute(&mut *conn).await.unwrap();
-    let (seq_scans, rows) = sqlx::query_as(
-        "SELECT seq_scan, seq_tup_read + COALESCE(idx_tup_fetch, 0) \
+    let (seq_scans, index_scans, rows, inserted) = sqlx::query_as(
+        "SELECT seq_scan, COALESCE(idx_scan, 0), seq_tup_read + COALESCE(idx_tup_fetch, 0), \
+                n_tup_ins \
          FROM pg_stat_user_tables WHERE relname = 'orders'",
     )
     .fetch_one(observer)
     .await
     .unwrap();
-    OrdersReads { seq_scans, rows }
+    OrdersReads {
+        seq_scans,
+        index_scans,
+        rows,
+        inserted,
+    }
 }
