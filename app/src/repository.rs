@@ -448,8 +448,10 @@ pub enum HolderWrite {
         bought: Vec<i64>,
     },
     /// Nothing written: the row holds a fence above ours, or its stock is short of the
-    /// orders, or (for an exact allocation) it is not at the version the allocation was made
-    /// against, or a buyer sold to has an order already. Read the row to learn which.
+    /// orders, or every buyer sold to has an order already; or, for an exact allocation, the
+    /// row is not at the version the allocation was made against, or a buyer sold to has an
+    /// order already; or an overlapping writer committed an order of a buyer sold to while
+    /// the statement ran. Read the row to learn which.
     NotWritten,
 }
 
@@ -475,13 +477,15 @@ pub struct HolderBatch<'a> {
 /// `exact` allocation (whose `sold_out` answers assume every buyer sold to takes their
 /// units), only if the row is still at that version and nobody was left out; only then are
 /// the orders inserted. An order committed by an overlapping writer after the statement
-/// began makes the insert fail (a unique violation of `orders_one_per_user`): the whole
-/// statement is undone. It also tells which of `refused` had an order before, so that they
+/// began (under a lock, only a holder whose lease ran out writes beside the holder) makes
+/// the insert fail (a unique violation of `orders_one_per_user`): the whole statement is
+/// undone. It also tells which of `refused` had an order before, so that they
 /// are told `already_purchased` (looked up only when there are any).
 ///
 /// Finding the buyers with an order costs one probe of the unique index per buyer, however
 /// many orders the product has: the `OFFSET 0` keeps PostgreSQL from turning the
-/// `NOT EXISTS` into a join, which it may plan (the service plans every statement for its
+/// `NOT EXISTS` into a join (it stays a subquery run per buyer, which only the unique index
+/// serves), which it may plan (the service plans every statement for its
 /// parameters, and before `orders` has statistics, early in a first sale, the planner
 /// guesses few orders per product) as a hash of all of the product's orders: a batch would
 /// then cost more with every order sold.
@@ -500,6 +504,8 @@ pub async fn sell_as_holder(
                                  WHERE o.product_id = $1 AND o.user_id = t.u
                                  OFFSET 0)
            ),
+           -- With nobody fresh the SUM is NULL and the UPDATE matches nothing: a batch of
+           -- buyers who all have an order writes nothing (not even the version or fence).
            written AS (
                UPDATE products p
                SET stock = p.stock - (SELECT SUM(f.q) FROM fresh f),

@@ -8,8 +8,10 @@
 //! without a lock of ours. Buyers who have an order already are left out (one probe of the
 //! unique index each); one guarded `UPDATE` takes exactly what the others ask and stores
 //! our fence, only if the row holds no fence above ours and its stock covers those orders;
-//! then their orders are inserted. Otherwise it writes nothing, and one read of the row (with
-//! which of the batch's buyers have an order) tells the leader why.
+//! then their orders are inserted (an order of one of them committed meanwhile by an
+//! overlapping writer, a holder whose lease ran out, undoes the whole statement). Otherwise
+//! it writes nothing, and one read of the row (with which of the batch's buyers have an
+//! order) tells the leader why.
 //!
 //! The leader allocates as if the stock were plenty (every buyer gets what they ask) unless
 //! the row it last saw says otherwise; then it allocates exactly against that row, in
@@ -49,8 +51,8 @@ const MAX_RESYNCS: usize = 3;
 
 /// Attempts one batch may make (each a write, or a read, or a fence resync) before its
 /// buyers are told busy: usually one write; a refused write and its read when the stock is
-/// short or a buyer turns out to have an order already; one more when a restock moves the
-/// row in between.
+/// short, or (for an exact allocation) a buyer turns out to have an order already; one more
+/// when a restock moves the row in between.
 const MAX_ATTEMPTS: usize = 4;
 
 /// Map a lock error to the purchase's answer.

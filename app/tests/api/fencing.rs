@@ -396,13 +396,14 @@ async fn a_holders_batch_reads_none_of_the_orders_the_product_has_already(
         let answers = holder.sell(&buyers(product, &users)).await;
         assert!(answers.iter().all(Result::is_ok), "{answers:?}");
     }
-    // ... then it has 20,000.
+    // ... then it has 20,000 (inserted by the same session, whose statistics `orders_reads`
+    // flushes).
     sqlx::query(
         "INSERT INTO orders (product_id, user_id, quantity) \
          SELECT $1, g, 1 FROM generate_series(1000001, 1020000) g",
     )
     .bind(product.get())
-    .execute(&observer)
+    .execute(&session)
     .await
     .unwrap();
     let before = orders_reads(&session, &observer).await;
@@ -428,5 +429,66 @@ async fn a_holders_batch_reads_none_of_the_orders_the_product_has_already(
         "three batches read {} rows of orders",
         after.rows - before.rows
     );
+    guard.release().await.unwrap();
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn an_order_committed_by_an_overlapping_writer_undoes_the_batch_and_is_answered(
+    pool: PgPool,
+) {
+    // Arrange: user 7's order is being written by another writer (a holder whose lease ran
+    // out, say), not yet committed, when the holder sells a batch with 7 and 8.
+    let (product, guard, _cleanup) = holding(&pool, 10).await;
+    let metrics = Metrics::new();
+    let mut holder = fenced::Holder::new(&pool, &metrics, &guard, product);
+    let mut overlapping = pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO orders (product_id, user_id, quantity) VALUES ($1, 7, 1)")
+        .bind(product.get())
+        .execute(&mut *overlapping)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE products SET stock = stock - 1, version = version + 1 WHERE id = $1")
+        .bind(product.get())
+        .execute(&mut *overlapping)
+        .await
+        .unwrap();
+    let batch = buyers(product, &[7, 8]);
+
+    // Act: the holder's statement waits for the other writer's row lock; the other writer
+    // commits, and the statement goes on to insert 7's order too.
+    let commit_when_waited_for = async {
+        // PostgreSQL shows the holder's statement waiting for a lock.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+                 WHERE NOT l.granted AND a.datname = current_database()",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the holder never waited"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        overlapping.commit().await.unwrap();
+    };
+    let (answers, ()) = tokio::join!(holder.sell(&batch), commit_when_waited_for);
+
+    // Assert: 7 already bought (the statement that met their order was undone, and the
+    // write without them went through); 8 bought; the books balance with 2 orders.
+    assert!(
+        matches!(answers[0], Err(PurchaseError::AlreadyPurchased(_))),
+        "{answers:?}"
+    );
+    assert!(answers[1].is_ok(), "{answers:?}");
+    assert_owned_and_balanced(&pool, product, &batch, &answers).await;
+    let books = books(&pool, product.get()).await;
+    assert_eq!((books.stock, books.orders), (8, 2), "{books:?}");
     guard.release().await.unwrap();
 }

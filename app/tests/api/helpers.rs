@@ -278,7 +278,8 @@ pub struct OrdersReads {
     pub seq_scans: i64,
     /// Index scans started.
     pub index_scans: i64,
-    /// Rows read by them, and rows fetched through an index (bitmap scans included).
+    /// Rows read by them, and rows and index entries read through its indexes (bitmap and
+    /// index-only scans included).
     pub rows: i64,
     /// Rows inserted: proof that the statistics read are the session's latest.
     pub inserted: i64,
@@ -296,7 +297,10 @@ pub async fn orders_reads(pool: &PgPool, observer: &PgPool) -> OrdersReads {
     // sure it is done before the observer reads.
     sqlx::query("SELECT 1").execute(&mut *conn).await.unwrap();
     let (seq_scans, index_scans, rows, inserted) = sqlx::query_as(
-        "SELECT seq_scan, COALESCE(idx_scan, 0), seq_tup_read + COALESCE(idx_tup_fetch, 0), \
+        "SELECT seq_scan, COALESCE(idx_scan, 0), \
+                seq_tup_read + COALESCE(idx_tup_fetch, 0) \
+                  + (SELECT COALESCE(SUM(idx_tup_read), 0)::BIGINT \
+                     FROM pg_stat_user_indexes WHERE relname = 'orders'), \
                 n_tup_ins \
          FROM pg_stat_user_tables WHERE relname = 'orders'",
     )
