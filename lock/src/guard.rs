@@ -32,7 +32,7 @@ pub(crate) struct Hold<B: Backend> {
     pub(crate) local: Option<Arc<LocalKey>>,
     /// Set once the backend has answered the release, so `Drop` need not release again.
     pub(crate) released: AtomicBool,
-    /// Another owner held the lock when this acquisition first asked for it.
+    /// An attempt of this acquisition found the key held ([`LockGuard::was_contended`]).
     pub(crate) contended: bool,
 }
 

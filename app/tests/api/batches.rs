@@ -13,7 +13,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::helpers::{
-    BOUNDS, TestApp, books, error_code, orders_reads, settings, shared_redis_url, spawn_with,
+    BOUNDS, TestApp, books, error_code, observed_session, orders_reads, settings, shared_redis_url,
+    spawn_with,
 };
 
 /// An instance (under `redis`) and a product whose lock the test can hold from outside, so
@@ -315,18 +316,8 @@ async fn the_batch_read_uses_the_orders_index_however_small_the_table_was_when_f
     // Arrange: one session reads batches while `orders` holds a page of rows, and
     // PostgreSQL has just analyzed it (as autovacuum does early in a fresh deployment's
     // first sale: a plan cached then scans the whole table until the next analyze)...
-    let observer = pool_options.connect_with(connect.clone()).await.unwrap();
-    let session = PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(connect)
-        .await
-        .unwrap();
-    // Only the test's own ANALYZE: an autovacuum run in the middle would replan, and hide
-    // the trap on code without the fix.
-    sqlx::query("ALTER TABLE orders SET (autovacuum_enabled = off)")
-        .execute(&observer)
-        .await
-        .unwrap();
+    // (Only the test's own ANALYZE.)
+    let (observer, session) = observed_session(pool_options, connect).await;
     let id: i64 =
         sqlx::query_scalar("INSERT INTO products (name, stock) VALUES ('p', 10) RETURNING id")
             .fetch_one(&observer)

@@ -11,7 +11,9 @@ use seckill::sale::{PurchaseError, PurchaseRequest, fenced};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use crate::helpers::{BOUNDS, books, orders_reads, settings, shared_redis_url, spawn_with};
+use crate::helpers::{
+    BOUNDS, books, observed_session, orders_reads, settings, shared_redis_url, spawn_with,
+};
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn a_stale_leaders_whole_batch_is_fenced_off_and_writes_nothing(pool: PgPool) {
@@ -376,18 +378,8 @@ async fn a_holders_batch_reads_none_of_the_orders_the_product_has_already(
     // Arrange: the holder's session plans as the service's do (for its parameters, every
     // time), with no statistics on `orders` yet, as early in a fresh deployment's first
     // sale; it sells a few batches while the product has few orders...
-    let observer = pool_options.connect_with(connect.clone()).await.unwrap();
-    let session = PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(connect.options([("plan_cache_mode", "force_custom_plan")]))
-        .await
-        .unwrap();
-    // An autovacuum analyze in the middle would give the planner the truth, and hide the
-    // trap on code without the fix.
-    sqlx::query("ALTER TABLE orders SET (autovacuum_enabled = off)")
-        .execute(&observer)
-        .await
-        .unwrap();
+    let connect = connect.options([("plan_cache_mode", "force_custom_plan")]);
+    let (observer, session) = observed_session(pool_options, connect).await;
     let (product, guard, _cleanup) = holding(&observer, 1_000_000).await;
     let metrics = Metrics::new();
     let mut holder = fenced::Holder::new(&session, &metrics, &guard, product);

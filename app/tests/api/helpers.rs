@@ -285,6 +285,27 @@ pub struct OrdersReads {
     pub inserted: i64,
 }
 
+/// For tests of what PostgreSQL reads: a pool to look from, and a session of one connection
+/// (made with `connect`), whose statistics [`orders_reads`] flushes. Autovacuum is off on
+/// `orders`, so that only the test decides what the planner knows of it: an autovacuum
+/// analyze in the middle would replan, and hide a plan trap on code without its fix.
+pub async fn observed_session(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) -> (PgPool, PgPool) {
+    let observer = pool_options.connect_with(connect.clone()).await.unwrap();
+    let session = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(connect)
+        .await
+        .unwrap();
+    sqlx::query("ALTER TABLE orders SET (autovacuum_enabled = off)")
+        .execute(&observer)
+        .await
+        .unwrap();
+    (observer, session)
+}
+
 /// The reads of `orders` counted so far, as `observer` sees them once the pending
 /// statistics of `pool`'s one connection are flushed.
 pub async fn orders_reads(pool: &PgPool, observer: &PgPool) -> OrdersReads {
