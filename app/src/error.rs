@@ -4,7 +4,7 @@ use actix_web::error::JsonPayloadError;
 use actix_web::http::StatusCode;
 use std::sync::LazyLock;
 
-use actix_web::http::header::{self, ContentType, HeaderValue};
+use actix_web::http::header::{self, HeaderValue};
 use actix_web::web::Bytes;
 use actix_web::{HttpRequest, HttpResponse, ResponseError};
 use serde::Serialize;
@@ -235,10 +235,10 @@ impl ResponseError for ApiError {
             // The answers a flood gets, serialized once (the sold-out path is served from
             // memory, and the body is most of what is left of its cost).
             ApiError::SoldOut => response
-                .content_type(ContentType::json())
+                .insert_header(JSON_CONTENT_TYPE)
                 .body(SOLD_OUT_BODY.clone()),
             ApiError::AlreadyPurchased => response
-                .content_type(ContentType::json())
+                .insert_header(JSON_CONTENT_TYPE)
                 .body(ALREADY_PURCHASED_BODY.clone()),
             _ => response.json(self.body()),
         }
@@ -254,6 +254,11 @@ impl ApiError {
     }
 }
 
+/// `Content-Type: application/json`, as a ready header (`content_type` parses its argument).
+const JSON_CONTENT_TYPE: (header::HeaderName, HeaderValue) = (
+    header::CONTENT_TYPE,
+    HeaderValue::from_static("application/json"),
+);
 static SOLD_OUT_BODY: LazyLock<Bytes> = LazyLock::new(|| serialized(&ApiError::SoldOut));
 static ALREADY_PURCHASED_BODY: LazyLock<Bytes> =
     LazyLock::new(|| serialized(&ApiError::AlreadyPurchased));

@@ -1,4 +1,4 @@
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::{FromRequest, HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -43,29 +43,34 @@ pub struct OrderBody {
         (status = 201, description = "bought: the buyer's own order", body = OrderBody),
         (status = 400, description = "invalid input or malformed body", body = ErrorBody),
         (status = 404, description = "no such product", body = ErrorBody),
-        (status = 409, description = "sold_out, or already_purchased (one order per buyer)", body = ErrorBody),
+        (status = 409, description = "sold_out (a product known to be sold out is answered before the body is checked), or already_purchased (one order per buyer)", body = ErrorBody),
         (status = 413, description = "body over 16 KiB", body = ErrorBody),
         (status = 415, description = "not application/json", body = ErrorBody),
         (status = 503, description = "busy or lock_lost (retry; see Retry-After), redis_unavailable, database_unavailable", body = ErrorBody),
     )
 )]
-pub async fn purchase(
-    req: HttpRequest,
-    path: web::Path<String>,
-    body: web::Json<PurchaseBody>,
-) -> Result<HttpResponse, ApiError> {
+pub async fn purchase(req: HttpRequest, payload: web::Payload) -> actix_web::Result<HttpResponse> {
     // Borrowed from the app, not extracted as `web::Data`: that would clone an `Arc` that
     // every worker thread shares, on every purchase of the flood.
     let sale: &Sale = req
         .app_data::<web::Data<Sale>>()
         .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("the app has no sale registered")))?;
+    let product_id = ProductId::parse(req.match_info().get("id").unwrap_or_default())
+        .map_err(ApiError::InvalidInput)?;
+    // The flood after a sale: answered from memory, whoever is buying, before the body is
+    // parsed (it is still read to its end, so the connection stays open for the next one).
+    if sale.answer_sold_out(product_id) {
+        let _ = payload.to_bytes_limited(super::MAX_BODY_BYTES).await;
+        return Err(ApiError::SoldOut.into());
+    }
+    let body = web::Json::<PurchaseBody>::from_request(&req, &mut payload.into_inner()).await?;
     let request = PurchaseRequest {
-        product_id: ProductId::parse(&path).map_err(ApiError::InvalidInput)?,
+        product_id,
         user_id: UserId::parse(body.user_id).map_err(ApiError::InvalidInput)?,
         quantity: Quantity::parse(body.quantity, sale.max_quantity)
             .map_err(ApiError::InvalidInput)?,
     };
-    let bought = sale.purchase(request).await?;
+    let bought = sale.purchase(request).await.map_err(ApiError::from)?;
     Ok(HttpResponse::Created().json(OrderBody {
         order_id: bought.order_id,
         product_id: request.product_id.get(),

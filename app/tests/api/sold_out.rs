@@ -192,3 +192,69 @@ async fn after_redis_restarts_restock_news_is_heard_again(
         "the restock news was not heard after the restart"
     );
 }
+
+/// Send `head` then, after a pause, `body` on `stream`, and read one response: its status
+/// line and whether it closes the connection.
+async fn exchange(stream: &mut tokio::net::TcpStream, head: &str, body: &str) -> (String, bool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stream.write_all(body.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    let mut chunk = [0u8; 1024];
+    // Read until the head and the body its Content-Length announces are in.
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut chunk))
+            .await
+            .expect("an answer within 5 s")
+            .unwrap();
+        assert!(n > 0, "the connection closed before an answer");
+        response.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&response).to_lowercase();
+        if let Some((head, rest)) = text.split_once("\r\n\r\n") {
+            let length: usize = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length:"))
+                .map_or(0, |n| n.trim().parse().unwrap());
+            if rest.len() >= length {
+                let status = head.lines().next().unwrap().to_owned();
+                return (status, head.contains("connection: close"));
+            }
+        }
+    }
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_sold_out_product_answers_before_the_body_is_checked_and_keeps_the_connection(
+    pool: PgPool,
+) {
+    // Arrange: a product this instance has seen sell out.
+    let app = crate::helpers::spawn_app(pool).await;
+    let id = app.create_product("Phone", 1).await;
+    assert_eq!(app.purchase(id, 1, 1).await.status(), 201);
+    assert_eq!(
+        error_code(app.purchase(id, 2, 1).await).await,
+        (409, "sold_out".to_owned())
+    );
+    let address = app.address.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+
+    // Act: on one connection, two purchases whose bodies arrive after their heads: one the
+    // body check would refuse (user 0), then a well-formed one.
+    let mut answers = Vec::new();
+    for body in [r#"{"user_id": 0}"#, r#"{"user_id": 3}"#] {
+        let head = format!(
+            "POST /api/products/{id}/purchase HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        answers.push(exchange(&mut stream, &head, body).await);
+    }
+
+    // Assert: both answered 409 from memory (sold out whoever buys), on one open connection:
+    // the late body was read to its end before the answer.
+    for (status, closes) in &answers {
+        assert!(status.starts_with("http/1.1 409"), "{status}");
+        assert!(!closes, "the answer closed the connection");
+    }
+    assert_eq!(app.metric("seckill_sold_out_fast_path_total").await, 3.0);
+}
