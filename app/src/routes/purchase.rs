@@ -1,7 +1,11 @@
+use actix_web::http::header;
 use actix_web::{FromRequest, HttpRequest, HttpResponse, web};
+use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 use utoipa::ToSchema;
 
+use super::MAX_BODY_BYTES;
 use super::products::ProductPath;
 use crate::domain::{ProductId, Quantity, UserId};
 use crate::error::{ApiError, ErrorBody};
@@ -49,23 +53,31 @@ pub struct OrderBody {
         (status = 503, description = "busy or lock_lost (retry; see Retry-After), redis_unavailable, database_unavailable", body = ErrorBody),
     )
 )]
-pub async fn purchase(req: HttpRequest, payload: web::Payload) -> actix_web::Result<HttpResponse> {
+pub async fn purchase(
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> actix_web::Result<HttpResponse> {
+    let started = Instant::now();
     // Borrowed from the app, not extracted as `web::Data`: that would clone an `Arc` that
     // every worker thread shares, on every purchase of the flood.
     let sale: &Sale = req
         .app_data::<web::Data<Sale>>()
         .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("the app has no sale registered")))?;
-    let product_id = ProductId::parse(req.match_info().get("id").unwrap_or_default())
-        .map_err(ApiError::InvalidInput)?;
-    // The flood after a sale: answered from memory, whoever is buying, before the body is
-    // parsed (it is still read to its end, so the connection stays open for the next one).
-    if sale.answer_sold_out(product_id) {
-        let _ = payload.to_bytes_limited(super::MAX_BODY_BYTES).await;
+    let product_id = ProductId::parse(&path);
+    // The flood after a sale: answered from memory, whoever is buying, without parsing the
+    // body.
+    if let Ok(id) = product_id
+        && sale.known_sold_out(id)
+    {
+        discard_body(&req, payload).await;
+        sale.answered_sold_out(started);
         return Err(ApiError::SoldOut.into());
     }
+    // The app's `JsonConfig` applies (size limit, content type, error format).
     let body = web::Json::<PurchaseBody>::from_request(&req, &mut payload.into_inner()).await?;
     let request = PurchaseRequest {
-        product_id,
+        product_id: product_id.map_err(ApiError::InvalidInput)?,
         user_id: UserId::parse(body.user_id).map_err(ApiError::InvalidInput)?,
         quantity: Quantity::parse(body.quantity, sale.max_quantity)
             .map_err(ApiError::InvalidInput)?,
@@ -77,4 +89,25 @@ pub async fn purchase(req: HttpRequest, payload: web::Payload) -> actix_web::Res
         user_id: request.user_id.get(),
         quantity: request.quantity.get(),
     }))
+}
+
+/// Read a body we will not parse to its end, so that the connection can carry the buyer's
+/// next request (actix closes a connection whose request body was left unread). Nothing is
+/// kept. A body announced larger than any route takes is not read: actix closes that
+/// connection after the answer, as it does when the limit is hit on the way.
+async fn discard_body(req: &HttpRequest, mut payload: web::Payload) {
+    let announced = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<usize>().ok());
+    if announced.is_some_and(|length| length > MAX_BODY_BYTES) {
+        return;
+    }
+    let mut read = 0;
+    while let Some(Ok(chunk)) = payload.next().await {
+        read += chunk.len();
+        if read > MAX_BODY_BYTES {
+            return;
+        }
+    }
 }

@@ -195,20 +195,21 @@ impl Sale {
         self.restocks.listening()
     }
 
-    /// Whether `product_id` is known to be sold out: then the purchase is answered from
-    /// memory, before its body is even parsed, and counted as a purchase answered
-    /// `sold_out`. `false` says nothing: [`Self::purchase`] decides.
-    pub fn answer_sold_out(&self, product_id: ProductId) -> bool {
-        let started = Instant::now();
-        if !self.catalog.known_sold_out(product_id) {
-            return false;
-        }
+    /// Whether `product_id` is known to be sold out, so that a purchase of it can be
+    /// answered from memory before its body is parsed (then count it with
+    /// [`Self::answered_sold_out`]). `false` says nothing: [`Self::purchase`] decides.
+    pub fn known_sold_out(&self, product_id: ProductId) -> bool {
+        self.catalog.known_sold_out(product_id)
+    }
+
+    /// Count a purchase answered `sold_out` from memory (see [`Self::known_sold_out`]),
+    /// begun at `started`, as [`Self::purchase`] counts its own answers.
+    pub fn answered_sold_out(&self, started: Instant) {
         self.metrics.sold_out_fast_path.inc();
         self.counted.outcome("sold_out").inc();
         self.counted
             .latency
             .observe(started.elapsed().as_secs_f64());
-        true
     }
 
     /// Sell `request.quantity` units to `request.user_id`, or say why not.

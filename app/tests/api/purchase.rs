@@ -207,6 +207,15 @@ async fn bad_purchase_input_gets_a_4xx_and_changes_nothing(pool: PgPool) {
             "invalid_input",
         ),
         (
+            // The body is checked before the id, as it always was.
+            "non-numeric id and the wrong content type",
+            "/api/products/phone/purchase".into(),
+            r#"{"user_id": 1}"#.into(),
+            "text/plain",
+            415,
+            "unsupported_media_type",
+        ),
+        (
             "out-of-range id",
             "/api/products/99999999999999999999/purchase".into(),
             r#"{"user_id": 1}"#.into(),

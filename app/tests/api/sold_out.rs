@@ -228,8 +228,10 @@ async fn exchange(stream: &mut tokio::net::TcpStream, head: &str, body: &str) ->
 async fn a_sold_out_product_answers_before_the_body_is_checked_and_keeps_the_connection(
     pool: PgPool,
 ) {
-    // Arrange: a product this instance has seen sell out.
-    let app = crate::helpers::spawn_app(pool).await;
+    // Arrange: a product this instance has seen sell out (and trusts it for the whole test).
+    let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("sold-out"));
+    settings.sold_out_recheck_ms = 60_000;
+    let app = crate::helpers::spawn_with(settings, pool).await;
     let id = app.create_product("Phone", 1).await;
     assert_eq!(app.purchase(id, 1, 1).await.status(), 201);
     assert_eq!(
@@ -257,4 +259,15 @@ async fn a_sold_out_product_answers_before_the_body_is_checked_and_keeps_the_con
         assert!(!closes, "the answer closed the connection");
     }
     assert_eq!(app.metric("seckill_sold_out_fast_path_total").await, 3.0);
+
+    // And a body announced larger than any route takes is not waited for: 409 at once, and
+    // the connection is closed (its body was never read).
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let head = format!(
+        "POST /api/products/{id}/purchase HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        1 << 20
+    );
+    let (status, closes) = exchange(&mut stream, &head, "").await;
+    assert!(status.starts_with("http/1.1 409"), "{status}");
+    assert!(closes, "a connection with an unread body must close");
 }
