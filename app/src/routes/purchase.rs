@@ -2,6 +2,7 @@ use actix_web::http::header;
 use actix_web::{FromRequest, HttpRequest, HttpResponse, web};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
 use tokio::time::Instant;
 use utoipa::ToSchema;
 
@@ -58,7 +59,6 @@ pub async fn purchase(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> actix_web::Result<HttpResponse> {
-    let started = Instant::now();
     // Borrowed from the app, not extracted as `web::Data`: that would clone an `Arc` that
     // every worker thread shares, on every purchase of the flood.
     let sale: &Sale = req
@@ -67,11 +67,13 @@ pub async fn purchase(
     let product_id = ProductId::parse(&path);
     // The flood after a sale: answered from memory, whoever is buying, without parsing the
     // body.
+    let started = Instant::now();
     if let Ok(id) = product_id
         && sale.known_sold_out(id)
     {
+        let decided = started.elapsed();
         discard_body(&req, payload).await;
-        sale.answered_sold_out(started);
+        sale.answered_sold_out(decided);
         return Err(ApiError::SoldOut.into());
     }
     // The app's `JsonConfig` applies (size limit, content type, error format).
@@ -91,10 +93,15 @@ pub async fn purchase(
     }))
 }
 
+/// How long a sold-out answer waits for the rest of a body it will not parse.
+const DISCARD_WITHIN: Duration = Duration::from_secs(2);
+
 /// Read a body we will not parse to its end, so that the connection can carry the buyer's
-/// next request (actix closes a connection whose request body was left unread). Nothing is
-/// kept. A body announced larger than any route takes is not read: actix closes that
-/// connection after the answer, as it does when the limit is hit on the way.
+/// next request: actix closes a connection whose request body was left unread (one with a
+/// `Content-Length`; it reads the rest of a chunked one itself). Nothing is kept. Not read:
+/// a body announced larger than any route takes, the part of one past that size, and
+/// whatever has not arrived within [`DISCARD_WITHIN`] (the answer is not held back for a
+/// client that stopped sending).
 async fn discard_body(req: &HttpRequest, mut payload: web::Payload) {
     let announced = req
         .headers()
@@ -103,11 +110,14 @@ async fn discard_body(req: &HttpRequest, mut payload: web::Payload) {
     if announced.is_some_and(|length| length > MAX_BODY_BYTES) {
         return;
     }
-    let mut read = 0;
-    while let Some(Ok(chunk)) = payload.next().await {
-        read += chunk.len();
-        if read > MAX_BODY_BYTES {
-            return;
+    let read_all = async {
+        let mut read = 0;
+        while let Some(Ok(chunk)) = payload.next().await {
+            read += chunk.len();
+            if read > MAX_BODY_BYTES {
+                return;
+            }
         }
-    }
+    };
+    let _ = tokio::time::timeout(DISCARD_WITHIN, read_all).await;
 }

@@ -203,13 +203,12 @@ impl Sale {
     }
 
     /// Count a purchase answered `sold_out` from memory (see [`Self::known_sold_out`]),
-    /// begun at `started`, as [`Self::purchase`] counts its own answers.
-    pub fn answered_sold_out(&self, started: Instant) {
+    /// decided in `took`, as [`Self::purchase`] counts its own answers (neither counts the
+    /// time the body took to arrive).
+    pub fn answered_sold_out(&self, took: Duration) {
         self.metrics.sold_out_fast_path.inc();
         self.counted.outcome("sold_out").inc();
-        self.counted
-            .latency
-            .observe(started.elapsed().as_secs_f64());
+        self.counted.latency.observe(took.as_secs_f64());
     }
 
     /// Sell `request.quantity` units to `request.user_id`, or say why not.
