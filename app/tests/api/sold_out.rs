@@ -287,4 +287,5 @@ async fn a_sold_out_product_answers_before_the_body_is_checked_and_keeps_the_con
             .await,
         6.0
     );
+    assert_eq!(app.metric("seckill_sold_out_fast_path_total").await, 6.0);
 }
