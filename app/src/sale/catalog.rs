@@ -84,12 +84,9 @@ impl Catalog {
     }
 
     /// Whether this instance knows `id` and may answer it sold out from memory (see
-    /// [`Self::is_sold_out`]): one lookup, no reference taken.
+    /// [`Self::is_sold_out`]).
     pub(crate) fn known_sold_out(&self, id: ProductId) -> bool {
-        let products = self.products.read().expect("catalog poisoned");
-        products
-            .get(&id)
-            .is_some_and(|known| self.is_sold_out(known))
+        matches!(self.for_purchase(id), Some(ForPurchase::SoldOut))
     }
 
     /// The product, if this instance already knows it.

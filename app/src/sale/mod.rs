@@ -207,7 +207,12 @@ impl Sale {
     /// time the body took to arrive).
     pub fn answered_sold_out(&self, took: Duration) {
         self.metrics.sold_out_fast_path.inc();
-        self.counted.outcome("sold_out").inc();
+        self.count_answer("sold_out", took);
+    }
+
+    /// One purchase answered with `outcome`, in `took`.
+    fn count_answer(&self, outcome: &str, took: Duration) {
+        self.counted.outcome(outcome).inc();
         self.counted.latency.observe(took.as_secs_f64());
     }
 
@@ -234,10 +239,7 @@ impl Sale {
             Ok(_) => "created",
             Err(error) => error.outcome(),
         };
-        self.counted.outcome(label).inc();
-        self.counted
-            .latency
-            .observe(started.elapsed().as_secs_f64());
+        self.count_answer(label, started.elapsed());
         outcome
     }
 

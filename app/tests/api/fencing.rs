@@ -121,18 +121,24 @@ fn buyers(product: ProductId, users: &[i64]) -> Vec<PurchaseRequest> {
 /// An order bought outside the holder, with its decrement, as another instance would.
 async fn bought_elsewhere(pool: &PgPool, product: ProductId, user: i64) {
     let mut tx = pool.begin().await.unwrap();
+    buy_outside(&mut tx, product, user).await;
+    tx.commit().await.unwrap();
+}
+
+/// Write `user`'s order of one unit and its decrement in `conn`'s transaction, as another
+/// instance would (not committed here).
+async fn buy_outside(conn: &mut sqlx::PgConnection, product: ProductId, user: i64) {
     sqlx::query("INSERT INTO orders (product_id, user_id, quantity) VALUES ($1, $2, 1)")
         .bind(product.get())
         .bind(user)
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await
         .unwrap();
     sqlx::query("UPDATE products SET stock = stock - 1, version = version + 1 WHERE id = $1")
         .bind(product.get())
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await
         .unwrap();
-    tx.commit().await.unwrap();
 }
 
 /// The product row's version: bumped by every write of the row.
@@ -434,16 +440,7 @@ async fn an_order_committed_by_an_overlapping_writer_undoes_the_batch_and_is_ans
     let metrics = Metrics::new();
     let mut holder = fenced::Holder::new(&pool, &metrics, &guard, product);
     let mut overlapping = pool.begin().await.unwrap();
-    sqlx::query("INSERT INTO orders (product_id, user_id, quantity) VALUES ($1, 7, 1)")
-        .bind(product.get())
-        .execute(&mut *overlapping)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE products SET stock = stock - 1, version = version + 1 WHERE id = $1")
-        .bind(product.get())
-        .execute(&mut *overlapping)
-        .await
-        .unwrap();
+    buy_outside(&mut overlapping, product, 7).await;
     let batch = buyers(product, &[7, 8]);
 
     // Act: the holder's statement waits for the other writer's row lock; the other writer
