@@ -17,6 +17,7 @@ use crate::redis_link::RedisLink;
 use crate::repository::SessionBounds;
 use crate::routes::admin::AdminToken;
 use crate::routes::health::Health;
+use crate::routes::sold_out::SoldOutLane;
 use crate::routes::{self, not_found};
 use crate::sale::batch::Step;
 use crate::sale::{Exclusion, Sale, SaleParts};
@@ -125,6 +126,8 @@ impl Application {
                 .app_data(admin.clone())
                 .configure(routes::configure)
                 .default_service(web::to(not_found))
+                // The flood after a sale is answered before the router sees it.
+                .wrap(SoldOutLane)
         })
         // A buyer who disconnects while queued (EOF on the socket) has their request dropped,
         // so the desk skips them instead of selling to nobody.

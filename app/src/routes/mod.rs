@@ -8,6 +8,7 @@ mod metrics;
 mod orders;
 mod products;
 pub(crate) mod purchase;
+pub(crate) mod sold_out;
 
 use actix_web::middleware::from_fn;
 use actix_web::{HttpResponse, web};

@@ -1,12 +1,7 @@
-use actix_web::http::header;
-use actix_web::{FromRequest, HttpRequest, HttpResponse, web};
-use futures_util::StreamExt;
+use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
-use std::time::Duration;
-use tokio::time::Instant;
 use utoipa::ToSchema;
 
-use super::MAX_BODY_BYTES;
 use super::products::ProductPath;
 use crate::domain::{ProductId, Quantity, UserId};
 use crate::error::{ApiError, ErrorBody};
@@ -57,29 +52,16 @@ pub struct OrderBody {
 pub async fn purchase(
     req: HttpRequest,
     path: web::Path<String>,
-    payload: web::Payload,
+    // The app's `JsonConfig` applies (size limit, content type, error format).
+    body: web::Json<PurchaseBody>,
 ) -> actix_web::Result<HttpResponse> {
     // Borrowed from the app, not extracted as `web::Data`: that would clone an `Arc` that
     // every worker thread shares, on every purchase of the flood.
     let sale: &Sale = req
         .app_data::<web::Data<Sale>>()
         .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("the app has no sale registered")))?;
-    let product_id = ProductId::parse(&path);
-    // The flood after a sale: answered from memory, whoever is buying, without parsing the
-    // body.
-    let started = Instant::now();
-    if let Ok(id) = product_id
-        && sale.known_sold_out(id)
-    {
-        let decided = started.elapsed();
-        discard_body(&req, payload).await;
-        sale.answered_sold_out(decided);
-        return Err(ApiError::SoldOut.into());
-    }
-    // The app's `JsonConfig` applies (size limit, content type, error format).
-    let body = web::Json::<PurchaseBody>::from_request(&req, &mut payload.into_inner()).await?;
     let request = PurchaseRequest {
-        product_id: product_id.map_err(ApiError::InvalidInput)?,
+        product_id: ProductId::parse(&path).map_err(ApiError::InvalidInput)?,
         user_id: UserId::parse(body.user_id).map_err(ApiError::InvalidInput)?,
         quantity: Quantity::parse(body.quantity, sale.max_quantity)
             .map_err(ApiError::InvalidInput)?,
@@ -91,33 +73,4 @@ pub async fn purchase(
         user_id: request.user_id.get(),
         quantity: request.quantity.get(),
     }))
-}
-
-/// How long a sold-out answer waits for the rest of a body it will not parse.
-const DISCARD_WITHIN: Duration = Duration::from_secs(2);
-
-/// Read a body we will not parse to its end, so that the connection can carry the buyer's
-/// next request: actix closes a connection whose request body was left unread (one with a
-/// `Content-Length`; it reads the rest of a chunked one itself). Nothing is kept. Not read:
-/// a body announced larger than any route takes, the part of one past that size, and
-/// whatever has not arrived within [`DISCARD_WITHIN`] (the answer is not held back for a
-/// client that stopped sending).
-async fn discard_body(req: &HttpRequest, mut payload: web::Payload) {
-    let announced = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok()?.parse::<usize>().ok());
-    if announced.is_some_and(|length| length > MAX_BODY_BYTES) {
-        return;
-    }
-    let read_all = async {
-        let mut read = 0;
-        while let Some(Ok(chunk)) = payload.next().await {
-            read += chunk.len();
-            if read > MAX_BODY_BYTES {
-                return;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(DISCARD_WITHIN, read_all).await;
 }

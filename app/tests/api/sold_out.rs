@@ -193,35 +193,14 @@ async fn after_redis_restarts_restock_news_is_heard_again(
     );
 }
 
-/// Send `head` then, after a pause, `body` on `stream`, and read one response: its status
-/// line and whether it closes the connection.
+/// Send `head`, then `body` 100 ms later; read the answer: its status line and whether it
+/// closes the connection.
 async fn exchange(stream: &mut tokio::net::TcpStream, head: &str, body: &str) -> (String, bool) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     stream.write_all(head.as_bytes()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     stream.write_all(body.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    let mut chunk = [0u8; 1024];
-    // Read until the head and the body its Content-Length announces are in.
-    loop {
-        let n = tokio::time::timeout(Duration::from_secs(15), stream.read(&mut chunk))
-            .await
-            .expect("an answer within 15 s")
-            .unwrap();
-        assert!(n > 0, "the connection closed before an answer");
-        response.extend_from_slice(&chunk[..n]);
-        let text = String::from_utf8_lossy(&response).to_lowercase();
-        if let Some((head, rest)) = text.split_once("\r\n\r\n") {
-            let length: usize = head
-                .lines()
-                .find_map(|line| line.strip_prefix("content-length:"))
-                .map_or(0, |n| n.trim().parse().unwrap());
-            if rest.len() >= length {
-                let status = head.lines().next().unwrap().to_owned();
-                return (status, head.contains("connection: close"));
-            }
-        }
-    }
+    read_answers(stream, 1).await.remove(0)
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -269,8 +248,9 @@ async fn a_sold_out_product_answers_before_the_body_is_checked_and_keeps_the_con
     assert!(!closes, "the chunked answer closed the connection");
 
     // A body announced larger than any route takes is not waited for, nor one that stops
-    // arriving: 409 without it, and the connection is closed (its body was never read).
-    for (length, sent) in [(1 << 20, ""), (100, r#"{"user_id""#)] {
+    // arriving (partway, or before its first byte): 409 without it, and the connection is
+    // closed (its body was never read).
+    for (length, sent) in [(1 << 20, ""), (100, r#"{"user_id""#), (20, "")] {
         let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
         let head = format!(
             "POST /api/products/{id}/purchase HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
@@ -285,7 +265,146 @@ async fn a_sold_out_product_answers_before_the_body_is_checked_and_keeps_the_con
     assert_eq!(
         app.metric("seckill_purchases_total{outcome=\"sold_out\"}")
             .await,
-        6.0
+        7.0
     );
-    assert_eq!(app.metric("seckill_sold_out_fast_path_total").await, 6.0);
+    assert_eq!(app.metric("seckill_sold_out_fast_path_total").await, 7.0);
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_whole_sold_out_purchase_in_one_write_is_answered_at_once_and_keeps_the_connection(
+    pool: PgPool,
+) {
+    // Arrange: a product this instance has seen sell out, and one connection.
+    let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("sold-out"));
+    settings.sold_out_recheck_ms = 60_000;
+    let app = crate::helpers::spawn_with(settings, pool).await;
+    let id = app.create_product("Phone", 1).await;
+    assert_eq!(app.purchase(id, 1, 1).await.status(), 201);
+    assert_eq!(app.purchase(id, 2, 1).await.status(), 409);
+    let address = app.address.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let request = |user: i64| {
+        let body = format!(r#"{{"user_id": {user}}}"#);
+        format!(
+            "POST /api/products/{id}/purchase HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+
+    // Act: a purchase whose head and body come in one write, as a buyer's client sends
+    // them; then two such purchases pipelined in one write.
+    let started = Instant::now();
+    let one = exchange_whole(&mut stream, &request(3), 1).await;
+    let took = started.elapsed();
+    let two = exchange_whole(&mut stream, &(request(4) + &request(5)), 2).await;
+
+    // Assert: every answer is 409 on the one open connection, and the first came without
+    // waiting for the 2 s bound on a body that is late (what it would wait for if the body
+    // in the same read as the head were not handed over and read in the same pass).
+    for (status, closes) in one.iter().chain(&two) {
+        assert!(status.starts_with("http/1.1 409"), "{status}");
+        assert!(!closes, "the answer closed the connection");
+    }
+    assert!(took < Duration::from_secs(1), "answered after {took:?}");
+    assert_eq!(app.metric("seckill_sold_out_fast_path_total").await, 4.0);
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn the_sold_out_lane_leaves_what_it_does_not_answer_to_the_routes(pool: PgPool) {
+    // Arrange: a product this instance has seen sell out.
+    let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("sold-out"));
+    settings.sold_out_recheck_ms = 60_000;
+    let app = crate::helpers::spawn_with(settings, pool).await;
+    let id = app.create_product("Phone", 1).await;
+    assert_eq!(app.purchase(id, 1, 1).await.status(), 201);
+    assert_eq!(app.purchase(id, 2, 1).await.status(), 409);
+    let client = reqwest::Client::new();
+    let url = |path: String| format!("{}{path}", app.address);
+
+    // Act: the purchase path with another method, a trailing slash, and an id spelled
+    // percent-encoded; then a well-formed purchase with a malformed body.
+    let get = client
+        .get(url(format!("/api/products/{id}/purchase")))
+        .send()
+        .await
+        .unwrap();
+    let slash = client
+        .post(url(format!("/api/products/{id}/purchase/")))
+        .json(&serde_json::json!({"user_id": 3}))
+        .send()
+        .await
+        .unwrap();
+    let encoded_id: String = id
+        .to_string()
+        .bytes()
+        .map(|b| format!("%{b:02X}"))
+        .collect();
+    let encoded = client
+        .post(url(format!("/api/products/{encoded_id}/purchase")))
+        .json(&serde_json::json!({"user_id": 0}))
+        .send()
+        .await
+        .unwrap();
+
+    // Assert: the routes answered each as they answer it for any product (405, 404; the
+    // encoded id is decoded and its body checked: user 0 is refused), and the lane answered
+    // none of them.
+    assert_eq!(
+        error_code(get).await,
+        (405, "method_not_allowed".to_owned())
+    );
+    assert_eq!(error_code(slash).await, (404, "not_found".to_owned()));
+    assert_eq!(error_code(encoded).await, (400, "invalid_input".to_owned()));
+    assert_eq!(app.metric("seckill_sold_out_fast_path_total").await, 1.0);
+}
+
+/// Send `requests` (whole, in one write) and read `answers` answers.
+async fn exchange_whole(
+    stream: &mut tokio::net::TcpStream,
+    requests: &str,
+    answers: usize,
+) -> Vec<(String, bool)> {
+    use tokio::io::AsyncWriteExt;
+    stream.write_all(requests.as_bytes()).await.unwrap();
+    read_answers(stream, answers).await
+}
+
+/// Read until `answers` answers (heads and the bodies their Content-Length announces) are
+/// in: the status line of each, and whether it closes the connection.
+async fn read_answers(stream: &mut tokio::net::TcpStream, answers: usize) -> Vec<(String, bool)> {
+    use tokio::io::AsyncReadExt;
+    let mut response = Vec::new();
+    let mut chunk = [0u8; 1024];
+    loop {
+        let text = String::from_utf8_lossy(&response).to_lowercase();
+        if let Some(parsed) = whole_answers(&text, answers) {
+            return parsed;
+        }
+        let n = tokio::time::timeout(Duration::from_secs(15), stream.read(&mut chunk))
+            .await
+            .expect("an answer within 15 s")
+            .unwrap();
+        assert!(n > 0, "the connection closed before an answer");
+        response.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// The first `answers` answers in `text`, as [`read_answers`] gives them; `None` until all
+/// of them are in.
+fn whole_answers(mut text: &str, answers: usize) -> Option<Vec<(String, bool)>> {
+    let mut parsed = Vec::new();
+    while parsed.len() < answers {
+        let (head, rest) = text.split_once("\r\n\r\n")?;
+        let length: usize = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length:"))
+            .map_or(0, |n| n.trim().parse().unwrap());
+        if rest.len() < length {
+            return None;
+        }
+        let status = head.lines().next().unwrap().to_owned();
+        parsed.push((status, head.contains("connection: close")));
+        text = &rest[length..];
+    }
+    Some(parsed)
 }
