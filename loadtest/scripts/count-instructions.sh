@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Instructions per request of one route, counted by callgrind: far steadier than requests/s
-# on a shared machine. Counts only inside actix's HTTP/1 connection task (parsing, routing,
-# the handler, the answer), not start-up or background tasks.
+# on a shared machine. Counts only inside actix's HTTP/1 connection task (parsing, the
+# sold-out lane or the router and the handler, the answer), not start-up or background tasks.
 #
 #   cargo build --release -p seckill                   # from the repository's root
 #   loadtest/scripts/count-instructions.sh sold-out   # POST purchase of a sold-out product

@@ -26,7 +26,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .error_handler(ApiError::from_json),
     )
     // The purchase first: routes with path parameters are matched in order, each by a
-    // regex, and this one carries the flood.
+    // regex, and this one carries the flood of an open sale (the flood after it is answered
+    // before the router: `sold_out`).
     .service(resource("/api/products/{id}/purchase").route(web::post().to(purchase::purchase)))
     .service(resource("/healthz").route(web::get().to(health::healthz)))
     .service(resource("/readyz").route(web::get().to(health::readyz)))

@@ -43,7 +43,7 @@ pub struct OrderBody {
         (status = 201, description = "bought: the buyer's own order", body = OrderBody),
         (status = 400, description = "invalid input or malformed body", body = ErrorBody),
         (status = 404, description = "no such product", body = ErrorBody),
-        (status = 409, description = "sold_out (a product known to be sold out is answered before the body is checked), or already_purchased (one order per buyer)", body = ErrorBody),
+        (status = 409, description = "sold_out (a product this instance knows is sold out is answered before the body is checked, when its id is in plain digits), or already_purchased (one order per buyer)", body = ErrorBody),
         (status = 413, description = "body over 16 KiB", body = ErrorBody),
         (status = 415, description = "not application/json", body = ErrorBody),
         (status = 503, description = "busy or lock_lost (retry; see Retry-After), redis_unavailable, database_unavailable", body = ErrorBody),

@@ -2,12 +2,13 @@
 //! `409 sold_out` before the router, the extractors or the body parser see it. The flood
 //! that follows a sale is nearly all such requests, so it costs about what `/healthz` costs.
 //!
-//! The lane answers only what the purchase route would answer: `POST
-//! /api/products/{id}/purchase` with an id written as plain digits, for a product whose
-//! sold-out mark this instance trusts ([`Sale::known_sold_out`]). Everything else (another
-//! method or path, an id in another form, an open or unknown product) goes on to the router
-//! untouched, and `Sale::purchase` still answers from memory a product that sells out while
-//! its body is read.
+//! The lane takes only requests the purchase route would get: `POST
+//! /api/products/{id}/purchase` with the id in plain digits, for a product whose sold-out
+//! mark this instance trusts ([`Sale::known_sold_out`]). It answers them as `Sale::purchase`
+//! would, whoever buys, without checking the body. Everything else (another method or path,
+//! an id in another form, an open or unknown product) goes on to the router untouched: the
+//! route checks the body first, and `Sale::purchase` then answers from memory a product
+//! that is sold out (one spelled `%31`, say, or one that sold out while its body was read).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -16,7 +17,7 @@ use std::time::Duration;
 
 use actix_web::body::BoxBody;
 use actix_web::dev::{self, Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
-use actix_web::http::{Method, header};
+use actix_web::http::{Method, Version, header};
 use actix_web::{Error, HttpRequest, ResponseError, web};
 use futures_util::Stream;
 use futures_util::future::{Either, Ready, ready};
@@ -69,8 +70,14 @@ where
     forward_ready!(router);
 
     fn call(&self, req: ServiceRequest) -> Self::Future {
+        let Some(id) = purchase_of(&req) else {
+            return Either::Left(self.router.call(req));
+        };
         let started = Instant::now();
-        if !known_sold_out(&req) {
+        let sold_out = req
+            .app_data::<web::Data<Sale>>()
+            .is_some_and(|sale| sale.known_sold_out(id));
+        if !sold_out {
             return Either::Left(self.router.call(req));
         }
         let decided = started.elapsed();
@@ -84,29 +91,20 @@ where
     }
 }
 
-/// Whether `req` is a purchase the lane answers: the route's method and path, an id in
-/// plain digits, a product this instance knows is sold out. Cheap for every other request:
-/// a method comparison, or that and a prefix.
-fn known_sold_out(req: &ServiceRequest) -> bool {
+/// The product `req` purchases, if it is a request for the purchase route (its method and
+/// path) with the id in plain digits. Cheap for every other request: a method comparison,
+/// or that and a prefix.
+fn purchase_of(req: &ServiceRequest) -> Option<ProductId> {
     if req.method() != Method::POST {
-        return false;
+        return None;
     }
-    let Some(id) = req
-        .path()
-        .strip_prefix(PREFIX)
-        .and_then(|rest| rest.strip_suffix(SUFFIX))
-    else {
-        return false;
-    };
+    let id = req.path().strip_prefix(PREFIX)?.strip_suffix(SUFFIX)?;
     // Digits only: an id percent-encoded, signed or otherwise spelled goes to the route,
     // which decodes the path as every route does.
     if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
-        return false;
+        return None;
     }
-    let (Ok(id), Some(sale)) = (ProductId::parse(id), req.app_data::<web::Data<Sale>>()) else {
-        return false;
-    };
-    sale.known_sold_out(id)
+    ProductId::parse(id).ok()
 }
 
 /// The lane's answer: `409 sold_out` once the body has been read (see [`discard_body`]).
@@ -139,10 +137,10 @@ impl Future for SoldOutAnswer {
 
 /// Read a body we will not parse to its end, so that the connection can carry the buyer's
 /// next request: actix closes a connection whose request body was left unread (one with a
-/// `Content-Length`; it reads the rest of a chunked one itself). Nothing is kept. Not read:
-/// a body announced larger than any route takes, the part of one past that size, and
-/// whatever has not arrived within [`DISCARD_WITHIN`] (the answer is not held back for a
-/// client that stopped sending).
+/// `Content-Length`; it reads the rest of a chunked one itself, once the payload is
+/// dropped). Nothing is kept. Not read: a body announced larger than any route takes, the
+/// part of one past that size, and whatever has not arrived within [`DISCARD_WITHIN`] (the
+/// answer is not held back for a client that stopped sending).
 fn discard_body(req: &HttpRequest, payload: dev::Payload) -> DiscardBody {
     let announced = req
         .headers()
@@ -153,38 +151,35 @@ fn discard_body(req: &HttpRequest, payload: dev::Payload) -> DiscardBody {
             .is_none_or(|length| length <= MAX_BODY_BYTES)
             .then_some(payload),
         read: 0,
-        polled: false,
+        quiet: matches!(req.version(), Version::HTTP_10 | Version::HTTP_11),
         give_up: None,
     }
 }
 
 /// The future [`discard_body`] returns: done when the body has been read to its end (or past
-/// [`MAX_BODY_BYTES`], or it failed), or when [`DISCARD_WITHIN`] has passed.
+/// [`MAX_BODY_BYTES`], or it failed), or when [`DISCARD_WITHIN`] has passed. It drops the
+/// payload when it is done, before the answer is sent.
 ///
-/// ACTIX: the body that comes in the same read as the head (a buyer's whole request, nearly
-/// always) costs no timer and no wake-up. actix calls the service as soon as it has decoded
-/// the head, before it hands over the body that followed; it then hands the body over and,
-/// in the same pass over the connection, polls the service again (actix-http's h1
-/// dispatcher: `poll_request`, then `poll_response`). So the first poll returns `Pending`
-/// without arranging a wake-up of its own, and the payload is polled with a waker that does
-/// nothing (each of its wake-ups would only schedule one more pass over the connection). The
-/// connection's task is what wakes: actix registered it for the socket when it found no more
-/// to read, and every pass that hands over more of the body, or the end of a body whose
-/// client went away, polls the service again. From the second poll on, a timer with the
-/// real waker also bounds the wait to [`DISCARD_WITHIN`]. One case has no second poll to
-/// start the timer: a purchase pipelined behind another (sent before that one's answer)
-/// whose body has not fully arrived when actix starts it; it waits for its body or for the
-/// client to go away, as a body read by any route does. The tests in `tests/api/sold_out.rs`
-/// fail if actix stops polling again after the head: the answer would wait for the timer,
-/// or forever.
+/// ACTIX: over HTTP/1 the payload is polled with a waker that does nothing, and a body that
+/// comes in the same read as the head (a buyer's whole request, nearly always) costs no
+/// extra pass over the connection. actix calls the service as soon as it has decoded the
+/// head, before it hands over the body that followed; it then hands the body over and, in
+/// the same pass, polls the service again (actix-http's h1 dispatcher: `poll_request`, then
+/// `poll_response`). A wake-up from the payload would only schedule one more pass, which is
+/// a good part of what a sold-out answer costs. Every pass that hands over more of the body,
+/// or the end of a body whose client went away, polls the service again, so nothing is
+/// lost; and the timer, which has the real waker, bounds the wait whatever actix does. Over
+/// HTTP/2 (whose streams are tasks of their own, not polled again by a connection) the
+/// payload gets the real waker. The tests in `tests/api/sold_out.rs` fail if actix stops
+/// polling again after handing a body over: the answer would wait for the timer.
 pub struct DiscardBody {
-    /// `None` when the body is not to be read at all.
+    /// `None` when the body is not (or no longer) to be read.
     payload: Option<dev::Payload>,
     /// Bytes read so far.
     read: usize,
-    /// Whether it has been polled once (the body cannot have been handed over before).
-    polled: bool,
-    /// Started at the second poll: the body was not all there.
+    /// Whether the payload is polled with a waker that does nothing (HTTP/1, see above).
+    quiet: bool,
+    /// Started at the first poll that found the body not all there.
     give_up: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
@@ -196,26 +191,38 @@ impl Future for DiscardBody {
         let Some(payload) = this.payload.as_mut() else {
             return Poll::Ready(());
         };
-        let mut quiet = Context::from_waker(Waker::noop());
-        loop {
-            match Pin::new(&mut *payload).poll_next(&mut quiet) {
+        let waker = if this.quiet {
+            Waker::noop()
+        } else {
+            cx.waker()
+        };
+        let mut for_payload = Context::from_waker(waker);
+        let done = loop {
+            match Pin::new(&mut *payload).poll_next(&mut for_payload) {
                 Poll::Ready(Some(Ok(chunk))) => {
                     this.read += chunk.len();
                     if this.read > MAX_BODY_BYTES {
-                        return Poll::Ready(());
+                        break true;
                     }
                 }
                 // The end, or a body that failed (a disconnect): nothing more to read.
-                Poll::Ready(_) => return Poll::Ready(()),
-                Poll::Pending => break,
+                Poll::Ready(_) => break true,
+                Poll::Pending => break false,
             }
-        }
-        if !std::mem::replace(&mut this.polled, true) {
+        };
+        let done = done
+            || this
+                .give_up
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(DISCARD_WITHIN)))
+                .as_mut()
+                .poll(cx)
+                .is_ready();
+        if !done {
             return Poll::Pending;
         }
-        this.give_up
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(DISCARD_WITHIN)))
-            .as_mut()
-            .poll(cx)
+        // Dropped before the answer goes out: actix then reads out the rest of a chunked
+        // body and keeps the connection (it closes one whose payload is still held).
+        this.payload = None;
+        Poll::Ready(())
     }
 }

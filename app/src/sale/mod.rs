@@ -245,7 +245,8 @@ impl Sale {
 
     async fn purchase_uncounted(&self, request: PurchaseRequest) -> Result<Bought, PurchaseError> {
         let product = match self.catalog.for_purchase(request.product_id) {
-            // The flood after a sale: answered from memory.
+            // Answered from memory (most such purchases never get here: the sold-out lane
+            // answers them before the router).
             Some(ForPurchase::SoldOut) => {
                 self.metrics.sold_out_fast_path.inc();
                 return Err(PurchaseError::SoldOut(None));
