@@ -18,6 +18,9 @@ use crate::error::ApiError;
 /// The largest JSON body any route accepts.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
 
+/// The purchase route (`POST`), which the sold-out lane matches by hand.
+pub(crate) const PURCHASE_ROUTE: &str = "/api/products/{id}/purchase";
+
 pub fn configure(cfg: &mut web::ServiceConfig) {
     let admin = || from_fn(admin::require_admin);
     cfg.app_data(
@@ -28,7 +31,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     // The purchase first: routes with path parameters are matched in order, each by a
     // regex, and this one carries the flood of an open sale (the flood after it is answered
     // before the router: `sold_out`).
-    .service(resource("/api/products/{id}/purchase").route(web::post().to(purchase::purchase)))
+    .service(resource(PURCHASE_ROUTE).route(web::post().to(purchase::purchase)))
     .service(resource("/healthz").route(web::get().to(health::healthz)))
     .service(resource("/readyz").route(web::get().to(health::readyz)))
     .service(resource("/metrics").route(web::get().to(metrics::metrics)))

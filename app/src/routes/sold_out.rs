@@ -23,14 +23,10 @@ use futures_util::Stream;
 use futures_util::future::{Either, Ready, ready};
 use tokio::time::Instant;
 
-use super::MAX_BODY_BYTES;
+use super::{MAX_BODY_BYTES, PURCHASE_ROUTE};
 use crate::domain::ProductId;
 use crate::error::ApiError;
 use crate::sale::Sale;
-
-/// The purchase route's path, around the product id.
-const PREFIX: &str = "/api/products/";
-const SUFFIX: &str = "/purchase";
 
 /// How long a sold-out answer waits for the rest of a body it will not parse.
 const DISCARD_WITHIN: Duration = Duration::from_secs(2);
@@ -49,7 +45,14 @@ where
     type Future = Ready<Result<Self::Transform, ()>>;
 
     fn new_transform(&self, router: S) -> Self::Future {
-        ready(Ok(SoldOutLaneService { router }))
+        let (prefix, suffix) = PURCHASE_ROUTE
+            .split_once("{id}")
+            .expect("the purchase route has an {id}");
+        ready(Ok(SoldOutLaneService {
+            router,
+            prefix,
+            suffix,
+        }))
     }
 }
 
@@ -57,6 +60,10 @@ where
 pub struct SoldOutLaneService<S> {
     /// Where every request the lane does not answer goes.
     router: S,
+    /// The purchase route's path before and after the id, from [`PURCHASE_ROUTE`] (one
+    /// definition for the router and the lane).
+    prefix: &'static str,
+    suffix: &'static str,
 }
 
 impl<S> Service<ServiceRequest> for SoldOutLaneService<S>
@@ -70,7 +77,7 @@ where
     forward_ready!(router);
 
     fn call(&self, req: ServiceRequest) -> Self::Future {
-        let Some(id) = purchase_of(&req) else {
+        let Some(id) = self.purchase_of(&req) else {
             return Either::Left(self.router.call(req));
         };
         let started = Instant::now();
@@ -91,20 +98,25 @@ where
     }
 }
 
-/// The product `req` purchases, if it is a request for the purchase route (its method and
-/// path) with the id in plain digits. Cheap for every other request: a method comparison,
-/// or that and a prefix.
-fn purchase_of(req: &ServiceRequest) -> Option<ProductId> {
-    if req.method() != Method::POST {
-        return None;
+impl<S> SoldOutLaneService<S> {
+    /// The product `req` purchases, if it is a request for the purchase route (its method and
+    /// path) with the id in plain digits. What other requests pay for it: a method
+    /// comparison (every `GET`), or that and the prefix and suffix (other `POST`s).
+    fn purchase_of(&self, req: &ServiceRequest) -> Option<ProductId> {
+        if req.method() != Method::POST {
+            return None;
+        }
+        let id = req
+            .path()
+            .strip_prefix(self.prefix)?
+            .strip_suffix(self.suffix)?;
+        // Digits only: an id percent-encoded, signed or otherwise spelled goes to the route,
+        // which decodes the path as every route does.
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        ProductId::parse(id).ok()
     }
-    let id = req.path().strip_prefix(PREFIX)?.strip_suffix(SUFFIX)?;
-    // Digits only: an id percent-encoded, signed or otherwise spelled goes to the route,
-    // which decodes the path as every route does.
-    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    ProductId::parse(id).ok()
 }
 
 /// The lane's answer: `409 sold_out` once the body has been read (see [`discard_body`]).

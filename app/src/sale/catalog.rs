@@ -84,9 +84,13 @@ impl Catalog {
     }
 
     /// Whether this instance knows `id` and may answer it sold out from memory (see
-    /// [`Self::is_sold_out`]).
+    /// [`Self::is_sold_out`]). Takes no reference to the product, open or not: the sold-out
+    /// lane asks this of every purchase, before the route asks [`Self::for_purchase`].
     pub(crate) fn known_sold_out(&self, id: ProductId) -> bool {
-        matches!(self.for_purchase(id), Some(ForPurchase::SoldOut))
+        let products = self.products.read().expect("catalog poisoned");
+        products
+            .get(&id)
+            .is_some_and(|known| self.is_sold_out(known))
     }
 
     /// The product, if this instance already knows it.
