@@ -203,11 +203,10 @@ async fn exchange(stream: &mut tokio::net::TcpStream, head: &str, body: &str) ->
     read_answers(stream, 1).await.remove(0)
 }
 
-#[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_sold_out_product_answers_before_the_body_is_checked_and_keeps_the_connection(
-    pool: PgPool,
-) {
-    // Arrange: a product this instance has seen sell out (and trusts it for the whole test).
+/// An instance, and a product it has seen sell out and trusts to be sold out for the whole
+/// test: its one unit sold (the batch that sold it marked it sold out), and one purchase
+/// answered `sold_out` since (from memory: one answer on the fast-path counter).
+async fn seen_sold_out(pool: PgPool) -> (TestApp, i64) {
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("sold-out"));
     settings.sold_out_recheck_ms = 60_000;
     let app = crate::helpers::spawn_with(settings, pool).await;
@@ -217,6 +216,15 @@ async fn a_sold_out_product_answers_before_the_body_is_checked_and_keeps_the_con
         error_code(app.purchase(id, 2, 1).await).await,
         (409, "sold_out".to_owned())
     );
+    (app, id)
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_sold_out_product_answers_before_the_body_is_checked_and_keeps_the_connection(
+    pool: PgPool,
+) {
+    // Arrange: a product this instance has seen sell out (and trusts it for the whole test).
+    let (app, id) = seen_sold_out(pool).await;
     let address = app.address.trim_start_matches("http://");
     let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
 
@@ -302,12 +310,7 @@ async fn a_whole_sold_out_purchase_in_one_write_is_answered_at_once_and_a_stalle
     pool: PgPool,
 ) {
     // Arrange: a product this instance has seen sell out, and one connection.
-    let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("sold-out"));
-    settings.sold_out_recheck_ms = 60_000;
-    let app = crate::helpers::spawn_with(settings, pool).await;
-    let id = app.create_product("Phone", 1).await;
-    assert_eq!(app.purchase(id, 1, 1).await.status(), 201);
-    assert_eq!(app.purchase(id, 2, 1).await.status(), 409);
+    let (app, id) = seen_sold_out(pool).await;
     let address = app.address.trim_start_matches("http://");
     let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
     let request = |user: i64| {
@@ -352,12 +355,7 @@ async fn a_whole_sold_out_purchase_in_one_write_is_answered_at_once_and_a_stalle
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn the_sold_out_lane_leaves_what_it_does_not_answer_to_the_routes(pool: PgPool) {
     // Arrange: a product this instance has seen sell out.
-    let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("sold-out"));
-    settings.sold_out_recheck_ms = 60_000;
-    let app = crate::helpers::spawn_with(settings, pool).await;
-    let id = app.create_product("Phone", 1).await;
-    assert_eq!(app.purchase(id, 1, 1).await.status(), 201);
-    assert_eq!(app.purchase(id, 2, 1).await.status(), 409);
+    let (app, id) = seen_sold_out(pool).await;
     let client = reqwest::Client::new();
     let url = |path: String| format!("{}{path}", app.address);
 
