@@ -174,16 +174,17 @@ async fn measure(
             .await?;
     }
     let (mut health, mut sold_out) = (Vec::new(), Vec::new());
+    let path = format!("/api/products/{gone}/purchase");
     for round in 0..args.rounds {
-        health.push(wrk(url, "/healthz", &get, 64, seconds).await?.per_sec);
-        let path = format!("/api/products/{gone}/purchase");
-        sold_out.push(wrk(url, &path, &fixed, 64, seconds).await?.per_sec);
-        let (h, so) = (health[health.len() - 1], sold_out[sold_out.len() - 1]);
+        let h = wrk(url, "/healthz", &get, 64, seconds).await?.per_sec;
+        let so = wrk(url, &path, &fixed, 64, seconds).await?.per_sec;
         println!(
             "round {}: /healthz {h:.0}, sold-out {so:.0} requests/s ({:.2}x)",
             round + 1,
             so / h
         );
+        health.push(h);
+        sold_out.push(so);
     }
     let (h, so) = (median(&health), median(&sold_out));
     let _ = writeln!(
