@@ -223,7 +223,10 @@ where
         tasks.push(tokio::spawn(async move {
             while Instant::now() < end {
                 let guard = locker.try_acquire(&key).await?;
-                anyhow::ensure!(guard.release().await?, "lost an uncontended lock");
+                anyhow::ensure!(
+                    guard.release().await?.was_held(),
+                    "lost an uncontended lock"
+                );
                 cycles.fetch_add(1, Ordering::Relaxed);
             }
             Ok(())
@@ -371,7 +374,7 @@ where
                 let asked = Instant::now();
                 let guard = locker.acquire(&key).await?;
                 waits.push(asked.elapsed());
-                anyhow::ensure!(guard.release().await?, "lost a contended lock");
+                anyhow::ensure!(guard.release().await?.was_held(), "lost a contended lock");
             }
             anyhow::Ok(waits)
         }));

@@ -7,6 +7,14 @@
 //! | one Redis (or a Redis Cluster) | any [`redis::aio::ConnectionLike`] | a Lua script |
 //! | a majority of independent Redis masters | [`Redlock`](crate::Redlock) | the script on every node, counted |
 //! | a PostgreSQL lock table (feature `postgres`) | [`PgLockTable`](crate::PgLockTable) | one SQL statement |
+//!
+//! # Writing a backend
+//! The trait is public so that the crate's own backends are written once against it, and so
+//! that another store can be added outside the crate. A new backend must keep the rules
+//! each method states (every step checked by token, every step safe to re-send), and it
+//! should pass the property suite the crate's own backends pass (`lock/tests/properties.rs`
+//! in the repository: one `Harness` for the new store, and the `suite!` macro). Methods may
+//! be added to the trait, always with a default.
 
 use std::time::Duration;
 
@@ -17,6 +25,7 @@ use crate::token::Token;
 
 /// What one acquire attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Attempt {
     /// The lock is ours, with this fence.
     Acquired(Fence),
@@ -30,6 +39,7 @@ pub enum Attempt {
 
 /// What a renewal found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Renewal {
     /// Our token was there; its lease starts again.
     Renewed,
@@ -41,6 +51,7 @@ pub enum Renewal {
 
 /// What a release found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Unlock {
     /// Our token was there and is now gone.
     Released,
@@ -49,6 +60,39 @@ pub enum Unlock {
     Gone,
     /// Another token was there, and was left alone.
     Taken,
+}
+
+/// What a backend knows about a key right now, for operators ([`Locker::inspect`](crate::Locker::inspect)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct LockState {
+    /// Whether some owner holds the lock now.
+    pub held: bool,
+    /// What is left of the holder's lease, when the backend keeps one it can tell.
+    pub expires_in: Option<Duration>,
+    /// The largest fence handed out for this key so far (the holder's, while it is held),
+    /// if the backend has handed out any.
+    pub fence: Option<Fence>,
+    /// How many owners wait in the backend's own line for the key (backends that keep one).
+    pub waiting: Option<usize>,
+}
+
+impl LockState {
+    /// A state with these values (for backends outside the crate; the struct is
+    /// `#[non_exhaustive]`).
+    pub fn new(
+        held: bool,
+        expires_in: Option<Duration>,
+        fence: Option<Fence>,
+        waiting: Option<usize>,
+    ) -> Self {
+        Self {
+            held,
+            expires_in,
+            fence,
+            waiting,
+        }
+    }
 }
 
 /// A place that can hold locks: single atomic steps, each checked by token.
@@ -69,15 +113,71 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`Error::InvalidOptions`](crate::Error::InvalidOptions).
+    ///
+    /// The default accepts every option but [`wait_for_replicas`](crate::LockOptionsBuilder::wait_for_replicas),
+    /// which only a backend with replicas can keep.
     fn check_options(&self, options: &LockOptions) -> Result<()> {
-        let _ = options;
-        Ok(())
+        match options.wait_for_replicas() {
+            Some(_) => Err(crate::Error::InvalidOptions(
+                "this backend has no replicas to wait for (wait_for_replicas)".into(),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Check that the server (or every server that answers) can run this backend: the
+    /// single-Redis backend needs Redis 7.0 or later. Called by
+    /// [`Locker::connect`](crate::Locker::connect).
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedServer`](crate::Error::UnsupportedServer), or the backend's error
+    /// when it cannot be reached.
+    fn check_server(&self) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
     }
 
     /// The part of `ttl` the holder may count on, from when it sent the acquire or renew
     /// command. Redlock gives up its drift allowance here.
     fn lease(&self, ttl: Duration) -> Duration {
         ttl
+    }
+
+    /// `true` for a backend that keeps its own line of waiters (ZooKeeper, etcd):
+    /// [`Locker::acquire`](crate::Locker::acquire) then calls [`lock_in_line`](Self::lock_in_line)
+    /// once instead of retrying [`try_lock`](Self::try_lock).
+    fn waits_in_line(&self) -> bool {
+        false
+    }
+
+    /// Join the line for `key` as `token`, and resolve once `token` holds the lock, with its
+    /// fence. Only called when [`waits_in_line`](Self::waits_in_line) is `true`.
+    ///
+    /// The locker runs it in a task of its own, bounded by the caller's deadline. When it
+    /// gives up on the wait (the deadline, a caller that went away, an error) it drops the
+    /// future and calls [`unlock`](Self::unlock) with the same token, so dropping the future
+    /// at any point must leave nothing behind that `unlock` cannot remove.
+    fn lock_in_line(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Fence>> + Send {
+        let _ = (key, token, ttl);
+        async { Err(crate::Error::Unsupported("a line of waiters")) }
+    }
+
+    /// After an acquire or a renewal on this connection, wait up to `timeout` until
+    /// `replicas` replicas have acknowledged it (Redis's `WAIT`); answers how many did.
+    /// Asked only when the options set [`wait_for_replicas`](crate::LockOptionsBuilder::wait_for_replicas);
+    /// a backend without replicas refuses those options in
+    /// [`check_options`](Self::check_options).
+    fn wait_for_replicas(
+        &self,
+        replicas: u32,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<u32>> + Send {
+        let _ = (replicas, timeout);
+        async { Err(crate::Error::Unsupported("waiting for replicas")) }
     }
 
     /// One attempt: take `key` for `token` for `ttl` unless another token holds it, and take
@@ -108,4 +208,18 @@ pub trait Backend: Send + Sync + 'static {
         token: &Token,
         seen: Fence,
     ) -> impl Future<Output = Result<Option<Fence>>> + Send;
+
+    /// What the backend knows about `key` now: held or not, the lease left, the last fence.
+    /// Reads only.
+    fn inspect(&self, key: &str) -> impl Future<Output = Result<LockState>> + Send {
+        let _ = key;
+        async { Err(crate::Error::Unsupported("inspection")) }
+    }
+
+    /// Delete the lock on `key` whoever holds it; `true` if there was one. For operators
+    /// only: see [`Locker::force_unlock`](crate::Locker::force_unlock).
+    fn force_unlock(&self, key: &str) -> impl Future<Output = Result<bool>> + Send {
+        let _ = key;
+        async { Err(crate::Error::Unsupported("a forced unlock")) }
+    }
 }

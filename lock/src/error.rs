@@ -64,6 +64,32 @@ pub enum Error {
     #[error("fence {0} leaves no room for a larger one (the largest fence is 2^62)")]
     InvalidFence(u64),
 
+    /// The server cannot run this backend (the single-Redis lock needs Redis 7.0 or later:
+    /// it takes the key with `SET ... NX PX ... GET`).
+    #[error("{server} {version} cannot hold these locks: it needs {needed} or later")]
+    UnsupportedServer {
+        /// What was asked (`Redis at 127.0.0.1:6379`, say).
+        server: String,
+        /// The version it reported.
+        version: String,
+        /// The oldest version that works.
+        needed: &'static str,
+    },
+
+    /// The backend does not do what was asked of it.
+    #[error("this backend does not support {0}")]
+    Unsupported(&'static str),
+
+    /// An attempt's task ended without an answer: the backend panicked, or the runtime is
+    /// shutting down. Whatever the attempt took is given back (or freed by its lease).
+    #[error(
+        "the attempt on lock {key:?} ended without an answer (a panic in the backend, or a runtime shutting down)"
+    )]
+    Aborted {
+        /// The key.
+        key: String,
+    },
+
     /// Redis could not be reached, or answered with an error.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),

@@ -2,6 +2,7 @@
 //! code that writes under a lock needs whichever backend holds it.
 
 use crate::error::Result;
+use crate::guard::ReleaseOutcome;
 
 /// A fencing token: a number that grows with every successful acquisition of one key.
 ///
@@ -27,19 +28,20 @@ use crate::error::Result;
 ///
 /// # Where fences come from
 /// On Redis, the counter is a key without a TTL (`{key}:fence`, see
-/// [`fence_key`](crate::fence_key)), and it never falls below the Redis server's clock in
-/// microseconds: every acquisition takes `max(INCR, TIME)`. A Redis that loses the counter (a
-/// restart without persistence, an eviction, a failover to a replica that had not received the
-/// last INCR) therefore starts again above every fence it handed out before, as long as the
-/// Redis host's clock does not step back and one key is not acquired more than once per
-/// microsecond. On PostgreSQL ([`PgLockTable`](crate::PgLockTable)), the counter is a row
+/// [`keys::fence_key`](crate::keys::fence_key)), and every acquisition takes
+/// `max(INCR, TIME in microseconds)`: every fence is above the server's clock at its
+/// acquisition. A Redis that loses the counter, or comes back with it behind (a restart
+/// without persistence, an eviction, a failover to a replica that had not received the last
+/// acquisitions, a restore from an older snapshot), therefore still hands out a fence above
+/// every one it handed out before, as long as the Redis hosts' clocks do not step back and
+/// one key is not acquired more than once per microsecond on average. On PostgreSQL ([`PgLockTable`](crate::PgLockTable)), the counter is a row
 /// that outlives the lock row and is as durable as the database.
 ///
 /// A store that refuses a fence cannot tell a stale holder from a counter that went back
 /// (say, after someone reset it by hand); the holder can, with
 /// [`LockGuard::advance_fence`](crate::LockGuard::advance_fence).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Fence(pub u64);
+pub struct Fence(pub(crate) u64);
 
 impl Fence {
     /// The largest fence, 2^62: well inside the signed 64 bits that Redis counts in and SQL
@@ -47,6 +49,11 @@ impl Fence {
     /// refuse to hand out a fence past it, and
     /// [`LockGuard::advance_fence`](crate::LockGuard::advance_fence) refuses to go there.
     pub const MAX: u64 = 1 << 62;
+
+    /// A fence with this number (for a backend, or a store's record of one).
+    pub const fn new(fence: u64) -> Self {
+        Self(fence)
+    }
 
     /// The number.
     pub fn get(self) -> u64 {
@@ -79,8 +86,8 @@ pub trait FencedGuard: Send + Sync {
     fn renewals(&self) -> u64;
     /// Take a fence above `seen`, only while still holding the lock.
     fn advance_fence(&self, seen: Fence) -> impl Future<Output = Result<Fence>> + Send;
-    /// Give the lock back; `true` when it was still ours.
-    fn release(self) -> impl Future<Output = Result<bool>> + Send
+    /// Give the lock back, and say how it ended.
+    fn release(self) -> impl Future<Output = Result<ReleaseOutcome>> + Send
     where
         Self: Sized;
 }

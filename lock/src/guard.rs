@@ -4,15 +4,54 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
-use crate::backend::{Backend, Unlock};
+use crate::backend::{Backend, Renewal, Unlock};
 use crate::error::{Error, Result};
 use crate::fenced::{Fence, FencedGuard};
 use crate::lease::{self, Lease, LockLost};
+use crate::options::LockOptions;
 use crate::token::Token;
 use crate::waiting::LocalKey;
+
+/// How a lock ended when its guard gave it back ([`LockGuard::release`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "`Lost` means the work under the guard may have overlapped another holder's"]
+#[non_exhaustive]
+pub enum ReleaseOutcome {
+    /// The lock was ours until this release gave it back: under the crate's timing
+    /// assumptions, nobody else held it while we did. Our token was there and is gone now;
+    /// or nothing was there while our own lease still ran: a re-sent release whose first
+    /// try had deleted it, or a key lost behind our back since the last renewal (a `DEL`,
+    /// an eviction, a failover) that the watchdog had not yet noticed. For a reentrant
+    /// guard that is not the owner's last, the lease is still ours.
+    Released,
+    /// The lock was no longer ours when it was given back, for this reason: the lease ran
+    /// out (or its backend could not be reached to renew it), the key was deleted, or
+    /// another owner's token is in it now. The work done under the guard may have
+    /// overlapped another holder's; only fenced writes are safe.
+    Lost(LockLost),
+}
+
+impl ReleaseOutcome {
+    /// `true` when the lock was ours until the release ([`Released`](Self::Released)).
+    pub fn was_held(self) -> bool {
+        matches!(self, ReleaseOutcome::Released)
+    }
+}
+
+impl std::fmt::Display for ReleaseOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReleaseOutcome::Released => f.write_str("released"),
+            ReleaseOutcome::Lost(why) => write!(f, "lost before the release: {why}"),
+        }
+    }
+}
 
 /// One acquisition of one key: shared by every guard of a reentrant owner.
 pub(crate) struct Hold<B: Backend> {
@@ -34,6 +73,10 @@ pub(crate) struct Hold<B: Backend> {
     pub(crate) released: AtomicBool,
     /// An attempt of this acquisition found the key held ([`LockGuard::was_contended`]).
     pub(crate) contended: bool,
+    /// How many replicas each renewal (and `extend`) waits for, and how long.
+    pub(crate) replicas: Option<(u32, Duration)>,
+    /// The watchdog's period (`None`: no watchdog), which an `extend`'s ttl must leave room for.
+    pub(crate) renew_interval: Option<Duration>,
 }
 
 impl<B: Backend> Hold<B> {
@@ -43,15 +86,15 @@ impl<B: Backend> Hold<B> {
         }
     }
 
-    /// Stop renewing, then delete the lock if it still holds our token.
+    /// Stop renewing, then delete the lock if it still holds our token, and say how the
+    /// lock ended (see [`ReleaseOutcome`]).
     ///
-    /// `true` when it was still ours as far as this process can tell: our token was there;
-    /// or our own lease was still running when we sent the release and the lock was gone or
-    /// held by someone else. Under the crate's timing assumptions nobody else can have had
-    /// the lock while our lease ran, so that is a re-sent release whose first try deleted it
-    /// (and, perhaps, the next holder that took it since). A lock deleted behind our back
-    /// (an operator, a failover) and not yet noticed by the watchdog reads the same way.
-    pub(crate) async fn release(&self) -> Result<bool> {
+    /// A lock found gone while our own lease still ran reads as released: under the
+    /// crate's timing assumptions nobody else can have had it while our lease ran, so that
+    /// is a re-sent release whose first try deleted it. A lock deleted behind our back (an
+    /// operator, a failover) and not yet noticed by the watchdog reads the same way. A lock
+    /// found holding another token is always reported taken.
+    pub(crate) async fn release(&self) -> Result<ReleaseOutcome> {
         self.stop_watchdog();
         let held_when_sent = self.lease.is_held();
         let mut unlock = std::pin::pin!(self.backend.unlock(&self.key, &self.token));
@@ -71,9 +114,23 @@ impl<B: Backend> Hold<B> {
         }?;
         self.released.store(true, Ordering::Release);
         Ok(match unlocked {
-            Unlock::Released => true,
-            Unlock::Gone | Unlock::Taken => held_when_sent,
+            Unlock::Released => ReleaseOutcome::Released,
+            Unlock::Taken => {
+                self.lease.lose(LockLost::Taken);
+                ReleaseOutcome::Lost(LockLost::Taken)
+            }
+            _gone if held_when_sent => ReleaseOutcome::Released,
+            _gone => ReleaseOutcome::Lost(self.lease.lost().unwrap_or(LockLost::Expired)),
         })
+    }
+
+    /// What a release that does not reach the backend (a reentrant guard that is not the
+    /// owner's last) says: released while the lease is still ours.
+    fn still(&self) -> ReleaseOutcome {
+        match self.lease.is_held() {
+            true => ReleaseOutcome::Released,
+            false => ReleaseOutcome::Lost(self.lease.lost().unwrap_or(LockLost::Expired)),
+        }
     }
 
     pub(crate) fn is_held(&self) -> bool {
@@ -201,9 +258,72 @@ impl<B: Backend> LockGuard<B> {
         Ok(fence)
     }
 
-    /// The random token stored with the lock.
-    pub fn token(&self) -> &str {
-        self.hold.token.as_str()
+    /// The random token stored with the lock. Whoever has it can release this lock, so its
+    /// `Debug` shows only a prefix; [`Token::expose`] gives the whole value, to compare with
+    /// what the backend holds (never to log).
+    pub fn token(&self) -> &Token {
+        &self.hold.token
+    }
+
+    /// Replicas that acknowledged the last acquire or renewal, when the options ask to
+    /// wait for them ([`LockOptionsBuilder::wait_for_replicas`](crate::LockOptionsBuilder::wait_for_replicas));
+    /// `None` otherwise. Fewer than asked means a failover to a replica may lose this lock;
+    /// the lock is still held on the primary.
+    pub fn replicas(&self) -> Option<u32> {
+        self.hold.lease.replicas()
+    }
+
+    /// Renew the lease now, for `ttl` from now, and keep renewing with that ttl (if the
+    /// watchdog is on): redsync's `Extend` and Redisson's lease time, by hand. A shorter ttl
+    /// than before shortens the lease.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] when the lock is no longer ours (the lease had run out, or the
+    /// backend found it gone or taken: then [`lost`](Self::lost) resolves too);
+    /// [`Error::InvalidOptions`] for a ttl the options would refuse (under 1 ms, over
+    /// [`LockOptions::MAX_TTL`], or too short for the watchdog's renewal interval);
+    /// [`Error::Redis`] (or the backend's own error) when it cannot be reached (the lease
+    /// is unchanged).
+    ///
+    /// # Cancel safety
+    /// If dropped, the renewal may or may not have landed; the lease the holder counts on is
+    /// unchanged until an answer comes, and the next renewal sets it again.
+    pub async fn extend(&self, ttl: Duration) -> Result<()> {
+        let hold = &self.hold;
+        let mut options = LockOptions::builder().ttl(ttl);
+        if let Some(every) = hold.renew_interval {
+            options = options.renew_interval(every);
+        } else {
+            options = options.without_watchdog();
+        }
+        let ttl = options.build()?.ttl();
+        let not_held = || Error::NotHeld {
+            key: hold.key.clone(),
+        };
+        if !hold.is_held() {
+            return Err(not_held());
+        }
+        let _renewing = hold.lease.renewing.lock().await;
+        let before = hold.lease.ttl();
+        hold.lease.set_ttl(ttl);
+        let sent = Instant::now();
+        match lease::renew(
+            &*hold.backend,
+            &hold.key,
+            &hold.token,
+            &hold.lease,
+            sent,
+            hold.replicas,
+        )
+        .await
+        {
+            Ok(Renewal::Renewed) => Ok(()),
+            Ok(_) => Err(not_held()),
+            Err(error) => {
+                hold.lease.set_ttl(before);
+                Err(error)
+            }
+        }
     }
 
     /// `true` while the lease is known to be ours: renewed in time and not seen lost. Once
@@ -237,13 +357,14 @@ impl<B: Backend> LockGuard<B> {
             .map_or(1, |owner| owner.count(&self.hold))
     }
 
-    /// Give the lock back.
+    /// Give the lock back, and learn how it ended ([`ReleaseOutcome`]).
     ///
     /// For a reentrant owner, only the release of its last guard deletes the lock; earlier
-    /// ones just count down. Returns `true` when the lock was still ours: it held our token
-    /// and was deleted (or, for a non-last reentrant guard, the lease is still held).
-    /// `false` means the lease had run out and the work under this guard may have overlapped
-    /// with another holder's.
+    /// ones just count down. [`ReleaseOutcome::Released`] when the lock was still ours: it
+    /// held our token and was deleted (or, for a non-last reentrant guard, the lease is
+    /// still held). [`ReleaseOutcome::Lost`] says why it was not: the lease had run out, or
+    /// another holder has the key, and the work under this guard may have overlapped
+    /// another holder's.
     ///
     /// # Errors
     /// [`Error::Redis`] (or the backend's own error) when it cannot be reached; the lease
@@ -252,12 +373,11 @@ impl<B: Backend> LockGuard<B> {
     /// # Cancel safety
     /// If the future is dropped before it completes, the guard's drop fallback releases the
     /// lock in a spawned task.
-    #[must_use = "`false` means the lease ran out and the work may have overlapped another holder's"]
-    pub async fn release(mut self) -> Result<bool> {
+    pub async fn release(mut self) -> Result<ReleaseOutcome> {
         if let Some(owner) = self.owner.take()
             && !owner.leave(&self.hold)
         {
-            return Ok(self.hold.is_held());
+            return Ok(self.hold.still());
         }
         self.hold.release().await
     }
@@ -303,7 +423,7 @@ impl<B: Backend> FencedGuard for LockGuard<B> {
         LockGuard::advance_fence(self, seen).await
     }
 
-    async fn release(self) -> Result<bool> {
+    async fn release(self) -> Result<ReleaseOutcome> {
         LockGuard::release(self).await
     }
 }
@@ -313,6 +433,9 @@ impl<B: Backend> FencedGuard for LockGuard<B> {
 pub(crate) struct OwnerTable<B: Backend> {
     /// Held keys. A std mutex: it is never held across an `.await`, and guards' `Drop` needs it.
     held: Mutex<HashMap<String, Entry<B>>>,
+    /// Woken whenever the owner gains an acquisition, so that its tasks still waiting for
+    /// that key (for a turn, between attempts, in a backend's line) re-enter at once.
+    pub(crate) entered: Notify,
 }
 
 struct Entry<B: Backend> {
@@ -324,6 +447,7 @@ impl<B: Backend> OwnerTable<B> {
     pub(crate) fn new() -> Self {
         Self {
             held: Mutex::new(HashMap::new()),
+            entered: Notify::new(),
         }
     }
 
@@ -353,6 +477,7 @@ impl<B: Backend> OwnerTable<B> {
             .lock()
             .expect("owner table poisoned")
             .insert(hold.key.clone(), entry);
+        self.entered.notify_waiters();
         LockGuard::new(hold, Some(Arc::clone(self)))
     }
 

@@ -1,5 +1,6 @@
-//! Lock key validation, and the names that go with a lock key on Redis: its fence counter
-//! and its release channel.
+//! The names that go with a lock key on Redis: its fence counter and its release channel
+//! (public for operators and tests that look at, or set back, a counter), and lock key
+//! validation.
 //!
 //! Both keys of one lock must live on the same Redis Cluster node, because the acquire
 //! script touches both atomically; the release channel is named the same way, so that it
@@ -48,6 +49,14 @@ fn companion(key: &str, suffix: &str) -> Result<String> {
         return Err(Error::InvalidKey {
             key: key.to_owned(),
             reason: "it ends like a fence key or a release channel (`:fence`, `:released`)",
+        });
+    }
+    // `{x}` (a key that is nothing but a hash tag) would get `{x}:fence`, which is also the
+    // fence key of the plain key `x`: two locks sharing one counter and one channel.
+    if key.len() > 2 && key == format!("{{{}}}", hash_tag(key)) {
+        return Err(Error::InvalidKey {
+            key: key.to_owned(),
+            reason: "a key that is only a hash tag ({x}) would share its fence key with the key x; put something outside the braces, such as {x}:lock",
         });
     }
     let name = if hash_tag(key) == key {
@@ -124,6 +133,27 @@ mod tests {
                 "{key}"
             );
         }
+    }
+
+    #[test]
+    fn a_plain_key_and_the_same_name_in_braces_do_not_share_a_fence_or_a_channel() {
+        for (plain, tagged) in [
+            ("x", "{x}"),
+            ("lock_sale_1", "{lock_sale_1}"),
+            ("a{b", "{a{b}"),
+        ] {
+            let (fence, channel) = (fence_key(plain).unwrap(), release_channel(plain).unwrap());
+            match (fence_key(tagged), release_channel(tagged)) {
+                (Ok(other_fence), Ok(other_channel)) => {
+                    assert_ne!(fence, other_fence, "{plain} and {tagged}");
+                    assert_ne!(channel, other_channel, "{plain} and {tagged}");
+                }
+                (Err(Error::InvalidKey { .. }), Err(Error::InvalidKey { .. })) => {}
+                other => panic!("{tagged}: {other:?}"),
+            }
+        }
+        // A tag with something beside it is a key like any other.
+        assert_eq!(fence_key("{x}:lock").unwrap(), "{x}:lock:fence");
     }
 
     #[test]

@@ -83,20 +83,61 @@ pub(crate) struct Lease {
     renewals: AtomicU64,
     /// Woken when the lease is renewed or lost, for `wait_lost`.
     changed: Notify,
+    /// The ttl renewals ask for, in ms: the options' ttl, until `LockGuard::extend` changes it.
+    ttl_ms: AtomicU64,
+    /// Held while a renewal (the watchdog's, or an `extend`) is in flight, so that they land
+    /// one at a time, in the order they were sent, and the deadline can be set to the last
+    /// one's (an `extend` may shorten it).
+    pub(crate) renewing: tokio::sync::Mutex<()>,
+    /// Replicas that acknowledged the last acquire or renewal (`NO_REPLICA_COUNT` until asked).
+    replicas: AtomicU64,
 }
+
+/// `Lease::replicas` before any replica was waited for.
+const NO_REPLICA_COUNT: u64 = u64::MAX;
 
 impl Lease {
     /// `ttl` is at most [`LockOptions::MAX_TTL`](crate::LockOptions::MAX_TTL), so it fits in
     /// 64 bits of nanoseconds.
+    #[cfg(test)]
     pub(crate) fn new(sent: Instant, ttl: Duration, watched: bool) -> Self {
+        Self::with_ttl(sent, ttl, ttl, watched)
+    }
+
+    /// A lease the holder may count on for `lease` from `sent`, renewed with `ttl`.
+    pub(crate) fn with_ttl(sent: Instant, lease: Duration, ttl: Duration, watched: bool) -> Self {
         Self {
             base: sent,
-            until_ns: AtomicU64::new(ttl.as_nanos() as u64),
+            until_ns: AtomicU64::new(lease.as_nanos() as u64),
             lost: AtomicU8::new(0),
             watched,
             renewals: AtomicU64::new(0),
             changed: Notify::new(),
+            ttl_ms: AtomicU64::new(ttl.as_millis() as u64),
+            renewing: tokio::sync::Mutex::new(()),
+            replicas: AtomicU64::new(NO_REPLICA_COUNT),
         }
+    }
+
+    /// The ttl renewals ask for.
+    pub(crate) fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn set_ttl(&self, ttl: Duration) {
+        self.ttl_ms.store(ttl.as_millis() as u64, Ordering::Release);
+    }
+
+    /// Replicas that acknowledged the last acquire or renewal, once asked.
+    pub(crate) fn replicas(&self) -> Option<u32> {
+        match self.replicas.load(Ordering::Acquire) {
+            NO_REPLICA_COUNT => None,
+            n => Some(n as u32),
+        }
+    }
+
+    pub(crate) fn set_replicas(&self, replicas: u32) {
+        self.replicas.store(u64::from(replicas), Ordering::Release);
     }
 
     pub(crate) fn until(&self) -> Instant {
@@ -133,17 +174,20 @@ impl Lease {
         self.renewals.load(Ordering::Relaxed)
     }
 
-    /// A renewal sent at `sent` succeeded. Returns `false` when it came too late: the lease
-    /// had already been seen lost, which stays final.
-    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) -> bool {
-        let until = (sent + ttl).saturating_duration_since(self.base).as_nanos() as u64;
+    /// A renewal sent at `sent` succeeded: the lease now ends `lease` after `sent` (earlier
+    /// than before, after an `extend` with a shorter ttl). Returns `false` when it came too
+    /// late: the lease had already been seen lost, which stays final.
+    ///
+    /// Renewals are serialized by [`renewing`](Self::renewing), so the last one to land is
+    /// the last one sent, and its deadline is the one the backend keeps.
+    pub(crate) fn renewed(&self, sent: Instant, lease: Duration) -> bool {
+        let until = (sent + lease)
+            .saturating_duration_since(self.base)
+            .as_nanos() as u64;
         let mut current = self.until_ns.load(Ordering::Acquire);
         loop {
             if !self.is_held() {
                 return false;
-            }
-            if until <= current {
-                break;
             }
             match self.until_ns.compare_exchange_weak(
                 current,
@@ -191,8 +235,9 @@ pub(crate) struct Watchdog<B> {
     pub(crate) backend: Arc<B>,
     pub(crate) key: String,
     pub(crate) token: Token,
-    pub(crate) ttl: Duration,
     pub(crate) every: Duration,
+    /// How many replicas each renewal waits for, and how long (`LockOptions::wait_for_replicas`).
+    pub(crate) replicas: Option<(u32, Duration)>,
     /// When the acquire command was sent: the first renewal is due `every` after it.
     pub(crate) first_sent: Instant,
     pub(crate) lease: Arc<Lease>,
@@ -220,26 +265,27 @@ impl<B: Backend> Watchdog<B> {
                 if !self.lease.is_held() {
                     return;
                 }
+                let _renewing = self.lease.renewing.lock().await;
                 let sent = Instant::now();
                 last_sent = sent;
                 let left = self.lease.until().saturating_duration_since(sent);
-                let renewal = self.backend.renew(&self.key, &self.token, self.ttl);
-                match timeout(left, renewal).await {
-                    Ok(Ok(Renewal::Renewed)) => {
-                        if !self.lease.renewed(sent, self.backend.lease(self.ttl)) {
-                            return;
-                        }
-                        break;
-                    }
-                    Ok(Ok(Renewal::Gone)) => {
-                        self.lease.lose(LockLost::Expired);
-                        return;
-                    }
-                    Ok(Ok(Renewal::Taken)) => {
-                        self.lease.lose(LockLost::Taken);
-                        return;
-                    }
+                match timeout(
+                    left,
+                    renew(
+                        &*self.backend,
+                        &self.key,
+                        &self.token,
+                        &self.lease,
+                        sent,
+                        self.replicas,
+                    ),
+                )
+                .await
+                {
+                    Ok(Ok(Renewal::Renewed)) => break,
+                    Ok(Ok(_gone_or_taken)) => return,
                     Ok(Err(error)) => {
+                        drop(_renewing);
                         tracing::warn!(key = %self.key, %error, "lock renewal failed; retrying");
                         let left = self.lease.until().saturating_duration_since(Instant::now());
                         sleep(RETRY_AFTER_ERROR.min(left)).await;
@@ -249,6 +295,40 @@ impl<B: Backend> Watchdog<B> {
                     Err(_elapsed) => {}
                 }
             }
+        }
+    }
+}
+
+/// One renewal of the lease (the watchdog's, or `LockGuard::extend`'s), sent at `sent` with
+/// the lease's current ttl, and the replica wait after it when asked; records what it found.
+/// `Renewal::Renewed` only if the lease is still held afterwards. The caller holds
+/// [`Lease::renewing`].
+pub(crate) async fn renew<B: Backend>(
+    backend: &B,
+    key: &str,
+    token: &Token,
+    lease: &Lease,
+    sent: Instant,
+    replicas: Option<(u32, Duration)>,
+) -> crate::Result<Renewal> {
+    let ttl = lease.ttl();
+    match backend.renew(key, token, ttl).await? {
+        Renewal::Renewed => {
+            if !lease.renewed(sent, backend.lease(ttl)) {
+                return Ok(Renewal::Gone);
+            }
+            if let Some((wanted, within)) = replicas {
+                lease.set_replicas(backend.wait_for_replicas(wanted, within).await?);
+            }
+            Ok(Renewal::Renewed)
+        }
+        Renewal::Taken => {
+            lease.lose(LockLost::Taken);
+            Ok(Renewal::Taken)
+        }
+        other => {
+            lease.lose(LockLost::Expired);
+            Ok(other)
         }
     }
 }

@@ -58,13 +58,13 @@
 //!     .ttl(Duration::from_secs(5))
 //!     .wait_timeout(Duration::from_millis(500))
 //!     .build()?;
-//! let locker = Locker::new(conn, options)?;
+//! let locker = Locker::connect(conn, options).await?; // checks the server is Redis 7+
 //!
 //! let guard = locker.acquire("lock_sale_1").await?;
 //! // ... read, check and write, sending guard.fence() with each write ...
 //! assert!(guard.is_held());
-//! let was_still_ours = guard.release().await?;
-//! assert!(was_still_ours);
+//! let outcome = guard.release().await?;
+//! assert!(outcome.was_held(), "the lease ran out: {outcome}");
 //! # Ok(()) }
 //! ```
 //!
@@ -107,7 +107,7 @@ mod backend;
 mod error;
 mod fenced;
 mod guard;
-mod keys;
+pub mod keys;
 mod lease;
 mod locker;
 mod options;
@@ -122,13 +122,12 @@ mod signals;
 mod token;
 mod waiting;
 
-pub use backend::{Attempt, Backend, Renewal, Unlock};
+pub use backend::{Attempt, Backend, LockState, Renewal, Unlock};
 pub use error::{Error, Result};
 pub use fenced::{Fence, FencedGuard};
-pub use guard::LockGuard;
-pub use keys::{fence_key, release_channel};
+pub use guard::{LockGuard, ReleaseOutcome};
 pub use lease::LockLost;
-pub use locker::Locker;
+pub use locker::{Locker, Ran};
 pub use options::{LockOptions, LockOptionsBuilder};
 pub use owner::Owner;
 #[cfg(feature = "postgres")]

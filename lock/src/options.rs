@@ -14,6 +14,11 @@ use crate::error::{Error, Result};
 /// | `renew_interval` | `ttl / 3` | how often the watchdog renews the lease (at most 3/4 of the ttl); `None` turns it off |
 /// | `wait_timeout` | 5 s | how long [`acquire`](crate::Locker::acquire) waits before [`Error::Timeout`]; `Duration::MAX` waits for ever |
 /// | `retry_delay` | 5 ms to 100 ms | backoff between attempts while waiting, doubled each time, with jitter; with [release signals](crate::ReleaseSignals), the longest wait for a signal before trying again |
+/// | `wait_for_replicas` | off | after every acquire and renewal, wait (Redis `WAIT`) until this many replicas acknowledged it, up to a timeout; [`LockGuard::replicas`](crate::LockGuard::replicas) tells how many did |
+///
+/// One locker's options are its defaults; [`Locker::acquire_with`](crate::Locker::acquire_with)
+/// and [`Locker::try_acquire_with`](crate::Locker::try_acquire_with) take other options for
+/// one call (start from [`LockOptions::to_builder`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockOptions {
     ttl: Duration,
@@ -21,6 +26,7 @@ pub struct LockOptions {
     wait_timeout: Duration,
     retry_min: Duration,
     retry_max: Duration,
+    replicas: Option<(u32, Duration)>,
 }
 
 impl LockOptions {
@@ -39,6 +45,22 @@ impl LockOptions {
     /// A builder that starts from the defaults.
     pub fn builder() -> LockOptionsBuilder {
         LockOptionsBuilder::default()
+    }
+
+    /// A builder that starts from these options (to change one of them for one call).
+    pub fn to_builder(&self) -> LockOptionsBuilder {
+        LockOptionsBuilder {
+            ttl: self.ttl,
+            renewal: match self.renew_interval {
+                Some(every) if every == self.ttl / 3 => Renewal::ThirdOfTtl,
+                Some(every) => Renewal::Every(every),
+                None => Renewal::Off,
+            },
+            wait_timeout: self.wait_timeout,
+            retry_min: self.retry_min,
+            retry_max: self.retry_max,
+            replicas: self.replicas,
+        }
     }
 
     /// The lease given to the backend with every acquire and renewal, in whole milliseconds.
@@ -60,6 +82,12 @@ impl LockOptions {
     pub fn retry_delay(&self) -> (Duration, Duration) {
         (self.retry_min, self.retry_max)
     }
+
+    /// How many replicas each acquire and renewal waits for, and for how long at most;
+    /// `None` when off.
+    pub fn wait_for_replicas(&self) -> Option<(u32, Duration)> {
+        self.replicas
+    }
 }
 
 impl Default for LockOptions {
@@ -79,6 +107,7 @@ pub struct LockOptionsBuilder {
     wait_timeout: Duration,
     retry_min: Duration,
     retry_max: Duration,
+    replicas: Option<(u32, Duration)>,
 }
 
 /// What the caller asked of the watchdog; the default period depends on the final ttl.
@@ -97,6 +126,7 @@ impl Default for LockOptionsBuilder {
             wait_timeout: LockOptions::DEFAULT_WAIT_TIMEOUT,
             retry_min: LockOptions::DEFAULT_RETRY_MIN,
             retry_max: LockOptions::DEFAULT_RETRY_MAX,
+            replicas: None,
         }
     }
 }
@@ -137,12 +167,36 @@ impl LockOptionsBuilder {
         self
     }
 
+    /// After every acquire and renewal, wait until `replicas` replicas have acknowledged it
+    /// (Redis's `WAIT replicas timeout`), for at most `timeout`: at most a quarter of the
+    /// ttl, since the wait is part of the lease.
+    ///
+    /// The trade-off: a lock that reached a replica survives a failover to that replica
+    /// (Redisson's lock checks the same), at the cost of a replica round trip on every
+    /// acquire and renewal. It does not make the lock safe against every failover (an
+    /// asynchronous replica can still be promoted without it, and `WAIT` does not make
+    /// Redis consistent); the fence is still what keeps the store safe. The guard says how
+    /// many replicas acknowledged ([`LockGuard::replicas`](crate::LockGuard::replicas)); a
+    /// lock that reached fewer is still held on the primary. Only the single-Redis backend
+    /// (and a Sentinel connection) can wait for replicas.
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replicas = Some((replicas, timeout));
+        self
+    }
+
+    /// Do not wait for replicas (the default).
+    pub fn without_replica_wait(mut self) -> Self {
+        self.replicas = None;
+        self
+    }
+
     /// Check the options.
     ///
     /// # Errors
     /// [`Error::InvalidOptions`] when the ttl is under 1 ms or over [`LockOptions::MAX_TTL`],
-    /// the renewal interval is zero or above three quarters of the ttl, or the backoff is
-    /// zero or has `min > max`.
+    /// the renewal interval is zero or above three quarters of the ttl, the backoff is
+    /// zero or has `min > max`, or the replica wait asks for no replica or takes more than a
+    /// quarter of the ttl.
     pub fn build(self) -> Result<LockOptions> {
         let invalid = |why: String| Err(Error::InvalidOptions(why));
         if self.ttl < Duration::from_millis(1) {
@@ -174,6 +228,17 @@ impl LockOptionsBuilder {
                 ));
             }
         }
+        if let Some((replicas, timeout)) = self.replicas {
+            if replicas == 0 {
+                return invalid("wait_for_replicas needs at least one replica".into());
+            }
+            // TIMING: the wait is part of the lease counted from the command's sending.
+            if timeout < Duration::from_millis(1) || timeout * 4 > ttl {
+                return invalid(format!(
+                    "the replica wait {timeout:?} must be at least 1 ms and at most a quarter of the ttl {ttl:?}"
+                ));
+            }
+        }
         if self.retry_min.is_zero() {
             return invalid("retry delay must be above zero".into());
         }
@@ -189,6 +254,7 @@ impl LockOptionsBuilder {
             wait_timeout: self.wait_timeout,
             retry_min: self.retry_min,
             retry_max: self.retry_max,
+            replicas: self.replicas,
         })
     }
 }
@@ -271,6 +337,35 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(options.wait_timeout(), Duration::MAX);
+    }
+
+    #[test]
+    fn options_rebuilt_from_themselves_are_the_same() {
+        let ms = Duration::from_millis;
+        for options in [
+            LockOptions::default(),
+            LockOptions::builder()
+                .ttl(ms(900))
+                .renew_interval(ms(100))
+                .wait_timeout(Duration::ZERO)
+                .retry_delay(ms(1), ms(2))
+                .wait_for_replicas(1, ms(50))
+                .build()
+                .unwrap(),
+            LockOptions::builder().without_watchdog().build().unwrap(),
+        ] {
+            assert_eq!(options.to_builder().build().unwrap(), options);
+        }
+    }
+
+    #[test]
+    fn a_replica_wait_for_nobody_or_longer_than_a_quarter_of_the_ttl_is_refused() {
+        let ms = Duration::from_millis;
+        let ttl = LockOptions::builder().ttl(ms(400));
+        assert!(refused(ttl.clone().wait_for_replicas(0, ms(10))).contains("at least one"));
+        assert!(refused(ttl.clone().wait_for_replicas(1, ms(101))).contains("quarter"));
+        assert!(refused(ttl.clone().wait_for_replicas(1, Duration::ZERO)).contains("quarter"));
+        assert!(ttl.wait_for_replicas(1, ms(100)).build().is_ok());
     }
 
     #[test]

@@ -12,11 +12,13 @@ use crate::backend::Backend;
 use crate::error::Result;
 use crate::guard::{LockGuard, OwnerTable};
 use crate::locker::Locker;
+use crate::options::LockOptions;
 
 /// A lock owner that may re-enter the locks it holds.
 ///
 /// Clones are the same owner. Acquiring a key the owner already holds (and has not lost)
-/// succeeds at once and counts; each guard is released on its own, and the lock is deleted
+/// succeeds at once and counts, also for a task of the owner that was already waiting for
+/// the key when another task of the owner got it; each guard is released on its own, and the lock is deleted
 /// when the count returns to zero. Do not share one owner between tasks that must exclude
 /// each other: to the lock they are one holder.
 ///
@@ -61,10 +63,23 @@ impl<B: Backend> Owner<B> {
     /// # Cancel safety
     /// As [`Locker::try_acquire`].
     pub async fn try_acquire(&self, key: &str) -> Result<LockGuard<B>> {
+        self.try_acquire_with(key, self.locker.options()).await
+    }
+
+    /// Like [`Locker::try_acquire_with`], but re-enters a lock this owner already holds (the
+    /// acquisition it shares keeps the options it was taken with).
+    ///
+    /// # Errors
+    /// As [`Locker::try_acquire_with`].
+    ///
+    /// # Cancel safety
+    /// As [`Locker::try_acquire`].
+    pub async fn try_acquire_with(&self, key: &str, options: &LockOptions) -> Result<LockGuard<B>> {
         if let Some(guard) = self.table.reenter(key) {
             return Ok(guard);
         }
-        let hold = self.locker.try_acquire_hold(key).await?;
+        self.locker.check_call(options)?;
+        let hold = self.locker.try_acquire_hold(key, options).await?;
         Ok(self.table.enter(hold))
     }
 
@@ -77,11 +92,21 @@ impl<B: Backend> Owner<B> {
     /// As [`Locker::acquire`].
     pub async fn acquire(&self, key: &str) -> Result<LockGuard<B>> {
         self.locker
-            .wait_for(
-                key,
-                || self.table.reenter(key),
-                |hold| self.table.enter(hold),
-            )
+            .wait_for(key, self.locker.options(), Some(&self.table))
             .await
+    }
+
+    /// Like [`Locker::acquire_with`], but re-enters a lock this owner already holds, at once,
+    /// also while it waits: a task of this owner that gets the key lets every other task of
+    /// the owner waiting for it in.
+    ///
+    /// # Errors
+    /// As [`Locker::acquire_with`].
+    ///
+    /// # Cancel safety
+    /// As [`Locker::acquire`].
+    pub async fn acquire_with(&self, key: &str, options: &LockOptions) -> Result<LockGuard<B>> {
+        self.locker.check_call(options)?;
+        self.locker.wait_for(key, options, Some(&self.table)).await
     }
 }

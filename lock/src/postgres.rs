@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use crate::backend::{Attempt, Backend, Renewal, Unlock};
+use crate::backend::{Attempt, Backend, LockState, Renewal, Unlock};
 use crate::error::{Error, Result};
 use crate::fenced::Fence;
 use crate::token::Token;
@@ -114,7 +114,7 @@ impl Backend for PgLockTable {
         .fetch_optional(&self.pool)
         .await?;
         Ok(match fence {
-            Some(fence) => Attempt::Acquired(Fence(fence as u64)),
+            Some(fence) => Attempt::Acquired(Fence::new(fence as u64)),
             None => Attempt::Held { expires_in: None },
         })
     }
@@ -178,6 +178,34 @@ impl Backend for PgLockTable {
         .bind(seen.as_i64())
         .fetch_optional(&self.pool)
         .await?;
-        Ok(fence.map(|f| Fence(f as u64)))
+        Ok(fence.map(|f| Fence::new(f as u64)))
+    }
+
+    async fn inspect(&self, key: &str) -> Result<LockState> {
+        let (left_ms, fence): (Option<f64>, Option<i64>) = sqlx::query_as(
+            "SELECT (SELECT EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000
+                     FROM distlock_locks WHERE name = $1 AND expires_at > clock_timestamp())::float8,
+                    (SELECT fence FROM distlock_fences WHERE name = $1)",
+        )
+        .bind(key)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(LockState {
+            held: left_ms.is_some(),
+            expires_in: left_ms.map(|ms| Duration::from_millis(ms.max(0.0) as u64)),
+            fence: fence.map(|f| Fence::new(f as u64)),
+            waiting: None,
+        })
+    }
+
+    async fn force_unlock(&self, key: &str) -> Result<bool> {
+        let deleted = sqlx::query(
+            "DELETE FROM distlock_locks WHERE name = $1 AND expires_at > clock_timestamp()",
+        )
+        .bind(key)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(deleted > 0)
     }
 }

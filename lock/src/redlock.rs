@@ -9,7 +9,8 @@
 //!    at once, each bounded by a short per-node timeout.
 //! 2. The attempt wins if a majority (`N / 2 + 1`) said yes **and** time is left of the
 //!    validity window, counted from the start of this attempt (not of the first one):
-//!    `validity = ttl - elapsed - drift`, `drift = ttl * drift_factor + 2 ms`.
+//!    `validity = ttl - elapsed - drift`, `drift = ttl * drift_factor + 2 ms` (the 2 ms, for
+//!    Redis's millisecond expiry, as in the algorithm's description and node-redlock).
 //! 3. Otherwise release wherever it was set, and let the caller retry until its deadline.
 //! 4. Renewal (the watchdog) and release run on every node; renewal keeps the lock only
 //!    while a majority renews. When a majority cannot be reached before the validity ends,
@@ -27,7 +28,7 @@
 //! # Defaults, compared
 //! | | distlock Redlock | redsync (Go) | node-redlock v5 |
 //! |---|---|---|---|
-//! | drift factor | 0.01 (+2 ms) | 0.01 (+2 ms) | 0.01 |
+//! | drift factor | 0.01 (+2 ms) | 0.01 (`validity = expiry - elapsed - expiry * driftFactor`, no constant) | 0.01 (+2 ms) |
 //! | ttl | 10 s ([`LockOptions`](crate::LockOptions)) | 8 s | per call |
 //! | retry delay | [`Redlock::RETRY_DELAY`]: 50 ms doubling to 250 ms, each sleep drawn from the upper half | uniform 50-250 ms | 200 ms + up to 100 ms jitter |
 //! | attempts | until `wait_timeout` (5 s) | 32 tries | 10 retries |
@@ -63,13 +64,13 @@ use futures_util::future::join_all;
 use redis::aio::ConnectionLike;
 use tokio::time::{Instant, timeout};
 
-use crate::backend::{Attempt, Backend, Renewal, Unlock};
+use crate::backend::{Attempt, Backend, LockState, Renewal, Unlock};
 use crate::error::{Error, Result};
 use crate::fenced::Fence;
 use crate::keys::{fence_key, release_channel};
 use crate::options::LockOptions;
-use crate::redis_node::parse_fence;
-use crate::scripts::{ACQUIRE, ADVANCE_FENCE, RAISE_FENCE, RELEASE, RENEW};
+use crate::redis_node::{check_versions, parse_fence};
+use crate::scripts::{ACQUIRE, ADVANCE_FENCE, FORCE_UNLOCK, INSPECT, RAISE_FENCE, RELEASE, RENEW};
 use crate::token::Token;
 
 /// A lock over several independent Redis masters: a [`Backend`]. Cheap to clone.
@@ -131,14 +132,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Redlock<C> {
         self.nodes.len() / 2 + 1
     }
 
-    /// How many nodes there are.
+    /// How many nodes there are (never zero: [`new`](Self::new) refuses an empty set).
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> usize {
         self.nodes.len()
-    }
-
-    /// Never true: [`new`](Self::new) refuses an empty set.
-    pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
     }
 
     /// `ttl * drift_factor + 2 ms`: what a holder gives up of each lease.
@@ -222,6 +219,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
     /// The ttl must leave validity after the drift and two rounds (acquire, then the fence
     /// raise) of node timeouts, and renewals must land before the lease, net of drift, ends.
     fn check_options(&self, options: &LockOptions) -> Result<()> {
+        if options.wait_for_replicas().is_some() {
+            return Err(Error::InvalidOptions(
+                "Redlock waits for a majority of masters, not for replicas (wait_for_replicas)"
+                    .into(),
+            ));
+        }
         let ttl = options.ttl();
         let (drift, node_timeout) = (self.drift(ttl), Self::node_timeout(ttl));
         if drift + node_timeout * 2 >= ttl {
@@ -242,6 +245,25 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
 
     fn lease(&self, ttl: Duration) -> Duration {
         ttl - self.drift(ttl)
+    }
+
+    /// Every master that answers within a second runs Redis 7.0 or later (one that does
+    /// not answer now is not checked).
+    async fn check_server(&self) -> Result<()> {
+        let answers = self
+            .on_every_node(Duration::from_secs(1), |mut conn| async move {
+                redis::cmd("INFO")
+                    .arg("server")
+                    .query_async::<redis::Value>(&mut conn)
+                    .await
+            })
+            .await;
+        for (i, answer) in answers.iter().enumerate() {
+            if let Some(Ok(info)) = answer {
+                check_versions(info, &format!("Redlock master {i}"))?;
+            }
+        }
+        Ok(())
     }
 
     async fn try_lock(&self, key: &str, token: &Token, ttl: Duration) -> Result<Attempt> {
@@ -406,5 +428,82 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
             return Ok(None);
         }
         Ok(Some(fence))
+    }
+
+    /// Held when a majority of the masters hold a lock for the same token; the lease left
+    /// is the shortest among them, the fence the largest counter any master has.
+    async fn inspect(&self, key: &str) -> Result<LockState> {
+        let fence_key = fence_key(key)?;
+        let answers = self
+            .on_every_node(Duration::from_secs(1), |mut conn| {
+                let (key, fence_key) = (key.to_owned(), fence_key.clone());
+                async move {
+                    let (pttl, fence): (i64, String) = INSPECT
+                        .key(&key)
+                        .key(&fence_key)
+                        .invoke_async(&mut conn)
+                        .await?;
+                    let holder: Option<String> =
+                        redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
+                    Ok((pttl, fence, holder))
+                }
+            })
+            .await;
+        let answered: Vec<_> = answers.into_iter().flatten().flatten().collect();
+        if answered.len() < self.quorum() {
+            return Err(self.no_quorum(key, answered.len()));
+        }
+        let mut fence = None;
+        for (_, counter, _) in &answered {
+            if !counter.is_empty() {
+                fence = fence.max(Some(parse_fence(counter)?));
+            }
+        }
+        let majority_holder = answered
+            .iter()
+            .filter_map(|(_, _, h)| h.as_ref())
+            .find(|h| {
+                answered
+                    .iter()
+                    .filter(|(_, _, other)| other.as_ref() == Some(*h))
+                    .count()
+                    >= self.quorum()
+            });
+        let expires_in = majority_holder.and_then(|holder| {
+            answered
+                .iter()
+                .filter(|(_, _, h)| h.as_ref() == Some(holder))
+                .filter_map(|(pttl, _, _)| u64::try_from(*pttl).ok())
+                .min()
+                .map(Duration::from_millis)
+        });
+        Ok(LockState {
+            held: majority_holder.is_some(),
+            expires_in,
+            fence,
+            waiting: None,
+        })
+    }
+
+    /// Deleted on every master that answers; `true` if any master had it.
+    async fn force_unlock(&self, key: &str) -> Result<bool> {
+        let channel = release_channel(key)?;
+        let answers = self
+            .on_every_node(Duration::from_secs(1), |mut conn| {
+                let (key, channel) = (key.to_owned(), channel.clone());
+                async move {
+                    FORCE_UNLOCK
+                        .key(&key)
+                        .arg(&channel)
+                        .invoke_async::<i64>(&mut conn)
+                        .await
+                }
+            })
+            .await;
+        let reachable = answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count();
+        if reachable < self.quorum() {
+            return Err(self.no_quorum(key, reachable));
+        }
+        Ok(answers.iter().any(|a| matches!(a, Some(Ok(1)))))
     }
 }

@@ -20,10 +20,20 @@ use redis::Script;
 /// leading zeros, as Redis writes integers). `clock()`: the server's clock, in microseconds
 /// since the epoch, as a decimal string (seconds and zero-padded microseconds, joined).
 ///
-/// `next_fence(key)`: the counter's next fence, written back; `nil`, with the counter left
-/// as it was, when it has reached `MAX` ([`Fence::MAX`](crate::Fence::MAX), 2^62). A new
-/// counter (`INCR` answers 1) starts at the clock. Below 2^53 (`EXACT`) `INCR`'s answer is
-/// exact as a Lua number and is formatted as an integer; above, it is read back as a string.
+/// `next_fence(key)`: the counter's next fence, written back: `max(INCR, clock)`, so every
+/// fence is above the server's clock reading at the acquisition that took it; `nil`, with
+/// the counter left as it was, when it has reached `MAX` ([`Fence::MAX`](crate::Fence::MAX),
+/// 2^62). Below 2^53 (`EXACT`) `INCR`'s answer is exact as a Lua number and is formatted as
+/// an integer; above, it is read back as a string.
+///
+// TIMING: whatever state the counter is in (never used, lost, or set back by a failover to
+// a replica that missed the last acquisitions, or a restore from an older snapshot), the
+// fence handed out is at least the clock now, and every fence handed out before was at most
+// `max(its counter, the clock then)`. A counter that only ever followed the clock stays
+// below it as long as the key is taken less than once per microsecond on average, so a fence
+// from before the failover is below the clock now, provided the Redis hosts' clocks do not
+// step back. (A counter raised past the clock by `advance_fence` loses that guarantee until
+// the clock catches up.)
 const COMMON: &str = r"
 local MAX = '4611686018427387904'
 local EXACT = 9007199254740992
@@ -37,19 +47,22 @@ local function clock()
 end
 local function next_fence(fence_key)
   local n = redis.call('INCR', fence_key)
-  if n == 1 then
-    -- A new counter (never used, or lost): start it at the clock, above every fence the
-    -- lost one can have handed out.
-    local now = clock()
-    redis.call('SET', fence_key, now)
-    return now
-  elseif n < EXACT then
-    return string.format('%d', n)
+  local fence
+  if n < EXACT then
+    fence = string.format('%d', n)
+  else
+    fence = redis.call('GET', fence_key)
   end
-  local fence = redis.call('GET', fence_key)
   if above(fence, MAX) then
     redis.call('DECR', fence_key)
     return nil
+  end
+  -- A counter that is new, lost, or behind (a failover, an old snapshot) catches up with
+  -- the clock: above every fence it can have handed out before.
+  local now = clock()
+  if above(now, fence) then
+    redis.call('SET', fence_key, now)
+    return now
   end
   return fence
 end
@@ -65,15 +78,10 @@ fn with_common(body: &str) -> Script {
 /// Returns `{1, fence}` when the lock is ours, `{0, pttl}` when another token holds it.
 ///
 /// `SET NX PX` sets the value and the expiry together: there is no moment at which the key
-/// exists without a TTL. The fence counter has no TTL on purpose: it must never go back. A
-/// counter that Redis lost (a restart without persistence, an eviction) is recreated at the
-/// server's clock in microseconds, so it starts again above every fence it handed out.
-///
-// TIMING: a counter started at the clock at time t0 and taken k times since has handed out
-// at most clock(t0) + k, which is below the clock as long as the key is taken less than once
-// per microsecond on average; a lost counter restarts at a later clock reading, so above it,
-// provided the Redis host's clock does not step back. (A counter raised past the clock by
-// `advance_fence` loses that guarantee until the clock catches up.)
+/// exists without a TTL. The fence counter has no TTL on purpose: it must never go back; and
+/// every fence is at least the server's clock in microseconds (`next_fence`), so a counter
+/// that Redis lost or that came back behind (a restart without persistence, an eviction, a
+/// failover to a lagging replica) still hands out fences above every one it handed out.
 ///
 /// `SET NX GET` takes the key and tells what was there in one call. A re-sent request whose
 /// first try took the lock finds its own token and returns the fence it took, instead of
@@ -188,6 +196,34 @@ if above(ARGV[2], current) then
   redis.call('SET', KEYS[2], ARGV[2])
 end
 return 1
+",
+    )
+});
+
+/// What an operator sees of a lock: its remaining lease and its counter.
+///
+/// KEYS[1] lock key, KEYS[2] fence key. Returns `{pttl, fence}`: the lock key's `PTTL`
+/// (-2 when there is no lock) and the counter as a string (empty when there is none).
+/// Reads only.
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+return {redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or ''}
+",
+    )
+});
+
+/// Delete the lock whoever holds it, and wake its waiters (for operators).
+///
+/// KEYS[1] lock key; ARGV[1] release channel. Returns 1 when there was a lock, else 0.
+pub(crate) static FORCE_UNLOCK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('DEL', KEYS[1]) == 1 then
+  redis.call('PUBLISH', ARGV[1], '')
+  return 1
+end
+return 0
 ",
     )
 });

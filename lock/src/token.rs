@@ -12,8 +12,14 @@ impl Token {
         Self(hex::encode(rand::random::<[u8; 16]>()))
     }
 
-    /// The token as stored in the backend.
+    /// The token as stored in the backend (for backends).
     pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The whole token, to compare with what a backend holds. Whoever has it can release
+    /// the lock it marks: never log it.
+    pub fn expose(&self) -> &str {
         &self.0
     }
 }

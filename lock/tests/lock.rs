@@ -35,7 +35,7 @@ async fn a_lock_key_never_exists_without_a_ttl() {
             for _ in 0..50 {
                 let guard = locker.acquire(&key).await.unwrap();
                 sleep(ms(1)).await; // long enough for the probe to see the key
-                assert!(guard.release().await.unwrap());
+                assert!(guard.release().await.unwrap().was_held());
             }
         }));
     }
@@ -61,7 +61,7 @@ async fn a_lock_key_never_exists_without_a_ttl() {
     let guard = locker.try_acquire(&key).await.unwrap();
     let ttl = pttl(&mut probe, &key).await;
     assert!(ttl > 0 && ttl <= 5_000, "pttl {ttl}");
-    assert!(guard.release().await.unwrap());
+    assert!(guard.release().await.unwrap().was_held());
 }
 
 #[tokio::test]
@@ -72,14 +72,14 @@ async fn the_fence_key_hashes_to_the_lock_keys_slot_and_has_no_ttl() {
         .try_acquire(&key)
         .await
         .unwrap();
-    let fence_key = distlock::fence_key(&key).unwrap();
+    let fence_key = distlock::keys::fence_key(&key).unwrap();
     assert_eq!(fence_key, format!("{{{key}}}:fence"));
     assert_eq!(
         get(&mut conn, &fence_key).await,
         Some(guard.fence().to_string())
     );
     assert_eq!(pttl(&mut conn, &fence_key).await, -1);
-    assert!(guard.release().await.unwrap());
+    assert!(guard.release().await.unwrap().was_held());
 }
 
 /// The server's clock, in microseconds since the epoch.
@@ -107,6 +107,7 @@ async fn fences_stay_above_every_fence_issued_before_when_redis_loses_the_counte
                 .release()
                 .await
                 .unwrap()
+                .was_held()
         );
     }
     let a = locker.try_acquire("lock_sale_1").await.unwrap();
@@ -128,7 +129,7 @@ async fn fences_stay_above_every_fence_issued_before_when_redis_loses_the_counte
         b.fence()
     );
     assert!(b.fence().get() <= server_clock_us(&mut conn).await);
-    assert!(b.release().await.unwrap());
+    assert!(b.release().await.unwrap().was_held());
     drop(a);
 }
 
@@ -149,7 +150,7 @@ async fn a_new_fence_counter_starts_at_the_servers_clock_in_microseconds() {
         "fence {} outside the clock readings {before}..={after}",
         guard.fence()
     );
-    assert!(guard.release().await.unwrap());
+    assert!(guard.release().await.unwrap().was_held());
 }
 
 #[tokio::test]
@@ -158,15 +159,15 @@ async fn fences_too_large_for_a_lua_number_stay_exact() {
     let (key, _cleanup) = unique_key("fence-exact");
     let locker = locker(shared_redis().await, patient());
     let guard = locker.try_acquire(&key).await.unwrap();
-    let seen = Fence((1 << 60) + 1);
+    let seen = Fence::new((1 << 60) + 1);
 
     let advanced = guard.advance_fence(seen).await.unwrap();
-    assert!(guard.release().await.unwrap());
+    assert!(guard.release().await.unwrap().was_held());
     let next = locker.try_acquire(&key).await.unwrap();
 
-    assert_eq!(advanced, Fence((1 << 60) + 2));
-    assert_eq!(next.fence(), Fence((1 << 60) + 3));
-    assert!(next.release().await.unwrap());
+    assert_eq!(advanced, Fence::new((1 << 60) + 2));
+    assert_eq!(next.fence(), Fence::new((1 << 60) + 3));
+    assert!(next.release().await.unwrap().was_held());
 }
 
 #[tokio::test]
@@ -222,7 +223,7 @@ async fn an_attempt_abandoned_at_the_deadline_does_not_leave_its_key_behind() {
     let locker = locker(conn.clone(), options);
     // Load the scripts first: a frozen server cannot answer a NOSCRIPT reload.
     let warm_up = locker.try_acquire("warm-up").await.unwrap();
-    assert!(warm_up.release().await.unwrap());
+    assert!(warm_up.release().await.unwrap().was_held());
     server.signal("-STOP");
 
     // Act: the attempt is abandoned at the deadline; then Redis wakes up and runs the
@@ -295,7 +296,7 @@ async fn a_waiter_is_woken_within_milliseconds_of_the_release_not_after_its_back
         tokio::spawn(async move {
             let guard = waiter.acquire(&key).await.unwrap();
             let got_it = Instant::now();
-            assert!(guard.release().await.unwrap());
+            assert!(guard.release().await.unwrap().was_held());
             got_it
         })
     };
@@ -303,7 +304,7 @@ async fn a_waiter_is_woken_within_milliseconds_of_the_release_not_after_its_back
 
     // Act
     let released_at = Instant::now();
-    assert!(holder.release().await.unwrap());
+    assert!(holder.release().await.unwrap().was_held());
     let got_it = waiting.await.unwrap();
 
     // Assert: woken by the message, well before a backoff of a second.
@@ -329,7 +330,7 @@ async fn a_lost_release_message_costs_at_most_the_backstop() {
     let waiting = tokio::spawn(async move {
         let guard = waiter.acquire("lock_sale_1").await.unwrap();
         let got_it = Instant::now();
-        assert!(guard.release().await.unwrap());
+        assert!(guard.release().await.unwrap().was_held());
         got_it
     });
     sleep(ms(200)).await;
@@ -381,7 +382,7 @@ async fn a_signalled_waiter_never_waits_past_its_deadline() {
 
     assert!(matches!(outcome, Err(Error::Timeout { .. })), "{outcome:?}");
     assert!(elapsed >= wait && elapsed < wait + ms(1_500), "{elapsed:?}");
-    assert!(holder.release().await.unwrap());
+    assert!(holder.release().await.unwrap().was_held());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -401,13 +402,13 @@ async fn waiters_in_one_process_take_the_lock_in_the_order_they_asked() {
             let guard = waiter.acquire(&key).await.unwrap();
             order.lock().unwrap().push(i);
             sleep(ms(5)).await;
-            assert!(guard.release().await.unwrap());
+            assert!(guard.release().await.unwrap().was_held());
         }));
         sleep(ms(200)).await; // long enough to join the queue on a busy machine
     }
 
     // Act
-    assert!(holder.release().await.unwrap());
+    assert!(holder.release().await.unwrap().was_held());
     for task in tasks {
         task.await.unwrap();
     }
@@ -434,7 +435,7 @@ async fn after_its_subscription_is_killed_a_waiter_is_woken_by_messages_again() 
     let waiting = tokio::spawn(async move {
         let guard = waiter.acquire("lock_sale_1").await.unwrap();
         let got_it = Instant::now();
-        assert!(guard.release().await.unwrap());
+        assert!(guard.release().await.unwrap().was_held());
         got_it
     });
     sleep(ms(200)).await;
@@ -449,7 +450,7 @@ async fn after_its_subscription_is_killed_a_waiter_is_woken_by_messages_again() 
         .unwrap();
     sleep(ms(1_500)).await;
     let released_at = Instant::now();
-    assert!(holder.release().await.unwrap());
+    assert!(holder.release().await.unwrap().was_held());
     let got_it = timeout(Duration::from_secs(30), waiting)
         .await
         .unwrap()
@@ -482,7 +483,7 @@ async fn two_tasks_of_one_owner_both_get_in_while_another_process_holds_the_lock
     sleep(ms(200)).await;
 
     // Act
-    assert!(other.release().await.unwrap());
+    assert!(other.release().await.unwrap().was_held());
 
     // Assert: both get in (one acquisition, re-entered); neither waits for the other.
     let first = timeout(Duration::from_secs(5), first)
@@ -495,6 +496,170 @@ async fn two_tasks_of_one_owner_both_get_in_while_another_process_holds_the_lock
         .unwrap();
     assert_eq!(first.fence(), second.fence());
     assert_eq!(first.hold_count(), 2);
-    assert!(second.release().await.unwrap());
-    assert!(first.release().await.unwrap());
+    assert!(second.release().await.unwrap().was_held());
+    assert!(first.release().await.unwrap().was_held());
+}
+
+#[tokio::test]
+async fn a_fence_counter_set_back_by_a_failover_still_hands_out_a_larger_fence() {
+    // Arrange: A takes a fence; then Redis comes back with its counter *behind* (a failover
+    // to a replica that missed A's acquisition, or a restore from an older snapshot): not
+    // empty, just one step back.
+    let (key, _cleanup) = unique_key("fence-behind");
+    let mut conn = shared_redis().await;
+    let locker = locker(conn.clone(), patient());
+    let a = locker.try_acquire(&key).await.unwrap();
+    let a_fence = a.fence();
+    drop(a);
+    wait_until_gone(&mut conn, &key).await;
+    redis::cmd("SET")
+        .arg(distlock::keys::fence_key(&key).unwrap())
+        .arg(a_fence.get() - 1)
+        .exec_async(&mut conn)
+        .await
+        .unwrap();
+
+    // Act: B acquires from the counter that went back.
+    let b = locker.try_acquire(&key).await.unwrap();
+
+    // Assert: two acquisitions never share a fence, and B's is above the server's clock
+    // reading at A's acquisition.
+    assert!(
+        b.fence() > a_fence,
+        "B got fence {} after A's {a_fence}: a stale A would be let through",
+        b.fence()
+    );
+    assert!(b.release().await.unwrap().was_held());
+}
+
+/// Wait (up to 3 s) until `key` is gone from the shared Redis.
+async fn wait_until_gone(conn: &mut ConnectionManager, key: &str) {
+    for _ in 0..300 {
+        if get(conn, key).await.is_none() {
+            return;
+        }
+        sleep(ms(10)).await;
+    }
+    panic!("{key} was not released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reentrant_owner_gets_in_at_once_while_another_owner_waits_for_its_turn() {
+    // Arrange: X (another process) holds the key. In this process T1 (owner O) waits with the
+    // local turn, T3 (owner P) waits behind it, then T2 (owner O) behind T3.
+    let (key, _cleanup) = unique_key("reenter-turn");
+    let x = locker(shared_redis().await, patient())
+        .try_acquire(&key)
+        .await
+        .unwrap();
+    let here = signalled_locker(&redis_url(), ms(50), Duration::from_secs(60)).await;
+    let (o, p) = (here.owner(), here.owner());
+    let t1 = {
+        let (o, key) = (o.clone(), key.clone());
+        tokio::spawn(async move { o.acquire(&key).await.unwrap() })
+    };
+    sleep(ms(200)).await;
+    let t3 = {
+        let (p, key) = (p.clone(), key.clone());
+        tokio::spawn(async move { p.acquire(&key).await.unwrap() })
+    };
+    sleep(ms(200)).await;
+    let t2 = {
+        let (o, key) = (o.clone(), key.clone());
+        tokio::spawn(async move { o.acquire(&key).await.unwrap() })
+    };
+    sleep(ms(200)).await;
+
+    // Act: X releases; T1 gets the lock for O.
+    assert!(x.release().await.unwrap().was_held());
+    let t1 = timeout(Duration::from_secs(10), t1)
+        .await
+        .expect("T1 did not get the lock")
+        .unwrap();
+
+    // Assert: T2 re-enters O's hold at once, although T3 has the local turn now.
+    let t2 = timeout(Duration::from_secs(3), t2)
+        .await
+        .expect("T2 waited behind another owner although its own owner holds the key")
+        .unwrap();
+    assert_eq!(t2.fence(), t1.fence());
+    assert_eq!(t1.hold_count(), 2);
+    assert!(!t3.is_finished(), "P got in while O holds the key");
+    drop(t2);
+    drop(t1);
+    let t3 = timeout(Duration::from_secs(10), t3).await.unwrap().unwrap();
+    drop(t3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_wait_with_release_signals_makes_exactly_one_attempt() {
+    // Arrange: a free key, and a locker whose wait is zero ("try once") and whose release
+    // signals come from a Redis that has stopped answering (its subscription would never
+    // be confirmed).
+    let (key, _cleanup) = unique_key("zero-wait");
+    let signals_server = RedisServer::start();
+    let client = redis::Client::open(signals_server.url()).unwrap();
+    let signals = ReleaseSignals::connect(&client).await.unwrap();
+    signals_server.signal("-STOP");
+    let once = locker(
+        shared_redis().await,
+        LockOptions::builder()
+            .wait_timeout(Duration::ZERO)
+            .build()
+            .unwrap(),
+    )
+    .with_release_signals(signals);
+
+    // Act
+    let outcome = timeout(Duration::from_secs(10), once.acquire(&key))
+        .await
+        .expect("a zero wait did not return");
+
+    // Assert: the one attempt is made, and it finds the key free.
+    signals_server.signal("-CONT");
+    let guard = outcome.expect("a zero wait gave up without making its one attempt");
+    assert!(guard.release().await.unwrap().was_held());
+}
+
+#[test]
+fn try_acquire_outside_a_tokio_runtime_works_and_the_lease_frees_the_lock() {
+    // Arrange: a connection made inside a runtime, used from a thread outside any runtime
+    // (its driver task keeps running on the runtime's worker).
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (key, _cleanup) = unique_key("no-runtime");
+    // A multiplexed connection without a response timeout needs no tokio timer per
+    // request (a `ConnectionManager` does).
+    let conn = runtime.block_on(async {
+        redis::Client::open(redis_url())
+            .unwrap()
+            .get_multiplexed_async_connection_with_config(
+                &redis::AsyncConnectionConfig::new().set_response_timeout(None),
+            )
+            .await
+            .unwrap()
+    });
+    let options = LockOptions::builder().ttl(ms(800)).build().unwrap();
+    let locker = locker(conn.clone(), options);
+
+    // Act: no runtime here, so nothing can be spawned: no watchdog, no background release.
+    let guard = futures::executor::block_on(locker.try_acquire(&key))
+        .expect("try_acquire outside a runtime failed");
+
+    // Assert: held, and freed by its lease once dropped.
+    assert!(guard.is_held());
+    drop(guard);
+    runtime.block_on(async {
+        let mut conn = shared_redis().await;
+        timeout(Duration::from_secs(5), async {
+            while get(&mut conn, &key).await.is_some() {
+                sleep(ms(20)).await;
+            }
+        })
+        .await
+        .expect("the lease did not free the lock");
+    });
 }

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use distlock::{Attempt, Backend, Error, Fence, LockLost, LockOptions, Token, Unlock};
+use distlock::{
+    Attempt, Backend, Error, Fence, LockLost, LockOptions, ReleaseOutcome, Token, Unlock,
+};
 use support::*;
 use tokio::time::{Instant, sleep, timeout};
 
@@ -56,7 +58,10 @@ async fn mutual_exclusion_keeps_a_racy_counter_exact_under_contention<H: Harness
                 tokio::task::yield_now().await; // widen the race the lock must close
                 sleep(ms(1)).await;
                 counter.store(seen + 1, Ordering::SeqCst);
-                assert!(guard.release().await.unwrap(), "lock lost mid-section");
+                assert!(
+                    guard.release().await.unwrap().was_held(),
+                    "lock lost mid-section"
+                );
             }
         }));
     }
@@ -88,7 +93,7 @@ async fn the_lease_frees_a_lock_whose_holder_vanished<H: Harness>(h: H) {
     // Assert: only the lease could have freed it, so not before it ran out.
     let waited = taken_at.elapsed();
     assert!(waited >= ms(500), "freed after {waited:?}");
-    assert!(next.release().await.unwrap());
+    assert!(next.release().await.unwrap().was_held());
 }
 
 async fn a_stale_guards_release_does_not_delete_the_next_holders_lock<H: Harness>(h: H) {
@@ -101,18 +106,18 @@ async fn a_stale_guards_release_does_not_delete_the_next_holders_lock<H: Harness
     let b = locker.try_acquire(&key).await.unwrap();
 
     // Act
-    let a_was_ours = a.release().await.unwrap();
+    let a_was_ours = a.release().await.unwrap().was_held();
 
     // Assert
     assert!(!a_was_ours, "a stale release must report the lock as lost");
-    assert_eq!(h.holder(&key).await.as_deref(), Some(b.token()));
-    assert!(b.release().await.unwrap());
+    assert_eq!(h.holder(&key).await.as_deref(), Some(b.token().expose()));
+    assert!(b.release().await.unwrap().was_held());
     assert_eq!(h.holder(&key).await, None);
 }
 
 async fn fences_strictly_increase_across_holders_and_a_deleted_lock<H: Harness>(h: H) {
     let key = h.key("fences");
-    let mut previous = Fence(0);
+    let mut previous = Fence::new(0);
     for round in 0..12 {
         // A new backend handle and locker each time: a new holder, as in another process.
         let locker = locker(h.backend().await, patient());
@@ -128,7 +133,7 @@ async fn fences_strictly_increase_across_holders_and_a_deleted_lock<H: Harness>(
             h.delete(&key).await;
             drop(guard);
         } else {
-            assert!(guard.release().await.unwrap());
+            assert!(guard.release().await.unwrap().was_held());
         }
     }
 }
@@ -152,7 +157,7 @@ async fn fences_follow_the_order_in_which_contending_holders_held_the_lock<H: Ha
             for _ in 0..4 {
                 let guard = locker.acquire(&key).await.unwrap();
                 seen.push((place.fetch_add(1, Ordering::SeqCst), guard.fence()));
-                assert!(guard.release().await.unwrap());
+                assert!(guard.release().await.unwrap().was_held());
             }
             seen
         }));
@@ -200,18 +205,21 @@ async fn the_same_owner_reenters_and_the_lock_goes_when_the_count_returns_to_zer
         Err(Error::Held { .. })
     ));
 
-    assert!(inner.release().await.unwrap());
+    assert!(inner.release().await.unwrap().was_held());
     assert_eq!(outer.hold_count(), 1);
-    assert_eq!(h.holder(&key).await.as_deref(), Some(outer.token()));
+    assert_eq!(
+        h.holder(&key).await.as_deref(),
+        Some(outer.token().expose())
+    );
     assert!(matches!(
         stranger.try_acquire(&key).await,
         Err(Error::Held { .. })
     ));
 
-    assert!(outer.release().await.unwrap());
+    assert!(outer.release().await.unwrap().was_held());
     assert_eq!(h.holder(&key).await, None);
     let later = stranger.try_acquire(&key).await.unwrap();
-    assert!(later.release().await.unwrap());
+    assert!(later.release().await.unwrap().was_held());
 }
 
 async fn plain_acquisitions_are_not_reentrant<H: Harness>(h: H) {
@@ -222,7 +230,7 @@ async fn plain_acquisitions_are_not_reentrant<H: Harness>(h: H) {
         locker.try_acquire(&key).await,
         Err(Error::Held { .. })
     ));
-    assert!(first.release().await.unwrap());
+    assert!(first.release().await.unwrap().was_held());
 }
 
 async fn try_acquire_returns_at_once_when_the_lock_is_held<H: Harness>(h: H) {
@@ -242,7 +250,7 @@ async fn try_acquire_returns_at_once_when_the_lock_is_held<H: Harness>(h: H) {
         "{:?}",
         started.elapsed()
     );
-    assert!(holder.release().await.unwrap());
+    assert!(holder.release().await.unwrap().was_held());
 }
 
 async fn acquire_gives_up_at_its_deadline<H: Harness>(h: H) {
@@ -272,7 +280,7 @@ async fn acquire_gives_up_at_its_deadline<H: Harness>(h: H) {
         elapsed >= wait && elapsed < wait + Duration::from_secs(5),
         "{elapsed:?}"
     );
-    assert!(holder.release().await.unwrap());
+    assert!(holder.release().await.unwrap().was_held());
 }
 
 async fn acquire_gets_the_lock_once_the_holder_releases_it<H: Harness>(h: H) {
@@ -285,7 +293,7 @@ async fn acquire_gets_the_lock_once_the_holder_releases_it<H: Harness>(h: H) {
     };
     sleep(ms(100)).await;
     let holder_fence = holder.fence();
-    assert!(holder.release().await.unwrap());
+    assert!(holder.release().await.unwrap().was_held());
     let fence = timeout(Duration::from_secs(30), waiter)
         .await
         .unwrap()
@@ -313,7 +321,7 @@ async fn an_acquisition_that_had_to_wait_says_it_was_contended<H: Harness>(h: H)
     };
     asked.await.unwrap();
     sleep(ms(1_000)).await;
-    assert!(holder.release().await.unwrap());
+    assert!(holder.release().await.unwrap().was_held());
 
     // Assert: the waiter had to wait; once the key is free again, neither the next acquire
     // nor a try says so.
@@ -323,13 +331,13 @@ async fn an_acquisition_that_had_to_wait_says_it_was_contended<H: Harness>(h: H)
         .unwrap()
         .unwrap();
     assert!(waited.was_contended(), "the waiter found the lock held");
-    assert!(waited.release().await.unwrap());
+    assert!(waited.release().await.unwrap().was_held());
     let again = locker.acquire(&key).await.unwrap();
     assert!(!again.was_contended(), "the key was free again");
-    assert!(again.release().await.unwrap());
+    assert!(again.release().await.unwrap().was_held());
     let tried = locker.try_acquire(&key).await.unwrap();
     assert!(!tried.was_contended());
-    assert!(tried.release().await.unwrap());
+    assert!(tried.release().await.unwrap().was_held());
 }
 
 async fn an_endless_wait_gets_the_lock_once_the_holder_releases_it<H: Harness>(h: H) {
@@ -350,7 +358,7 @@ async fn an_endless_wait_gets_the_lock_once_the_holder_releases_it<H: Harness>(h
     sleep(ms(100)).await;
     assert!(!waiter.is_finished(), "the waiter did not wait");
     let holder_fence = holder.fence();
-    assert!(holder.release().await.unwrap());
+    assert!(holder.release().await.unwrap().was_held());
     let fence = timeout(Duration::from_secs(30), waiter)
         .await
         .unwrap()
@@ -367,7 +375,7 @@ async fn the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_releas
     let options = LockOptions::builder().ttl(ms(1_500)).build().unwrap();
     let locker = locker(h.backend().await, options);
     let guard = locker.acquire(&key).await.unwrap();
-    let token = guard.token().to_owned();
+    let token = guard.token().expose().to_owned();
 
     // Act: work for three ttls, checking as we go.
     for _ in 0..15 {
@@ -380,7 +388,7 @@ async fn the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_releas
         ));
     }
     assert!(guard.renewals() >= 6, "renewed {} times", guard.renewals());
-    assert!(guard.release().await.unwrap());
+    assert!(guard.release().await.unwrap().was_held());
 
     // Assert: a lock with the old token, put back, is left to expire.
     assert_nothing_renews(&h, &key, &token, ms(500)).await;
@@ -415,7 +423,7 @@ async fn a_dropped_guard_stops_its_watchdog<H: Harness>(h: H) {
         LockOptions::builder().ttl(ms(900)).build().unwrap(),
     );
     let guard = locker.try_acquire(&key).await.unwrap();
-    let token = guard.token().to_owned();
+    let token = guard.token().expose().to_owned();
 
     // Act
     drop(guard);
@@ -458,7 +466,7 @@ async fn the_lost_signal_fires_when_the_lock_is_deleted_behind_the_holder<H: Har
         .unwrap();
     assert_eq!(why, LockLost::Expired);
     assert!(!guard.is_held());
-    assert!(!guard.release().await.unwrap());
+    assert!(!guard.release().await.unwrap().was_held());
 }
 
 async fn the_lost_signal_fires_when_the_lock_is_taken_behind_the_holder<H: Harness>(h: H) {
@@ -478,7 +486,7 @@ async fn the_lost_signal_fires_when_the_lock_is_taken_behind_the_holder<H: Harne
         .unwrap();
     assert_eq!(why, LockLost::Taken);
     assert!(!guard.is_held());
-    assert!(!guard.release().await.unwrap());
+    assert!(!guard.release().await.unwrap().was_held());
     assert_eq!(h.holder(&key).await.as_deref(), Some("intruder"));
     h.delete(&key).await;
 }
@@ -488,7 +496,7 @@ async fn the_holder_can_advance_its_fence_above_what_a_store_has_seen<H: Harness
     let key = h.key("advance");
     let locker = locker(h.backend().await, patient());
     let guard = locker.try_acquire(&key).await.unwrap();
-    let seen = Fence(guard.fence().get() + 1_000_000);
+    let seen = Fence::new(guard.fence().get() + 1_000_000);
 
     // Act
     let fence = guard.advance_fence(seen).await.unwrap();
@@ -496,10 +504,10 @@ async fn the_holder_can_advance_its_fence_above_what_a_store_has_seen<H: Harness
     // Assert: above what the store saw, kept by the guard, and the counter moved on.
     assert!(fence > seen, "{fence} after {seen}");
     assert_eq!(guard.fence(), fence);
-    assert!(guard.release().await.unwrap());
+    assert!(guard.release().await.unwrap().was_held());
     let next = locker.try_acquire(&key).await.unwrap();
     assert!(next.fence() > fence);
-    assert!(next.release().await.unwrap());
+    assert!(next.release().await.unwrap().was_held());
 }
 
 async fn a_stale_holder_cannot_advance_its_fence<H: Harness>(h: H) {
@@ -513,7 +521,7 @@ async fn a_stale_holder_cannot_advance_its_fence<H: Harness>(h: H) {
 
     assert!(matches!(outcome, Err(Error::NotHeld { .. })), "{outcome:?}");
     assert!(stale.fence() < newer.fence());
-    assert!(newer.release().await.unwrap());
+    assert!(newer.release().await.unwrap().was_held());
 }
 
 async fn no_fence_can_be_advanced_past_the_largest<H: Harness>(h: H) {
@@ -523,13 +531,13 @@ async fn no_fence_can_be_advanced_past_the_largest<H: Harness>(h: H) {
         .await
         .unwrap();
 
-    let outcome = guard.advance_fence(Fence(Fence::MAX)).await;
+    let outcome = guard.advance_fence(Fence::new(Fence::MAX)).await;
 
     assert!(
         matches!(outcome, Err(Error::InvalidFence(_))),
         "{outcome:?}"
     );
-    assert!(guard.release().await.unwrap());
+    assert!(guard.release().await.unwrap().was_held());
 }
 
 async fn a_retried_acquire_finds_its_own_token_and_succeeds<H: Harness>(h: H) {
@@ -562,11 +570,14 @@ async fn a_retried_release_still_reports_the_lock_as_ours<H: Harness>(h: H) {
         .try_acquire(&key)
         .await
         .unwrap();
-    assert_eq!(h.holder(&key).await.as_deref(), Some(guard.token()));
+    assert_eq!(
+        h.holder(&key).await.as_deref(),
+        Some(guard.token().expose())
+    );
     h.delete(&key).await; // what the first try did
 
     // Act: the retry finds nothing there.
-    let was_ours = guard.release().await.unwrap();
+    let was_ours = guard.release().await.unwrap().was_held();
 
     // Assert: the lease was still running, so nobody else can have had the lock.
     assert!(was_ours, "a retried release reported a lost lock");
@@ -584,37 +595,17 @@ async fn an_empty_key_is_refused_before_the_backend_is_asked<H: Harness>(h: H) {
     ));
 }
 
-async fn a_retried_release_that_finds_the_next_holder_still_reports_the_lock_as_ours<H: Harness>(
-    h: H,
-) {
-    // Arrange: the first try deleted the lock, and a waiter took it before the re-sent
-    // request arrived.
-    let key = h.key("retried-release-taken");
-    let guard = locker(h.backend().await, patient())
-        .try_acquire(&key)
-        .await
-        .unwrap();
-    h.delete(&key).await;
-    h.put(&key, "the-next-holder", Duration::from_secs(30))
-        .await;
-
-    // Act
-    let was_ours = guard.release().await.unwrap();
-
-    // Assert: ours until we released it; the next holder's lock is left alone.
-    assert!(was_ours, "a retried release reported a lost lock");
-    assert_eq!(h.holder(&key).await.as_deref(), Some("the-next-holder"));
-    h.delete(&key).await;
-}
-
 async fn a_counter_at_the_largest_fence_refuses_cleanly_and_leaves_nothing<H: Harness>(h: H) {
     // Arrange: a store's fence just below the largest pushes the counter to it.
     let key = h.key("fence-exhausted");
     let locker = locker(h.backend().await, patient());
     let guard = locker.try_acquire(&key).await.unwrap();
-    let top = guard.advance_fence(Fence(Fence::MAX - 1)).await.unwrap();
-    assert_eq!(top, Fence(Fence::MAX));
-    assert!(guard.release().await.unwrap());
+    let top = guard
+        .advance_fence(Fence::new(Fence::MAX - 1))
+        .await
+        .unwrap();
+    assert_eq!(top, Fence::new(Fence::MAX));
+    assert!(guard.release().await.unwrap().was_held());
 
     // Act: no fence can follow, so no acquisition can be made.
     let outcome = locker.try_acquire(&key).await;
@@ -623,6 +614,64 @@ async fn a_counter_at_the_largest_fence_refuses_cleanly_and_leaves_nothing<H: Ha
     assert!(outcome.is_err(), "{outcome:?}");
     assert!(!matches!(outcome, Err(Error::Held { .. })), "{outcome:?}");
     assert_eq!(h.holder(&key).await, None, "a failed acquire left its lock");
+}
+
+async fn an_acquire_cancelled_after_its_attempt_took_the_lock_gives_it_back<H: Harness>(h: H) {
+    // Arrange: a lease of a minute, so only a release can free the key within the test.
+    let key = h.key("cancel-after-take");
+    let options = LockOptions::builder()
+        .ttl(Duration::from_secs(60))
+        .wait_timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let locker = locker(h.backend().await, options);
+    let mut acquire = Box::pin(locker.acquire(&key));
+
+    // Act: poll once (the attempt starts), let the attempt take the key and hand its answer
+    // over, then drop the acquire without ever polling it again.
+    assert!(futures::poll!(&mut acquire).is_pending());
+    timeout(Duration::from_secs(5), async {
+        while h.holder(&key).await.is_none() {
+            sleep(ms(5)).await;
+        }
+    })
+    .await
+    .expect("the attempt never took the key");
+    sleep(ms(300)).await;
+    drop(acquire);
+
+    // Assert: nobody claimed the acquisition, so it is given back, not left for a minute.
+    wait_until_free(
+        &h,
+        &key,
+        "an acquisition nobody claimed was left for its whole lease",
+    )
+    .await;
+}
+
+async fn a_release_after_another_holder_took_the_key_says_it_was_taken<H: Harness>(h: H) {
+    // Arrange: A holds; its key is lost behind its back (a failover, an eviction, a DEL by
+    // hand) and B takes it while A's own lease still runs.
+    let key = h.key("release-taken");
+    let a = locker(h.backend().await, patient())
+        .try_acquire(&key)
+        .await
+        .unwrap();
+    h.delete(&key).await;
+    h.put(&key, "b-token", Duration::from_secs(30)).await;
+
+    // Act
+    let outcome = a.release().await.unwrap();
+
+    // Assert: A is told its lock was taken (its work may have overlapped B's), and B's
+    // lock is left alone.
+    assert_eq!(
+        outcome,
+        ReleaseOutcome::Lost(LockLost::Taken),
+        "A's release said the lock was still A's"
+    );
+    assert_eq!(h.holder(&key).await.as_deref(), Some("b-token"));
+    h.delete(&key).await;
 }
 
 /// Every property, instantiated for every backend.
@@ -686,6 +735,7 @@ suite!(
     a_retried_acquire_finds_its_own_token_and_succeeds,
     a_retried_release_still_reports_the_lock_as_ours,
     an_empty_key_is_refused_before_the_backend_is_asked,
-    a_retried_release_that_finds_the_next_holder_still_reports_the_lock_as_ours,
     a_counter_at_the_largest_fence_refuses_cleanly_and_leaves_nothing,
+    an_acquire_cancelled_after_its_attempt_took_the_lock_gives_it_back,
+    a_release_after_another_holder_took_the_key_says_it_was_taken,
 );

@@ -39,7 +39,7 @@ async fn the_lock_is_set_with_a_ttl_on_every_master_and_excludes_others() {
     for mut conn in cluster.conns().to_vec() {
         assert_eq!(
             get(&mut conn, "lock_sale_1").await.as_deref(),
-            Some(guard.token())
+            Some(guard.token().expose())
         );
         let ttl = pttl(&mut conn, "lock_sale_1").await;
         assert!(ttl > 0 && ttl <= 5_000, "pttl {ttl}");
@@ -48,7 +48,7 @@ async fn the_lock_is_set_with_a_ttl_on_every_master_and_excludes_others() {
         redlock.try_acquire("lock_sale_1").await,
         Err(Error::Held { .. })
     ));
-    assert!(guard.release().await.unwrap());
+    assert!(guard.release().await.unwrap().was_held());
     for mut conn in cluster.conns().to_vec() {
         assert_eq!(get(&mut conn, "lock_sale_1").await, None);
     }
@@ -67,7 +67,7 @@ async fn one_of_three_masters_down_still_locks() {
         redlock.try_acquire("k").await,
         Err(Error::Held { .. })
     ));
-    assert!(guard.release().await.unwrap());
+    assert!(guard.release().await.unwrap().was_held());
 }
 
 #[tokio::test]
@@ -83,7 +83,7 @@ async fn two_of_five_masters_down_still_locks() {
         redlock.try_acquire("k").await,
         Err(Error::Held { .. })
     ));
-    assert!(guard.release().await.unwrap());
+    assert!(guard.release().await.unwrap().was_held());
 }
 
 #[tokio::test]
@@ -109,7 +109,7 @@ async fn with_a_majority_down_acquire_fails_with_a_clear_error() {
         }
         other => panic!(
             "expected NoQuorum, got {:?}",
-            other.map(|g| g.token().to_owned())
+            other.map(|g| g.token().expose().to_owned())
         ),
     }
     // Nothing is left behind on the surviving node.
@@ -137,7 +137,7 @@ async fn a_lost_minority_does_not_let_a_second_holder_in() {
         redlock.try_acquire("k").await,
         Err(Error::Held { .. })
     ));
-    assert!(guard.release().await.unwrap());
+    assert!(guard.release().await.unwrap().was_held());
     assert_eq!(
         get(&mut cluster.conns()[2].clone(), "k").await.as_deref(),
         Some("someone-else")
@@ -148,7 +148,7 @@ async fn a_lost_minority_does_not_let_a_second_holder_in() {
 async fn fences_keep_growing_when_the_majority_changes() {
     // Arrange: node 0's counter is far ahead of the others (and of the clock).
     let mut cluster = RedlockHarness::start(3).await;
-    let fence_key = distlock::fence_key("k").unwrap();
+    let fence_key = distlock::keys::fence_key("k").unwrap();
     let ahead: u64 = 1 << 61;
     let _: () = redis::cmd("SET")
         .arg(&fence_key)
@@ -161,10 +161,10 @@ async fn fences_keep_growing_when_the_majority_changes() {
     let first_fence = first.fence();
     assert_eq!(
         first_fence,
-        Fence(ahead + 1),
+        Fence::new(ahead + 1),
         "the fence is the maximum of the majority"
     );
-    assert!(first.release().await.unwrap());
+    assert!(first.release().await.unwrap().was_held());
 
     // Act: the node that gave the maximum disappears; the next majority is nodes 1 and 2.
     cluster.servers()[0].kill();
@@ -177,7 +177,7 @@ async fn fences_keep_growing_when_the_majority_changes() {
         second.fence(),
         first_fence
     );
-    assert!(second.release().await.unwrap());
+    assert!(second.release().await.unwrap().was_held());
 }
 
 #[tokio::test]
@@ -191,9 +191,12 @@ async fn the_watchdog_keeps_the_majority_through_several_ttls() {
     assert!(guard.is_held());
     assert!(guard.renewals() >= 5, "renewed {} times", guard.renewals());
     for mut conn in cluster.conns().to_vec() {
-        assert_eq!(get(&mut conn, "k").await.as_deref(), Some(guard.token()));
+        assert_eq!(
+            get(&mut conn, "k").await.as_deref(),
+            Some(guard.token().expose())
+        );
     }
-    assert!(guard.release().await.unwrap());
+    assert!(guard.release().await.unwrap().was_held());
 }
 
 #[tokio::test]
@@ -224,7 +227,7 @@ async fn a_majority_holder_can_advance_its_fence_and_a_stale_one_cannot() {
         .unwrap();
     let redlock = Locker::new(Redlock::new(cluster.conns().to_vec()).unwrap(), short).unwrap();
     let holder = redlock.try_acquire("k").await.unwrap();
-    let seen = Fence(holder.fence().get() + 1_000_000);
+    let seen = Fence::new(holder.fence().get() + 1_000_000);
 
     let advanced = holder.advance_fence(seen).await.unwrap();
     assert!(advanced > seen);
@@ -237,7 +240,7 @@ async fn a_majority_holder_can_advance_its_fence_and_a_stale_one_cannot() {
         holder.advance_fence(newer.fence()).await,
         Err(Error::NotHeld { .. })
     ));
-    assert!(newer.release().await.unwrap());
+    assert!(newer.release().await.unwrap().was_held());
 }
 
 #[tokio::test]
@@ -305,7 +308,7 @@ async fn an_attempt_dropped_after_a_majority_granted_it_leaves_no_keys() {
         .await
         .expect("the abandoned attempt left its keys behind");
     let next = redlock.try_acquire("lock_sale_1").await.unwrap();
-    assert!(next.release().await.unwrap());
+    assert!(next.release().await.unwrap().was_held());
 }
 
 #[tokio::test]
@@ -316,7 +319,7 @@ async fn masters_restarted_empty_still_hand_out_larger_fences() {
         let redlock = redlock(&masters, ms(5_000));
         let guard = redlock.acquire("lock_sale_1").await.unwrap();
         let fence = guard.fence();
-        assert!(guard.release().await.unwrap());
+        assert!(guard.release().await.unwrap().was_held());
         fence
     };
     for server in masters.servers() {
@@ -336,5 +339,36 @@ async fn masters_restarted_empty_still_hand_out_larger_fences() {
 
     // Assert: the counters started again above the clock, so above the old fence.
     assert!(after.fence() > before, "{} after {before}", after.fence());
-    assert!(after.release().await.unwrap());
+    assert!(after.release().await.unwrap().was_held());
+}
+
+#[tokio::test]
+async fn a_master_that_comes_back_with_its_counter_behind_still_gives_a_larger_fence() {
+    // Arrange: A takes a fence over three masters and gives the lock back; then every master
+    // comes back with its counter one step behind A's fence (each failed over to a replica
+    // that missed A's acquisition).
+    let masters = RedlockHarness::start(3).await;
+    let locker = redlock(&masters, Duration::from_secs(5));
+    let a = locker.try_acquire("lock_sale_1").await.unwrap();
+    let a_fence = a.fence();
+    assert!(a.release().await.unwrap().was_held());
+    for conn in masters.conns() {
+        redis::cmd("SET")
+            .arg(distlock::keys::fence_key("lock_sale_1").unwrap())
+            .arg(a_fence.get() - 1)
+            .exec_async(&mut conn.clone())
+            .await
+            .unwrap();
+    }
+
+    // Act
+    let b = locker.try_acquire("lock_sale_1").await.unwrap();
+
+    // Assert
+    assert!(
+        b.fence() > a_fence,
+        "B got fence {} after A's {a_fence}",
+        b.fence()
+    );
+    assert!(b.release().await.unwrap().was_held());
 }

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use distlock::{Backend, Error as LockError, Locker, PgLockTable, Redlock};
+use distlock::{Backend, Error as LockError, Locker, PgLockTable, Redlock, ReleaseOutcome};
 use rand::Rng;
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;
@@ -276,10 +276,10 @@ impl Leader {
             metrics.batches_per_hold.observe(f64::from(batches));
             metrics.lock_renewals.inc_by(guard.renewals());
             match guard.release().await {
-                Ok(true) => {}
-                Ok(false) => {
+                Ok(ReleaseOutcome::Released) => {}
+                Ok(lost) => {
                     metrics.locks_lost.inc();
-                    tracing::warn!(product_id = %self.product, "the lease ran out while selling; the fence kept the data safe");
+                    tracing::warn!(product_id = %self.product, %lost, "the lock was lost while selling; the fence kept the data safe");
                 }
                 Err(error) => {
                     tracing::warn!(%error, "could not release the lock; its lease will free it")

@@ -222,7 +222,7 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
     /// The row holds `stored`, a fence above ours: take a fence above it if we still hold
     /// the lock (the counter went back), or say that we are stale.
     async fn resync(&self, ours: Fence, stored: i64) -> Result<(), PurchaseError> {
-        match self.guard.advance_fence(Fence(stored as u64)).await {
+        match self.guard.advance_fence(Fence::new(stored as u64)).await {
             Ok(new) => {
                 self.metrics.fence_resyncs.inc();
                 tracing::warn!(stored, %new, "the fence counter was behind the database; resynced");

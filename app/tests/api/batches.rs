@@ -110,7 +110,7 @@ async fn one_batch_answers_each_buyer_on_their_own(pool: PgPool) {
     }
 
     // Act: the desk's leader gets the lock and sells everything waiting in one batch.
-    assert!(held.release().await.unwrap());
+    assert!(held.release().await.unwrap().was_held());
     let mut answers = Vec::new();
     for (user, sent) in queued {
         answers.push((user, answer(sent).await));
@@ -169,7 +169,7 @@ async fn a_buyer_who_left_before_the_batch_was_taken_is_skipped(pool: PgPool) {
     let patient = desk.queue(10, 1).await;
 
     // Act
-    assert!(held.release().await.unwrap());
+    assert!(held.release().await.unwrap().was_held());
 
     // Assert: buyer 10 bought; buyer 9's purchase was never made.
     assert_eq!(answer(patient).await.0, 201);
@@ -202,7 +202,7 @@ async fn beyond_a_full_queue_buyers_are_told_busy_at_once(pool: PgPool) {
     }
     assert!(took < Duration::from_secs(5), "the refusals took {took:?}");
     assert_eq!(desk.app.metric("seckill_queue_full_total").await, 3.0);
-    assert!(held.release().await.unwrap());
+    assert!(held.release().await.unwrap().was_held());
     assert_eq!(answer(first).await.0, 201);
     assert_eq!(answer(second).await.0, 201);
     assert_eq!(books(&pool, desk.id).await.orders, 2);
@@ -217,7 +217,7 @@ async fn batch_max_one_sells_one_purchase_per_transaction_and_per_hold(pool: PgP
         queued.push(desk.queue(user, 1).await);
     }
 
-    assert!(held.release().await.unwrap());
+    assert!(held.release().await.unwrap().was_held());
     for sent in queued {
         assert_eq!(answer(sent).await.0, 201);
     }
@@ -261,7 +261,7 @@ async fn holds_last_while_buyers_come_alone_and_one_batch_while_others_want_the_
     let held = desk.hold().await;
     let third = desk.queue(3, 1).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(held.release().await.unwrap());
+    assert!(held.release().await.unwrap().was_held());
     desk.wait_for_empty_queue().await;
     let fourth = desk.send(4, 1, Duration::from_secs(60));
     assert_eq!(answer(third).await.0, 201);

@@ -71,7 +71,7 @@ async fn a_stale_leaders_whole_batch_is_fenced_off_and_writes_nothing(pool: PgPo
         .await
         .unwrap();
     assert!(stored > guard.fence().as_i64());
-    assert!(!guard.release().await.unwrap());
+    assert!(!guard.release().await.unwrap().was_held());
 }
 
 /// A lock on a fresh key of the shared Redis (its keys deleted when the cleanup is dropped),
@@ -196,7 +196,7 @@ async fn a_holder_gives_the_units_of_a_buyer_who_had_bought_already_to_the_next_
     assert_eq!(version(&pool, product).await, before + 1, "one write");
     assert_owned_and_balanced(&pool, product, &batch, &answers).await;
     assert_eq!(books(&pool, product.get()).await.stock, 0);
-    guard.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -227,7 +227,7 @@ async fn a_holder_tells_sold_out_only_when_no_unit_is_left_for_that_buyer(pool: 
     );
     assert_owned_and_balanced(&pool, product, &batch, &answers).await;
     assert_eq!(books(&pool, product.get()).await.stock, 0);
-    guard.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -253,7 +253,7 @@ async fn an_exact_allocation_is_not_written_when_a_buyer_it_sells_to_has_an_orde
     assert!(answers[1].is_ok() && answers[2].is_ok(), "{answers:?}");
     assert_owned_and_balanced(&pool, product, &batch, &answers).await;
     assert_eq!(books(&pool, product.get()).await.stock, 0);
-    guard.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -277,7 +277,7 @@ async fn a_buyer_left_without_a_unit_who_had_bought_is_told_already_purchased(po
         "{answers:?}"
     );
     assert_owned_and_balanced(&pool, product, &batch, &answers).await;
-    guard.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -310,7 +310,7 @@ async fn a_batch_of_buyers_who_all_bought_already_leaves_the_row_alone(pool: PgP
         "{answers:?}"
     );
     assert_eq!(row(pool.clone()).await, before);
-    guard.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -338,7 +338,7 @@ async fn buyers_found_with_orders_when_the_stock_is_short_are_answered_without_a
     }
     assert_eq!(version(&pool, product).await, before);
     assert_eq!(books(&pool, product.get()).await.stock, 1);
-    guard.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -373,7 +373,7 @@ async fn a_holder_that_saw_the_stock_gone_sells_again_after_a_restock(pool: PgPo
     assert!(answers.iter().all(Result::is_ok), "{answers:?}");
     assert_owned_and_balanced(&pool, product, &batch, &answers).await;
     assert_eq!(books(&pool, product.get()).await.stock, 0);
-    guard.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -427,7 +427,7 @@ async fn a_holders_batch_reads_none_of_the_orders_the_product_has_already(
         "three batches read {} rows of orders",
         after.rows - before.rows
     );
-    guard.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -479,5 +479,5 @@ async fn an_order_committed_by_an_overlapping_writer_undoes_the_batch_and_is_ans
     assert_owned_and_balanced(&pool, product, &batch, &answers).await;
     let books = books(&pool, product.get()).await;
     assert_eq!((books.stock, books.orders), (8, 2), "{books:?}");
-    guard.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
 }
