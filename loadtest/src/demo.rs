@@ -260,7 +260,7 @@ fn announce(args: &DemoArgs, runs: &[Run]) -> String {
     let bound = runs.len() as u64 * (args.max_seconds + 15);
     format!(
         "demo: {} runs, {} instance(s) each, {} users; each run ends once its sale is decided, or after {} s.\n\
-         The default run takes about 3 minutes on a two-core machine; this one at most about {} minutes, if every run reached its time bound.",
+         The default run takes 1 to 3 minutes on a two-core machine; this one at most about {} minutes, if every run reached its time bound.",
         runs.len(),
         args.instances,
         args.users,
