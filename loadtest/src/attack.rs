@@ -163,6 +163,10 @@ pub struct AttackReport {
     pub lost_answers: Vec<u64>,
     /// Why goose stopped early, if it refused to finish (a failed `--threshold`).
     pub goose_error: Option<String>,
+    /// Whether the sale was decided (every buyer answered, or all tried and sold out) before
+    /// the attack ended; `false` when `--run-time` ended it first, or a threshold or Ctrl-C
+    /// stopped it.
+    pub decided: bool,
 }
 
 impl AttackReport {
@@ -336,7 +340,8 @@ pub async fn run(
         .set_default(GooseDefault::NoResetMetrics, true)?
         .execute()
         .await;
-    plan.decided.store(true, Ordering::SeqCst);
+    // Set only by `check_decided` until now: whoever else stopped goose left it unset.
+    let decided = plan.decided.swap(true, Ordering::SeqCst);
     if let Some(progress) = progress {
         let _ = progress.await;
     }
@@ -364,6 +369,7 @@ pub async fn run(
         buyers_with_two_201s: two,
         lost_answers,
         goose_error,
+        decided,
     })
 }
 

@@ -327,6 +327,7 @@ mod tests {
             buyers_with_two_201s: 0,
             lost_answers: tally.lost_answers(),
             goose_error: None,
+            decided: unanswered == 0,
             tally: Arc::new(tally),
         }
     }

@@ -105,7 +105,7 @@ pub struct DemoArgs {
 
     /// Strategies to run once more with BATCH_MAX=1, one purchase per transaction (the
     /// per-request baseline), comma-separated, from the same list as --strategies; "" for
-    /// none.
+    /// none. They sell --per-request-stock units.
     #[arg(long, value_delimiter = ',', default_value = "redis,pg-atomic", value_parser = strategy_or_nothing)]
     pub per_request: Vec<Option<seckill::LockStrategy>>,
 
@@ -113,24 +113,34 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch_max: u32,
 
-    /// Instances per strategy, each a separate process.
+    /// Instances per run, each a separate process.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
     pub instances: u16,
 
-    /// Units on sale per strategy: enough for a sale of several seconds at full load.
-    #[arg(long, default_value_t = 50_000, value_parser = clap::value_parser!(i64).range(1..=10_000_000))]
+    /// Units on sale in each batched run: a sale of a few seconds at full load on a
+    /// two-core machine.
+    #[arg(long, default_value_t = 25_000, value_parser = clap::value_parser!(i64).range(1..=10_000_000))]
     pub stock: i64,
 
-    /// Distinct buyers per strategy (more than the stock, so it sells out).
-    #[arg(long, default_value_t = 75_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    /// Distinct buyers in each batched run (more than the stock, so it sells out). The
+    /// per-request runs get as many buyers per unit.
+    #[arg(long, default_value_t = 37_500, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub buyers: u64,
+
+    /// Units on sale in each per-request run (at most --stock). One purchase per
+    /// transaction sells a few hundred orders/s on a two-core machine: sized so that such a
+    /// run sells out well within --max-seconds.
+    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(i64).range(1..=10_000_000))]
+    pub per_request_stock: i64,
 
     /// Concurrent simulated users (goose users), all started in the first second.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub users: u64,
 
-    /// Upper bound on each attack, in seconds (it ends earlier, once the sale is decided).
-    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    /// Upper bound on each run's attack, in seconds (it ends earlier, once the sale is
+    /// decided). A run that reaches it before selling out is reported INCOMPLETE, which
+    /// does not fail the demo by itself.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3_600))]
     pub max_seconds: u64,
 
     /// WORK_MS for the instances: pretend work inside each batch's critical section. 0

@@ -1,6 +1,12 @@
 //! `loadtest demo`: the same attack on fresh instances of every strategy, one table, one
 //! chart.
 //!
+//! Each run (a strategy, batched or per request) gets a fresh database and its own
+//! instances, and ends once its sale is decided or at `--max-seconds`. What a run shows is
+//! its [`RowVerdict`]: a safe strategy must keep its books, and `none` must break them. A
+//! run that reaches the time bound before it sells out is `INCOMPLETE`, which is not a
+//! failure by itself; a broken invariant always is.
+//!
 //! A strategy that fails to start, or whose attack or books cannot be read, becomes a row
 //! marked as an error, with its reason; the others still run. Every run's database and
 //! Redis keys (Redlock masters' included) are removed whatever happens, and Ctrl-C stops the
@@ -8,15 +14,15 @@
 
 use std::fmt::Write as _;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use goose::config::GooseConfiguration;
 use seckill::LockStrategy;
 
 use crate::attack::{self, AttackReport, Cancel, Extras};
-use crate::books::{self, NO_LOST_UPDATE, NO_OVERSELL, NO_SERVER_ERROR, Verdict};
-use crate::chart::{self, Bar};
+use crate::books::{self, NO_LOST_UPDATE, NO_OVERSELL, NO_SERVER_ERROR, SALE_HAPPENED, Verdict};
+use crate::chart::{self, Bar, Header};
 use crate::cli::DemoArgs;
 use crate::instances::{Instance, InstanceConfig};
 use crate::servers::{self, Server, ThrowawayDatabase};
@@ -27,6 +33,8 @@ const ADMIN_TOKEN: &str = "demo-admin-token-0123456789";
 pub struct Row {
     pub strategy: LockStrategy,
     pub batch_max: u32,
+    /// Units put on sale.
+    pub stock: i64,
     pub outcome: Result<Figures, String>,
 }
 
@@ -46,6 +54,59 @@ pub struct Figures {
     pub split: Vec<u64>,
     pub verdict: Verdict,
     pub orders_over_time: Vec<u64>,
+    /// The attack ran into `--max-seconds` before the sale was decided.
+    pub time_bound: bool,
+}
+
+/// What a row shows, for the table and the exit code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RowVerdict {
+    /// A safe strategy sold out (or answered every buyer) and kept its books.
+    Pass,
+    /// `none` broke the books (oversold or lost updates), as it must, and nothing else.
+    FailedAsExpected,
+    /// A safe strategy kept its books but reached the time bound with stock left: `sold` of
+    /// `supplied` units were sold. Its figures are from a partial sale.
+    Incomplete { sold: i64, supplied: i64 },
+    /// A check failed: these.
+    Fail(Vec<&'static str>),
+    /// `none` did not show the race; with the checks that failed, if any.
+    RaceNotShown(Vec<&'static str>),
+    /// The run could not be made or judged.
+    Error(String),
+}
+
+impl RowVerdict {
+    /// Whether this row makes the demo exit non-zero: anything but a pass, `none` failing
+    /// as it must, or a run stopped by the time bound with its books intact.
+    pub fn fails_the_demo(&self) -> bool {
+        !matches!(
+            self,
+            RowVerdict::Pass | RowVerdict::FailedAsExpected | RowVerdict::Incomplete { .. }
+        )
+    }
+}
+
+impl std::fmt::Display for RowVerdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RowVerdict::Pass => write!(f, "PASS"),
+            RowVerdict::FailedAsExpected => write!(f, "FAIL (expected: no lock)"),
+            RowVerdict::Incomplete { sold, supplied } => {
+                write!(f, "INCOMPLETE: time bound, {sold} of {supplied} sold")
+            }
+            RowVerdict::Fail(failed) => write!(f, "FAIL ({})", failed.join(", ")),
+            RowVerdict::RaceNotShown(failed) if failed.is_empty() => {
+                write!(f, "UNEXPECTED: no oversell or lost update shown")
+            }
+            RowVerdict::RaceNotShown(failed) => write!(
+                f,
+                "UNEXPECTED: no oversell or lost update shown; failed: {}",
+                failed.join(", ")
+            ),
+            RowVerdict::Error(why) => write!(f, "ERROR: {why}"),
+        }
+    }
 }
 
 impl Row {
@@ -58,48 +119,167 @@ impl Row {
     }
 
     /// `none` must fail on oversell or lost update, and on nothing that would mean the
-    /// service broke (a 5xx); every other strategy must pass.
-    pub fn as_expected(&self) -> bool {
-        let Ok(figures) = &self.outcome else {
-            return false;
+    /// service broke (a 5xx); every other strategy must pass, or keep its books until the
+    /// time bound stopped it.
+    pub fn verdict(&self) -> RowVerdict {
+        let figures = match &self.outcome {
+            Ok(figures) => figures,
+            Err(why) => return RowVerdict::Error(why.clone()),
         };
+        let verdict = &figures.verdict;
+        let failed: Vec<&'static str> = verdict
+            .checks
+            .iter()
+            .filter(|c| !c.pass)
+            .map(|c| c.name)
+            .collect();
         if self.strategy == LockStrategy::None {
-            (figures.verdict.check(NO_OVERSELL) == Some(false)
-                || figures.verdict.check(NO_LOST_UPDATE) == Some(false))
-                && figures.verdict.check(NO_SERVER_ERROR) == Some(true)
-        } else {
-            figures.verdict.passed()
+            let race_shown = verdict.check(NO_OVERSELL) == Some(false)
+                || verdict.check(NO_LOST_UPDATE) == Some(false);
+            return match (race_shown, verdict.check(NO_SERVER_ERROR)) {
+                (true, Some(true)) => RowVerdict::FailedAsExpected,
+                (true, _) => RowVerdict::Fail(vec![NO_SERVER_ERROR]),
+                (false, _) => RowVerdict::RaceNotShown(failed),
+            };
         }
-    }
-
-    fn verdict_text(&self) -> String {
-        match (&self.outcome, self.strategy == LockStrategy::None) {
-            (Err(why), _) => format!("ERROR: {why}"),
-            (Ok(_), true) if self.as_expected() => "FAIL (expected: no lock)".into(),
-            (Ok(_), true) => "PASS (race not shown: unexpected)".into(),
-            (Ok(_), false) if self.as_expected() => "PASS".into(),
-            (Ok(figures), false) => {
-                let failed: Vec<&str> = figures
-                    .verdict
-                    .checks
-                    .iter()
-                    .filter(|c| !c.pass)
-                    .map(|c| c.name)
-                    .collect();
-                format!("FAIL ({})", failed.join(", "))
+        let books = verdict.books;
+        match failed.as_slice() {
+            [] => RowVerdict::Pass,
+            // Only the time bound kept the sale from its end: what was sold balanced, and
+            // something was (a service that sells nothing in the bound is broken, not slow).
+            [SALE_HAPPENED] if figures.time_bound && books.sold > 0 && books.stock > 0 => {
+                RowVerdict::Incomplete {
+                    sold: books.sold,
+                    supplied: books.supplied,
+                }
             }
+            _ => RowVerdict::Fail(failed),
         }
     }
 }
 
-/// Run the demo; `Ok(true)` when every strategy behaved as expected.
+/// When, where and how a demo ran: the table's and the chart's header.
+pub struct RunInfo {
+    /// UTC, to the minute.
+    pub date: String,
+    /// Cores and CPU model.
+    pub machine: String,
+    /// The command line, as `loadtest demo ...`, passwords in URLs hidden.
+    pub command: String,
+}
+
+impl RunInfo {
+    /// This process, now.
+    pub fn now() -> Self {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        Self {
+            date: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+            machine: machine(),
+            command: command_line(&args),
+        }
+    }
+}
+
+/// `2 cores, Intel(R) Xeon(R) Processor`: the cores this process may use (as `nproc`
+/// counts them) and the CPU model from `/proc/cpuinfo` (Linux).
+pub fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|line| line.strip_prefix("model name"))
+                .and_then(|rest| rest.split_once(':'))
+                .map(|(_, model)| model.trim().to_owned())
+        })
+        .unwrap_or_else(|| "CPU model unknown".to_owned());
+    format!("{cores} cores, {model}")
+}
+
+/// `loadtest` and `args` as a shell would take them back, with any password in a URL hidden.
+pub fn command_line(args: &[String]) -> String {
+    let mut line = String::from("loadtest");
+    for arg in args {
+        let arg = if arg.contains("://") {
+            seckill::settings::redacted(arg)
+        } else {
+            arg.clone()
+        };
+        line.push(' ');
+        if arg.is_empty() || arg.contains(|c: char| c.is_whitespace() || c == '"') {
+            line.push_str(&format!("{arg:?}"));
+        } else {
+            line.push_str(&arg);
+        }
+    }
+    line
+}
+
+/// One run of the demo: a strategy, its `BATCH_MAX`, what it sells and to how many buyers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    pub strategy: LockStrategy,
+    pub batch_max: u32,
+    pub stock: i64,
+    pub buyers: u64,
+}
+
+/// The runs `args` ask for: every strategy batched, then the per-request ones, which sell
+/// `--per-request-stock` units (at most `--stock`) to as many buyers per unit.
+pub fn runs(args: &DemoArgs) -> Vec<Run> {
+    let per_request_stock = args.per_request_stock.min(args.stock);
+    let per_request_buyers =
+        (args.buyers as u128 * per_request_stock as u128).div_ceil(args.stock as u128) as u64;
+    args.strategies
+        .iter()
+        .map(|s| Run {
+            strategy: *s,
+            batch_max: args.batch_max,
+            stock: args.stock,
+            buyers: args.buyers,
+        })
+        .chain(args.per_request.iter().flatten().map(|s| Run {
+            strategy: *s,
+            batch_max: 1,
+            stock: per_request_stock,
+            buyers: per_request_buyers.max(1),
+        }))
+        .collect()
+}
+
+/// `2:05`: minutes and seconds.
+fn clock(elapsed: Duration) -> String {
+    let seconds = elapsed.as_secs();
+    format!("{}:{:02}", seconds / 60, seconds % 60)
+}
+
+/// What the demo is about to do and how long it may take, before it starts.
+fn announce(args: &DemoArgs, runs: &[Run]) -> String {
+    // TIMING: a run's set-up (a database, its migrations, the instances' start) and its
+    // books take a few seconds on a two-core machine; 15 s is a generous allowance.
+    let bound = runs.len() as u64 * (args.max_seconds + 15);
+    format!(
+        "demo: {} runs, {} instance(s) each, {} users; each run ends once its sale is decided, or after {} s.\n\
+         The default run takes 1 to 3 minutes on a two-core machine; this one at most about {} minutes, if every run reached its time bound.",
+        runs.len(),
+        args.instances,
+        args.users,
+        args.max_seconds,
+        bound.div_ceil(60)
+    )
+}
+
+/// Run the demo; `Ok(true)` when no row fails it ([`RowVerdict::fails_the_demo`]).
 pub async fn run(args: DemoArgs, cancel: Cancel) -> anyhow::Result<bool> {
+    let started = Instant::now();
+    let info = RunInfo::now();
+    let runs = runs(&args);
+    println!("{}", announce(&args, &runs));
     let postgres = servers::postgres(args.database_url.as_deref()).await?;
     say_where("PostgreSQL", &postgres);
     let redis = servers::redis(args.redis_url.as_deref()).await?;
     say_where("Redis", &redis);
-    let wants_redlock = args.strategies.contains(&LockStrategy::Redlock)
-        || args.per_request.contains(&Some(LockStrategy::Redlock));
+    let wants_redlock = runs.iter().any(|r| r.strategy == LockStrategy::Redlock);
     let masters: Vec<Server> = if wants_redlock && args.redlock_urls.is_empty() {
         let masters = (0..3)
             .map(|_| servers::start_redis())
@@ -115,18 +295,21 @@ pub async fn run(args: DemoArgs, cancel: Cancel) -> anyhow::Result<bool> {
     } else {
         masters.iter().map(|m| m.url.clone()).collect()
     };
-    let runs: Vec<(LockStrategy, u32)> = args
-        .strategies
-        .iter()
-        .map(|s| (*s, args.batch_max))
-        .chain(args.per_request.iter().flatten().map(|s| (*s, 1)))
-        .collect();
     let mut rows = Vec::new();
-    for (strategy, batch_max) in runs {
+    for (i, run) in runs.iter().enumerate() {
         if cancel.is_set() {
             break;
         }
-        println!("--- {} (BATCH_MAX={batch_max}) ---", strategy.name());
+        println!(
+            "--- {} (BATCH_MAX={}), run {} of {}: {} units, {} buyers; {} so far ---",
+            run.strategy.name(),
+            run.batch_max,
+            i + 1,
+            runs.len(),
+            run.stock,
+            run.buyers,
+            clock(started.elapsed())
+        );
         let setup = Setup {
             args: &args,
             cancel: &cancel,
@@ -134,23 +317,23 @@ pub async fn run(args: DemoArgs, cancel: Cancel) -> anyhow::Result<bool> {
             redis_url: &redis.url,
             redlock_urls: &redlock_urls,
         };
-        let outcome = setup.run_one(strategy, batch_max).await;
+        let outcome = setup.run_one(run).await;
         // An attack cut short by Ctrl-C measured nothing worth a row's figures.
         let outcome = match outcome {
             Ok(_) if cancel.is_set() => Err("interrupted by Ctrl-C".to_owned()),
             other => other,
         };
-        if let Err(why) = &outcome {
-            println!("{}: {why}", strategy.name());
-        }
-        rows.push(Row {
-            strategy,
-            batch_max,
+        let row = Row {
+            strategy: run.strategy,
+            batch_max: run.batch_max,
+            stock: run.stock,
             outcome,
-        });
+        };
+        println!("=> {}: {}", row.label(), row.verdict());
+        rows.push(row);
     }
-    print!("{}", table(&args, &rows));
-    if let Err(error) = draw_chart(&args, &rows) {
+    print!("{}", table(&args, &info, &rows));
+    if let Err(error) = draw_chart(&args, &info, &rows) {
         println!("could not draw the chart: {error:#}");
     }
     // The servers (and their directories) go when they are dropped, here.
@@ -162,7 +345,36 @@ pub async fn run(args: DemoArgs, cancel: Cancel) -> anyhow::Result<bool> {
         );
         return Ok(false);
     }
-    Ok(rows.iter().all(Row::as_expected))
+    let ok = !rows.iter().any(|row| row.verdict().fails_the_demo());
+    println!("{}", conclusion(&rows, started.elapsed()));
+    Ok(ok)
+}
+
+/// The demo's last line: what the rows showed, and how long it all took.
+fn conclusion(rows: &[Row], took: Duration) -> String {
+    let verdicts: Vec<(String, RowVerdict)> =
+        rows.iter().map(|r| (r.label(), r.verdict())).collect();
+    let failed: Vec<String> = verdicts
+        .iter()
+        .filter(|(_, v)| v.fails_the_demo())
+        .map(|(label, v)| format!("{label} {v}"))
+        .collect();
+    let incomplete = verdicts
+        .iter()
+        .filter(|(_, v)| matches!(v, RowVerdict::Incomplete { .. }))
+        .count();
+    let mut line = if failed.is_empty() {
+        "demo OK: every safe strategy kept its books".to_owned()
+    } else {
+        format!("demo FAILED: {}", failed.join("; "))
+    };
+    if incomplete > 0 {
+        line.push_str(&format!(
+            "; {incomplete} run(s) reached the time bound before selling out (INCOMPLETE: their figures are from a partial sale, raise --max-seconds or lower the stock)"
+        ));
+    }
+    line.push_str(&format!("; took {}", clock(took)));
+    line
 }
 
 fn say_where(what: &str, server: &Server) {
@@ -183,8 +395,9 @@ struct Setup<'a> {
 }
 
 impl Setup<'_> {
-    /// One strategy's run, cleaned up whatever happens.
-    async fn run_one(&self, strategy: LockStrategy, batch_max: u32) -> Result<Figures, String> {
+    /// One run, cleaned up whatever happens.
+    async fn run_one(&self, run: &Run) -> Result<Figures, String> {
+        let (strategy, batch_max) = (run.strategy, run.batch_max);
         let prefix = format!(
             "demo:{}:{}:{}:",
             std::process::id(),
@@ -199,9 +412,7 @@ impl Setup<'_> {
         let database = ThrowawayDatabase::create(self.database_url, name)
             .await
             .map_err(|e| format!("{e:#}"))?;
-        let outcome = self
-            .attack(strategy, batch_max, &database.url, &prefix)
-            .await;
+        let outcome = self.attack(run, &database.url, &prefix).await;
         let mut cleanup = Vec::new();
         if let Err(error) = database.remove().await {
             cleanup.push(format!("dropping the database: {error:#}"));
@@ -219,13 +430,8 @@ impl Setup<'_> {
         outcome.map_err(|e| format!("{e:#}"))
     }
 
-    async fn attack(
-        &self,
-        strategy: LockStrategy,
-        batch_max: u32,
-        database_url: &str,
-        prefix: &str,
-    ) -> anyhow::Result<Figures> {
+    async fn attack(&self, run: &Run, database_url: &str, prefix: &str) -> anyhow::Result<Figures> {
+        let (strategy, batch_max) = (run.strategy, run.batch_max);
         let args = self.args;
         let redlock_urls = self.redlock_urls.join(",");
         let config = InstanceConfig {
@@ -251,7 +457,7 @@ impl Setup<'_> {
         }
         let hosts: Vec<String> = instances.iter().map(|i| i.url.clone()).collect();
         println!("instances: {}", hosts.join(" "));
-        let figures = self.attack_instances(&hosts, database_url).await;
+        let figures = self.attack_instances(run, &hosts, database_url).await;
         if figures.is_err() {
             // Whatever failed, the instances' logs may say why: keep them, and say where.
             for instance in &mut instances {
@@ -269,11 +475,12 @@ impl Setup<'_> {
     /// Attack running instances and judge the books.
     async fn attack_instances(
         &self,
+        run: &Run,
         hosts: &[String],
         database_url: &str,
     ) -> anyhow::Result<Figures> {
         let args = self.args;
-        let product = attack::create_product(&hosts[0], ADMIN_TOKEN, args.stock).await?;
+        let product = attack::create_product(&hosts[0], ADMIN_TOKEN, run.stock).await?;
         let mut goose = GooseConfiguration::default();
         goose.users = Some(args.users as usize);
         goose.increase_rate = Some(args.users.to_string());
@@ -285,8 +492,8 @@ impl Setup<'_> {
             hosts,
             Some(ADMIN_TOKEN),
             product,
-            args.stock,
-            args.buyers,
+            run.stock,
+            run.buyers,
             Extras {
                 restock: 0,
                 cancel: Some(self.cancel.clone()),
@@ -319,6 +526,7 @@ fn figures(report: &AttackReport, verdict: Verdict, split: Vec<u64>) -> Figures 
         split,
         verdict,
         orders_over_time: report.orders_over_time(chart::BIN),
+        time_bound: !report.decided && report.goose_error.is_none(),
     }
 }
 
@@ -335,34 +543,42 @@ async fn orders_sold_by(host: &str) -> anyhow::Result<u64> {
         .context("no seckill_orders_total")
 }
 
-/// The comparison table.
-pub fn table(args: &DemoArgs, rows: &[Row]) -> String {
+/// The comparison table, under a header that says when, where and how it was measured.
+pub fn table(args: &DemoArgs, info: &RunInfo, rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\n=== DEMO: {} instances per strategy, stock {}, {} buyers, {} users, WORK_MS={} ===\n\
+        "\n=== DEMO: {} instances per run, {} users, WORK_MS={}; {:.1} buyers per unit ===\n\
+         date: {}; machine: {}; command: {}\n\
          orders/s at full load; latency of every purchase attempt, then of those that got an order (201);\n\
          batch: BATCH_MAX (1 = one purchase per transaction, the per-request baseline)",
-        args.instances, args.stock, args.buyers, args.users, args.work_ms
+        args.instances,
+        args.users,
+        args.work_ms,
+        args.buyers as f64 / args.stock as f64,
+        info.date,
+        info.machine,
+        info.command,
     );
     let _ = writeln!(
         out,
-        "| strategy      | batch | orders/s | p50 ms | p99 ms | 201 p50 ms | 201 p99 ms | oversold | lost updates | busy % | orders per instance | verdict |"
+        "| strategy      | batch | stock | orders/s | p50 ms | p99 ms | 201 p50 ms | 201 p99 ms | oversold | lost updates | busy % | orders per instance | verdict |"
     );
     let _ = writeln!(
         out,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
     );
     for row in rows {
         let name = row.strategy.name();
-        let verdict = row.verdict_text();
+        let verdict = row.verdict();
         match &row.outcome {
             Ok(f) => {
                 let split: Vec<String> = f.split.iter().map(u64::to_string).collect();
                 let _ = writeln!(
                     out,
-                    "| {name:<13} | {:>5} | {:>8.0} | {:>6.1} | {:>6.1} | {:>10.1} | {:>10.1} | {:>8} | {:>12} | {:>6.2} | {} | {verdict} |",
+                    "| {name:<13} | {:>5} | {:>5} | {:>8.0} | {:>6.1} | {:>6.1} | {:>10.1} | {:>10.1} | {:>8} | {:>12} | {:>6.2} | {} | {verdict} |",
                     row.batch_max,
+                    row.stock,
                     f.orders_per_sec,
                     f.p50_ms,
                     f.p99_ms,
@@ -377,8 +593,8 @@ pub fn table(args: &DemoArgs, rows: &[Row]) -> String {
             Err(_) => {
                 let _ = writeln!(
                     out,
-                    "| {name:<13} | {:>5} | - | - | - | - | - | - | - | - | - | {verdict} |",
-                    row.batch_max
+                    "| {name:<13} | {:>5} | {:>5} | - | - | - | - | - | - | - | - | - | {verdict} |",
+                    row.batch_max, row.stock
                 );
             }
         }
@@ -386,13 +602,14 @@ pub fn table(args: &DemoArgs, rows: &[Row]) -> String {
     out
 }
 
-fn draw_chart(args: &DemoArgs, rows: &[Row]) -> anyhow::Result<()> {
+fn draw_chart(args: &DemoArgs, info: &RunInfo, rows: &[Row]) -> anyhow::Result<()> {
     let bars: Vec<Bar> = rows
         .iter()
         .filter_map(|row| {
             let f = row.outcome.as_ref().ok()?;
             Some(Bar {
-                label: row.label(),
+                strategy: row.strategy,
+                per_request: row.batch_max == 1,
                 orders_per_sec: f.orders_per_sec,
                 created_p99_ms: f.created_p99_ms,
                 oversold: f.oversold,
@@ -404,15 +621,250 @@ fn draw_chart(args: &DemoArgs, rows: &[Row]) -> anyhow::Result<()> {
     if bars.is_empty() {
         return Ok(());
     }
-    let title = format!(
-        "seckill strategies: {} instances, {} units, {} buyers, {} users (\"/1\": BATCH_MAX=1)",
-        args.instances, args.stock, args.buyers, args.users
-    );
-    chart::draw(&args.chart, &title, &bars)?;
+    let per_request = rows
+        .iter()
+        .find(|r| r.batch_max == 1)
+        .map(|r| {
+            format!(
+                " ({} in the per-request runs)",
+                chart::thousands(r.stock as u64)
+            )
+        })
+        .unwrap_or_default();
+    let header = Header {
+        title: format!(
+            "seckill demo: {} instances per strategy, {} units on sale{per_request}, {} users",
+            args.instances,
+            chart::thousands(args.stock as u64),
+            args.users
+        ),
+        lines: vec![
+            format!("{} · {} · {}", info.date, info.machine, info.command),
+            "solid: batches of up to BATCH_MAX purchases per transaction; light, dashed, \"/1\": BATCH_MAX=1, one purchase per transaction; compare runs of one chart, not charts".to_owned(),
+        ],
+    };
+    chart::draw(&args.chart, &header, &bars)?;
     println!("chart: {}", display(&args.chart));
     Ok(())
 }
 
 fn display(path: &Path) -> String {
     path.display().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::books::{BUSY_SHARE, Books, Check, NO_WRONG_SOLD_OUT, ONE_ORDER_PER_USER};
+
+    /// Every check of the verdict, those named in `failed` failing.
+    fn verdict(failed: &[&'static str], books: Books) -> Verdict {
+        let names = [
+            SALE_HAPPENED,
+            NO_OVERSELL,
+            NO_LOST_UPDATE,
+            ONE_ORDER_PER_USER,
+            NO_WRONG_SOLD_OUT,
+            BUSY_SHARE,
+            NO_SERVER_ERROR,
+        ];
+        Verdict {
+            checks: names
+                .into_iter()
+                .map(|name| Check {
+                    name,
+                    pass: !failed.contains(&name),
+                    detail: String::new(),
+                })
+                .collect(),
+            books,
+        }
+    }
+
+    fn sold(sold: i64, supplied: i64) -> Books {
+        Books {
+            stock: supplied - sold,
+            orders: sold,
+            sold,
+            supplied,
+            users_with_several_orders: 0,
+        }
+    }
+
+    fn row(strategy: LockStrategy, verdict: Verdict, time_bound: bool) -> Row {
+        Row {
+            strategy,
+            batch_max: 1,
+            stock: verdict.books.supplied,
+            outcome: Ok(Figures {
+                orders_per_sec: 300.0,
+                p50_ms: 1.0,
+                p99_ms: 2.0,
+                created_p50_ms: 1.0,
+                created_p99_ms: 2.0,
+                oversold: (verdict.books.sold - verdict.books.supplied).max(0),
+                lost_updates: 0,
+                busy_share: 0.0,
+                split: vec![],
+                verdict,
+                orders_over_time: vec![],
+                time_bound,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_safe_run_that_kept_its_books_until_the_time_bound_is_incomplete_not_failed() {
+        let row = row(
+            LockStrategy::Redis,
+            verdict(&[SALE_HAPPENED], sold(36_717, 50_000)),
+            true,
+        );
+
+        let verdict = row.verdict();
+
+        assert_eq!(
+            verdict,
+            RowVerdict::Incomplete {
+                sold: 36_717,
+                supplied: 50_000
+            }
+        );
+        assert_eq!(
+            verdict.to_string(),
+            "INCOMPLETE: time bound, 36717 of 50000 sold"
+        );
+        assert!(!verdict.fails_the_demo());
+    }
+
+    #[test]
+    fn a_broken_invariant_fails_the_demo_even_when_the_time_bound_was_reached() {
+        for broken in [
+            NO_OVERSELL,
+            NO_LOST_UPDATE,
+            ONE_ORDER_PER_USER,
+            NO_SERVER_ERROR,
+            BUSY_SHARE,
+        ] {
+            let row = row(
+                LockStrategy::PgAtomic,
+                verdict(&[SALE_HAPPENED, broken], sold(1_000, 5_000)),
+                true,
+            );
+
+            let verdict = row.verdict();
+
+            assert_eq!(verdict, RowVerdict::Fail(vec![SALE_HAPPENED, broken]));
+            assert!(verdict.fails_the_demo(), "{broken}");
+        }
+    }
+
+    #[test]
+    fn an_unfinished_sale_that_did_not_reach_the_time_bound_fails() {
+        // Stopped by something else (a goose threshold): not the time bound.
+        let row = row(
+            LockStrategy::Redis,
+            verdict(&[SALE_HAPPENED], sold(100, 5_000)),
+            false,
+        );
+        assert_eq!(row.verdict(), RowVerdict::Fail(vec![SALE_HAPPENED]));
+        assert!(row.verdict().fails_the_demo());
+    }
+
+    #[test]
+    fn a_run_that_sold_nothing_within_the_time_bound_fails() {
+        let row = row(
+            LockStrategy::Redis,
+            verdict(&[SALE_HAPPENED], sold(0, 5_000)),
+            true,
+        );
+        assert!(row.verdict().fails_the_demo(), "{}", row.verdict());
+    }
+
+    #[test]
+    fn a_safe_run_that_sold_out_and_kept_its_books_passes() {
+        let row = row(LockStrategy::PgRow, verdict(&[], sold(5_000, 5_000)), false);
+        assert_eq!(row.verdict(), RowVerdict::Pass);
+        assert_eq!(row.verdict().to_string(), "PASS");
+    }
+
+    #[test]
+    fn none_must_break_the_books_and_nothing_else() {
+        let oversold = row(
+            LockStrategy::None,
+            verdict(&[NO_OVERSELL, NO_LOST_UPDATE], sold(7_500, 5_000)),
+            false,
+        );
+        assert_eq!(oversold.verdict(), RowVerdict::FailedAsExpected);
+        assert!(!oversold.verdict().fails_the_demo());
+
+        let race_hidden = row(LockStrategy::None, verdict(&[], sold(5_000, 5_000)), false);
+        assert!(race_hidden.verdict().fails_the_demo());
+        assert!(race_hidden.verdict().to_string().starts_with("UNEXPECTED"));
+
+        let with_errors = row(
+            LockStrategy::None,
+            verdict(&[NO_OVERSELL, NO_SERVER_ERROR], sold(7_500, 5_000)),
+            false,
+        );
+        assert_eq!(
+            with_errors.verdict(),
+            RowVerdict::Fail(vec![NO_SERVER_ERROR])
+        );
+    }
+
+    #[test]
+    fn a_run_that_could_not_be_made_fails_the_demo() {
+        let row = Row {
+            strategy: LockStrategy::Redlock,
+            batch_max: 64,
+            stock: 100,
+            outcome: Err("no master answered".into()),
+        };
+        assert_eq!(row.verdict().to_string(), "ERROR: no master answered");
+        assert!(row.verdict().fails_the_demo());
+    }
+
+    #[test]
+    fn per_request_runs_sell_their_own_stock_to_as_many_buyers_per_unit() {
+        use clap::Parser;
+        let cli = crate::cli::Cli::parse_from(["loadtest", "demo"]);
+        let Some(crate::cli::Command::Demo(args)) = cli.command else {
+            panic!("not the demo");
+        };
+        let planned = runs(&args);
+        let batched = planned.iter().find(|r| r.batch_max > 1).unwrap();
+        let per_request = planned.iter().find(|r| r.batch_max == 1).unwrap();
+        assert_eq!(per_request.stock, args.per_request_stock);
+        assert_eq!(
+            per_request.buyers * batched.stock as u64,
+            batched.buyers * per_request.stock as u64
+        );
+
+        // Never more than the batched runs sell.
+        let cli =
+            crate::cli::Cli::parse_from(["loadtest", "demo", "--stock", "300", "--buyers", "600"]);
+        let Some(crate::cli::Command::Demo(args)) = cli.command else {
+            panic!("not the demo");
+        };
+        let per_request = runs(&args).into_iter().find(|r| r.batch_max == 1).unwrap();
+        assert_eq!((per_request.stock, per_request.buyers), (300, 600));
+    }
+
+    #[test]
+    fn the_command_line_hides_passwords_and_quotes_empty_arguments() {
+        let args: Vec<String> = [
+            "demo",
+            "--database-url",
+            "postgres://me:hunter2@db/x",
+            "--per-request",
+            "",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            command_line(&args),
+            r#"loadtest demo --database-url postgres://***@db/x --per-request """#
+        );
+    }
 }

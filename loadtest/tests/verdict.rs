@@ -408,6 +408,50 @@ fn a_strategy_that_cannot_start_is_an_error_row_and_the_others_still_run() {
 }
 
 #[test]
+fn a_run_stopped_by_the_time_bound_with_its_books_intact_is_incomplete_and_does_not_fail_the_demo()
+{
+    // Arrange: one instance selling one purchase per transaction, each with 20 ms of work
+    // inside it.
+    // TIMING: one leader per product and instance, so at most 50 orders/s: 2,000 units cannot
+    // sell out in 5 s even on a machine ten times faster, and the first order (20 ms of work)
+    // comes well within them even on a busy one.
+    let chart = std::env::temp_dir().join(format!("demo-chart-bound-{}.svg", std::process::id()));
+
+    // Act
+    let (ok, stdout, stderr, _) = demo(
+        &[
+            &[
+                "--strategies",
+                "pg-atomic",
+                "--per-request",
+                "",
+                "--batch-max",
+                "1",
+            ][..],
+            &["--work-ms", "20", "--instances", "1", "--users", "10"],
+            &["--stock", "2000", "--buyers", "3000", "--max-seconds", "5"],
+            &[
+                "--database-url",
+                &server_url(),
+                "--redis-url",
+                &shared_redis_url(),
+            ],
+            &["--chart", chart.to_str().unwrap()],
+        ]
+        .concat(),
+        false,
+    );
+    let _ = std::fs::remove_file(&chart);
+
+    // Assert: the row says what happened, and the demo still succeeds.
+    let row = row(&stdout, "pg-atomic", "1");
+    assert!(row.contains("| INCOMPLETE: time bound, "), "{row}");
+    assert!(row.contains(" of 2000 sold |"), "{row}");
+    assert!(stdout.contains("reached the time bound"), "{stdout}");
+    assert!(ok, "an incomplete run failed the demo: {stderr}");
+}
+
+#[test]
 fn ctrl_c_stops_the_whole_demo_and_cleans_up() {
     // Arrange: a demo with long attacks.
     use std::os::unix::process::CommandExt;
