@@ -286,11 +286,33 @@ async fn under_the_lock_table_an_instance_paused_past_its_lease_is_fenced_off_to
     paused_past_its_lease_is_fenced_off(connect, LockStrategy::PgLock).await;
 }
 
+/// How Redis comes back while the holder is paused.
+#[derive(Debug, Clone, Copy)]
+enum Comeback {
+    /// Empty: a restart without persistence.
+    Empty,
+    /// With its fence counter one step behind the paused holder's fence: a failover to a
+    /// replica that missed the holder's acquisition, or a restore from an older snapshot.
+    Behind,
+}
+
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn a_paused_holder_is_refused_even_after_redis_restarts_and_loses_the_fence_counter(
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
+    paused_holder_then_redis_comes_back(connect, Comeback::Empty).await;
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_paused_holder_is_refused_after_redis_comes_back_with_its_fence_counter_behind(
+    _pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    paused_holder_then_redis_comes_back(connect, Comeback::Behind).await;
+}
+
+async fn paused_holder_then_redis_comes_back(connect: PgConnectOptions, comeback: Comeback) {
     // Arrange: instances on a private Redis. Buyers who already bought push the counter
     // past the fence stored in PostgreSQL (they take the lock and write nothing); then A
     // takes the next fence and is paused inside its critical section.
@@ -320,9 +342,36 @@ async fn a_paused_holder_is_refused_even_after_redis_restarts_and_loses_the_fenc
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     signal(instances[0].pid(), "-STOP");
+    let fence_key = distlock::keys::fence_key(&lock_key).unwrap();
+    let a_fence: i64 = {
+        let mut conn = redis::Client::open(redis_url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        redis::cmd("GET")
+            .arg(&fence_key)
+            .query_async(&mut conn)
+            .await
+            .unwrap()
+    };
 
-    // Act: Redis restarts empty; B buys under a new counter; A wakes up and writes.
+    // Act: Redis comes back (empty, or with the counter behind A's fence); B buys under
+    // that counter; A wakes up and writes.
     redis.restart_empty();
+    if let Comeback::Behind = comeback {
+        let mut conn = redis::Client::open(redis_url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        redis::cmd("SET")
+            .arg(&fence_key)
+            .arg(a_fence - 1)
+            .exec_async(&mut conn)
+            .await
+            .unwrap();
+    }
     let resumed_by = Instant::now() + Duration::from_secs(20);
     let (status, code) = loop {
         let answer = buy(&client, &instances[1].url, product, 3).await;
@@ -338,11 +387,14 @@ async fn a_paused_holder_is_refused_even_after_redis_restarts_and_loses_the_fenc
     assert_eq!(
         (status, code.as_str()),
         (201, ""),
-        "B could not buy after the restart"
+        "B could not buy after the restart ({comeback:?})"
     );
     // Its claim is refused by the fence; asking Redis whether it still holds the lock then
     // finds either the key gone (lock_lost) or, first, its old connection broken.
-    assert_eq!(a_status, 503, "the stale holder wrote: {a_code}");
+    assert_eq!(
+        a_status, 503,
+        "the stale holder wrote ({comeback:?}): {a_code}"
+    );
     assert!(
         matches!(a_code.as_str(), "lock_lost" | "redis_unavailable"),
         "{a_code}"
