@@ -118,6 +118,8 @@ mod redis_node;
 mod redlock;
 mod retry;
 mod scripts;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 mod signals;
 mod token;
 mod waiting;
@@ -133,5 +135,7 @@ pub use owner::Owner;
 #[cfg(feature = "postgres")]
 pub use postgres::{PgLockTable, SCHEMA as PG_SCHEMA};
 pub use redlock::Redlock;
+#[cfg(feature = "sentinel")]
+pub use sentinel::{SentinelConnection, SentinelConnectionBuilder};
 pub use signals::ReleaseSignals;
 pub use token::Token;

@@ -1,6 +1,7 @@
 //! The properties a lock needs, written once and run against every backend: one Redis, a
-//! Redlock majority of three private masters, and the PostgreSQL lock table (with the
-//! `postgres` feature, on in the workspace). A property that only one backend can show
+//! Redlock majority of three private masters, Redis behind three Sentinels (a primary and a
+//! replica, with the `sentinel` feature), and the PostgreSQL lock table (with the
+//! `postgres` feature; both are on in the workspace). A property that only one backend can show
 //! lives in that backend's own test file.
 
 mod support;
@@ -692,6 +693,17 @@ macro_rules! suite {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $property() {
                     let harness = crate::support::RedlockHarness::start(3).await;
+                    crate::$property(harness).await;
+                }
+            )*
+        }
+
+        #[cfg(feature = "sentinel")]
+        mod sentinel {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $property() {
+                    let harness = crate::support::SentinelHarness::start().await;
                     crate::$property(harness).await;
                 }
             )*

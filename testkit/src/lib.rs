@@ -3,6 +3,8 @@
 //! - [`RedisServer`]: a private `redis-server` on a free port, for tests that kill, pause or
 //!   restart Redis. It is stopped by the pid it was started with, never by name.
 //! - [`RedisCluster`]: a real Redis Cluster of private nodes, joined with `redis-cli`.
+//! - [`RedisSentinels`]: Redis as production runs it: a primary, replicas and three
+//!   Sentinels (`redis-server --sentinel`) that fail over to a replica.
 //! - [`unique_prefix`]: a key prefix no other test or run uses, for tests on the shared Redis,
 //!   and [`PrefixCleanup`], which deletes what a test left under it.
 //! - [`free_port`].
@@ -94,6 +96,25 @@ impl RedisServer {
             }
         }
         panic!("redis-server did not start on any of {ATTEMPTS} free ports");
+    }
+
+    /// Start one on a free port with `extra` arguments (`--replicaof host port`, say).
+    pub fn start_with(extra: &[String]) -> Self {
+        for _ in 0..ATTEMPTS {
+            let port = free_port();
+            if let Some(child) = spawn_redis(port, extra) {
+                return Self {
+                    child: Some(child),
+                    port,
+                };
+            }
+        }
+        panic!("redis-server did not start on any of {ATTEMPTS} free ports");
+    }
+
+    /// The pid of the running server.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the server is running").id()
     }
 
     /// Start one on `port` (to restart a killed server where its clients expect it).
@@ -238,6 +259,302 @@ impl Drop for RedisCluster {
     }
 }
 
+/// Redis the way production runs it: one primary, `replicas` replicas, and three Sentinels
+/// watching them under the master name [`RedisSentinels::MASTER`], all private processes on
+/// free ports, killed by their pids when dropped.
+///
+/// The Sentinels are quick to act, for tests: a primary that does not answer for
+/// [`RedisSentinels::DOWN_AFTER`] is failed over.
+pub struct RedisSentinels {
+    /// The data nodes; which one is the primary changes with failovers ([`Self::primary`]).
+    nodes: Vec<RedisServer>,
+    sentinels: Vec<(Child, u16)>,
+    dir: std::path::PathBuf,
+}
+
+impl RedisSentinels {
+    /// The name the Sentinels monitor the primary under.
+    pub const MASTER: &'static str = "seckill-test";
+    /// How long a primary may not answer before the Sentinels fail it over.
+    pub const DOWN_AFTER: Duration = Duration::from_millis(1_000);
+
+    /// Start a primary, `replicas` replicas (synchronised before this returns) and three
+    /// Sentinels (each aware of every node before this returns).
+    pub fn start(replicas: usize) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "redis-sentinels-{}",
+            unique_prefix("s").replace(':', "-")
+        ));
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        // Each node keeps its files (a replica's received snapshot) in a directory of
+        // its own, not in the test's working directory.
+        let node_dir = |i: usize| {
+            let d = dir.join(format!("node-{i}"));
+            std::fs::create_dir_all(&d).expect("a temp dir");
+            d.to_str().expect("a UTF-8 temp dir").to_owned()
+        };
+        let primary = RedisServer::start_with(&["--dir".into(), node_dir(0)]);
+        let mut nodes = vec![primary];
+        for i in 0..replicas {
+            let of = nodes[0].port().to_string();
+            nodes.push(RedisServer::start_with(&[
+                "--dir".into(),
+                node_dir(i + 1),
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                of,
+            ]));
+        }
+        let mut set = Self {
+            nodes,
+            sentinels: Vec::new(),
+            dir,
+        };
+        set.wait_until_replicas_synced(Duration::from_secs(20));
+        for i in 0..3 {
+            let child = (0..ATTEMPTS)
+                .find_map(|_| {
+                    let port = free_port();
+                    spawn_sentinel(&set.dir, i, port, set.nodes[0].port()).map(|c| (c, port))
+                })
+                .expect("a Sentinel on a free port");
+            set.sentinels.push(child);
+        }
+        set.wait_until_sentinels_know(replicas, Duration::from_secs(20));
+        set
+    }
+
+    /// `redis://127.0.0.1:<port>` of every Sentinel.
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|(_, port)| format!("redis://127.0.0.1:{port}"))
+            .collect()
+    }
+
+    /// Every data node, primary and replicas (in the order they were started).
+    pub fn nodes(&mut self) -> &mut [RedisServer] {
+        &mut self.nodes
+    }
+
+    /// The port of the node the Sentinels name as primary now.
+    pub fn primary_port(&self) -> Option<u16> {
+        self.sentinels
+            .iter()
+            .find_map(|(_, port)| master_by_sentinel(*port))
+    }
+
+    /// The index in [`nodes`](Self::nodes) of the primary the Sentinels name now.
+    pub fn primary(&self) -> usize {
+        let port = self.primary_port().expect("a Sentinel names a primary");
+        self.nodes
+            .iter()
+            .position(|n| n.port() == port)
+            .expect("the primary is one of ours")
+    }
+
+    /// Wait until every Sentinel names a primary other than the node on `old_port`, and
+    /// that node answers as a master; the index of the new primary.
+    pub fn wait_for_failover_from(&self, old_port: u16, within: Duration) -> usize {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let named: Vec<Option<u16>> = self
+                .sentinels
+                .iter()
+                .map(|(_, port)| master_by_sentinel(*port))
+                .collect();
+            if let Some(Some(new)) = named.first()
+                && *new != old_port
+                && named.iter().all(|n| *n == Some(*new))
+                && server_info_section(*new, "replication")
+                    .is_some_and(|info| info.contains("role:master"))
+            {
+                return self
+                    .nodes
+                    .iter()
+                    .position(|n| n.port() == *new)
+                    .expect("the new primary is one of ours");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no failover from port {old_port} within {within:?}: Sentinels name {named:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Wait until the primary reports every replica connected, and every replica reports
+    /// its link to the primary up with the primary's replication offset.
+    pub fn wait_until_replicas_synced(&self, within: Duration) {
+        let deadline = std::time::Instant::now() + within;
+        let primary = self.nodes[0].port();
+        let replicas = self.nodes.len() - 1;
+        loop {
+            let ok = server_info_section(primary, "replication").is_some_and(|info| {
+                info.contains(&format!("connected_slaves:{replicas}"))
+                    && (0..replicas).all(|i| info.contains(&format!("slave{i}:")) && {
+                        let line = info
+                            .lines()
+                            .find(|l| l.starts_with(&format!("slave{i}:")))
+                            .unwrap_or_default();
+                        line.contains("state=online")
+                    })
+            });
+            if ok {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the replicas did not sync within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Make replica `replica` (an index into [`nodes`](Self::nodes)) miss the writes that
+    /// come next, deterministically: SIGSTOP it, then fill the replication link with 40 MiB
+    /// of junk (keys `testkit:junk:*`) so that the next writes stay in the primary's output
+    /// buffer, behind the junk, instead of in the stopped replica's socket. If the primary
+    /// dies now, those writes die with it. [`resume`](Self::resume) the replica after.
+    pub fn stall_replication(&self, replica: usize) {
+        self.nodes[replica].signal("-STOP");
+        let primary = self.nodes[self.primary()].port();
+        let mut stream = TcpStream::connect(("127.0.0.1", primary)).expect("the primary answers");
+        let value = vec![b'x'; 1 << 20];
+        for i in 0..40 {
+            let mut command =
+                format!("*3\r\n$3\r\nSET\r\n$16\r\ntestkit:junk:{i:03}\r\n${}\r\n", value.len())
+                    .into_bytes();
+            command.extend_from_slice(&value);
+            command.extend_from_slice(b"\r\n");
+            stream.write_all(&command).expect("the primary takes the junk");
+            let mut reply = [0; 5];
+            stream.read_exact(&mut reply).expect("the primary answers +OK");
+        }
+    }
+
+    /// SIGCONT a replica stopped by [`stall_replication`](Self::stall_replication).
+    pub fn resume(&self, replica: usize) {
+        self.nodes[replica].signal("-CONT");
+    }
+
+    /// Wait until each Sentinel knows `replicas` replicas and the two other Sentinels.
+    fn wait_until_sentinels_know(&self, replicas: usize, within: Duration) {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let ok = self.sentinels.iter().all(|(_, port)| {
+                sentinel_master_info(*port).is_some_and(|fields| {
+                    field(&fields, "num-slaves") == Some(replicas.to_string())
+                        && field(&fields, "num-other-sentinels") == Some("2".into())
+                })
+            });
+            if ok {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the Sentinels did not learn of each other and the replicas within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for RedisSentinels {
+    fn drop(&mut self) {
+        for (child, _) in &mut self.sentinels {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for node in &mut self.nodes {
+            node.kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Start Sentinel number `i` on `port`, watching the primary on `primary`, with its
+/// (rewritable) configuration in `dir`; `None` if it did not come up.
+fn spawn_sentinel(dir: &std::path::Path, i: usize, port: u16, primary: u16) -> Option<Child> {
+    let conf = dir.join(format!("sentinel-{i}.conf"));
+    let name = RedisSentinels::MASTER;
+    let down = RedisSentinels::DOWN_AFTER.as_millis();
+    std::fs::write(
+        &conf,
+        format!(
+            "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+             sentinel monitor {name} 127.0.0.1 {primary} 2\n\
+             sentinel down-after-milliseconds {name} {down}\n\
+             sentinel failover-timeout {name} 3000\n\
+             sentinel parallel-syncs {name} 1\n",
+            dir = dir.display()
+        ),
+    )
+    .expect("a Sentinel configuration file");
+    let mut child = Command::new("redis-server")
+        .arg(&conf)
+        .arg("--sentinel")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server on the PATH");
+    let ours = format!("process_id:{}", child.id());
+    for _ in 0..400 {
+        if child.try_wait().ok().flatten().is_some() {
+            return None;
+        }
+        if server_info(port).is_some_and(|info| info.contains(&ours)) {
+            return Some(child);
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// The port of the primary the Sentinel on `port` names (`SENTINEL get-master-addr-by-name`).
+fn master_by_sentinel(port: u16) -> Option<u16> {
+    let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .ok()?
+        .get_connection_with_timeout(Duration::from_secs(1))
+        .ok()?;
+    let (_, master_port): (String, u16) = redis::cmd("SENTINEL")
+        .arg("get-master-addr-by-name")
+        .arg(RedisSentinels::MASTER)
+        .query(&mut conn)
+        .ok()?;
+    Some(master_port)
+}
+
+/// `SENTINEL master <name>` of the Sentinel on `port`, as its field/value pairs.
+fn sentinel_master_info(port: u16) -> Option<Vec<(String, String)>> {
+    let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .ok()?
+        .get_connection_with_timeout(Duration::from_secs(1))
+        .ok()?;
+    let flat: Vec<String> = redis::cmd("SENTINEL")
+        .arg("master")
+        .arg(RedisSentinels::MASTER)
+        .query(&mut conn)
+        .ok()?;
+    Some(
+        flat.chunks(2)
+            .filter_map(|pair| match pair {
+                [k, v] => Some((k.clone(), v.clone())),
+                _ => None,
+            })
+            .collect(),
+    )
+}
+
+fn field(fields: &[(String, String)], name: &str) -> Option<String> {
+    fields
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.clone())
+}
+
 /// How many ports a server start tries before giving up.
 const ATTEMPTS: usize = 5;
 
@@ -270,9 +587,16 @@ fn spawn_redis(port: u16, extra: &[String]) -> Option<Child> {
 
 /// `INFO server` from whatever answers on `port`, within a second; `None` if nothing does.
 fn server_info(port: u16) -> Option<String> {
+    server_info_section(port, "server")
+}
+
+/// `INFO <section>` from whatever answers on `port`, within a second.
+pub fn server_info_section(port: u16, section: &str) -> Option<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    stream.write_all(b"INFO server\r\n").ok()?;
+    stream
+        .write_all(format!("INFO {section}\r\n").as_bytes())
+        .ok()?;
     let mut reply = Vec::new();
     let mut buffer = [0; 4096];
     // A bulk string: `$<len>\r\n<len bytes>\r\n`. Read until all of it is here.

@@ -222,6 +222,74 @@ impl Harness for RedlockHarness {
     }
 }
 
+/// Redis behind three Sentinels (a primary and one replica, private processes), locked
+/// through a [`distlock::SentinelConnection`].
+#[cfg(feature = "sentinel")]
+pub struct SentinelHarness {
+    pub set: testkit::RedisSentinels,
+    /// A plain connection to the primary, for what the tests do behind a holder's back.
+    primary: ConnectionManager,
+}
+
+#[cfg(feature = "sentinel")]
+impl SentinelHarness {
+    pub async fn start() -> Self {
+        let mut set = testkit::RedisSentinels::start(1);
+        let index = set.primary();
+        let primary = connect(&set.nodes()[index].url()).await;
+        Self { set, primary }
+    }
+
+    /// A Sentinel connection, as a process of the service would make it.
+    pub async fn sentinel_connection(&self) -> distlock::SentinelConnection {
+        distlock::SentinelConnection::builder(
+            self.set.sentinel_urls(),
+            testkit::RedisSentinels::MASTER,
+        )
+        .unwrap()
+        .check_every(ms(200))
+        .connect()
+        .await
+        .expect("a primary through the Sentinels")
+    }
+}
+
+#[cfg(feature = "sentinel")]
+impl Harness for SentinelHarness {
+    type B = distlock::SentinelConnection;
+
+    async fn backend(&self) -> distlock::SentinelConnection {
+        self.sentinel_connection().await
+    }
+
+    fn key(&self, label: &str) -> String {
+        label.to_owned()
+    }
+
+    async fn holder(&self, key: &str) -> Option<String> {
+        get(&mut self.primary.clone(), key).await
+    }
+
+    async fn delete(&self, key: &str) {
+        redis::cmd("DEL")
+            .arg(key)
+            .exec_async(&mut self.primary.clone())
+            .await
+            .unwrap();
+    }
+
+    async fn put(&self, key: &str, token: &str, ttl: Duration) {
+        redis::cmd("SET")
+            .arg(key)
+            .arg(token)
+            .arg("PX")
+            .arg(ttl.as_millis() as u64)
+            .exec_async(&mut self.primary.clone())
+            .await
+            .unwrap();
+    }
+}
+
 /// The PostgreSQL lock table, in the test's own database (`#[sqlx::test]`).
 #[cfg(feature = "postgres")]
 pub struct PgHarness {
