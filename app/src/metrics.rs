@@ -17,11 +17,12 @@ pub struct Metrics {
     pub lock_wait_seconds: Histogram,
     pub lock_acquisitions: IntCounter,
     pub lock_timeouts: IntCounter,
-    /// Lease renewals done by the watchdog for purchases that have finished.
+    /// Lease renewals done by the watchdog, counted when each lock hold ends.
     pub lock_renewals: IntCounter,
-    /// Purchases whose lock was lost (lease ran out, fence refused).
+    /// Lock holds whose release found the lock lost (lease ran out, another holder).
     pub locks_lost: IntCounter,
-    /// Fence counters raised past the stored fence after Redis lost them.
+    /// Fence counters raised past a larger fence found stored in PostgreSQL while the
+    /// holder still held the lock (a counter that went back, beyond what the clock covers).
     pub fence_resyncs: IntCounter,
     /// Purchases answered `sold_out` from memory, without queue, lock or database.
     pub sold_out_fast_path: IntCounter,
@@ -81,11 +82,17 @@ impl Metrics {
                 "lock_timeouts_total",
                 "Purchases that waited LOCK_WAIT_MS without their turn (answered busy)",
             ),
-            lock_renewals: counter("lock_renewals_total", "Lease renewals by the watchdog"),
-            locks_lost: counter("locks_lost_total", "Purchases whose lock was lost mid-way"),
+            lock_renewals: counter(
+                "lock_renewals_total",
+                "Lease renewals by the watchdog, counted when each hold ends",
+            ),
+            locks_lost: counter(
+                "locks_lost_total",
+                "Lock holds that ended with the lock lost",
+            ),
             fence_resyncs: counter(
                 "fence_resyncs_total",
-                "Fence counters raised after Redis lost them",
+                "Fence counters raised past a larger stored fence while the lock was held",
             ),
             sold_out_fast_path: counter(
                 "sold_out_fast_path_total",

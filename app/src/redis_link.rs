@@ -3,29 +3,147 @@
 //! Under `redis` and `redlock` the lock needs Redis, so start-up connects and fails fast.
 //! The other strategies only use Redis for restock messages: they start without it and
 //! connect in the background, retrying, while they sell.
+//!
+//! Redis is reached one of two ways ([`RedisSource`]): at one URL (`REDIS_URL`), or at
+//! whichever node a set of Sentinels names the primary (`REDIS_SENTINELS`), following their
+//! failovers.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use distlock::SentinelConnection;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::sentinel::Sentinel;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+use crate::settings::redacted;
 
 /// How often a background connection is retried.
 const RETRY: Duration = Duration::from_secs(1);
 
+/// Where Redis is.
+#[derive(Clone)]
+pub enum RedisSource {
+    /// One server (`REDIS_URL`).
+    Url(String),
+    /// The primary that these Sentinels name for `master` (`REDIS_SENTINELS`,
+    /// `REDIS_SENTINEL_MASTER`).
+    Sentinels { urls: Vec<String>, master: String },
+}
+
+impl RedisSource {
+    /// The setting to name in messages, without passwords.
+    pub fn describe(&self) -> String {
+        match self {
+            RedisSource::Url(url) => format!("REDIS_URL: {}", redacted(url)),
+            RedisSource::Sentinels { urls, master } => {
+                let urls: Vec<String> = urls.iter().map(|u| redacted(u)).collect();
+                format!(
+                    "REDIS_SENTINELS: {}, REDIS_SENTINEL_MASTER: {master}",
+                    urls.join(",")
+                )
+            }
+        }
+    }
+
+    /// A client for the server to use now: the URL's, or the primary the Sentinels name
+    /// at this moment (a later failover is not followed by this client: ask again).
+    ///
+    /// # Errors
+    /// An invalid URL, or no Sentinel that answers and knows the master.
+    pub async fn client(&self) -> anyhow::Result<redis::Client> {
+        match self {
+            RedisSource::Url(url) => redis::Client::open(url.as_str()).context("invalid Redis URL"),
+            RedisSource::Sentinels { urls, master } => {
+                let mut sentinel =
+                    Sentinel::build(urls.iter().map(String::as_str).collect::<Vec<_>>())
+                        .context("invalid REDIS_SENTINELS")?;
+                Ok(sentinel.async_master_for(master, None).await?)
+            }
+        }
+    }
+
+    /// Check the addresses without connecting.
+    fn check(&self) -> anyhow::Result<()> {
+        match self {
+            RedisSource::Url(url) => {
+                redis::Client::open(url.as_str()).context("invalid Redis URL")?;
+            }
+            RedisSource::Sentinels { urls, .. } => {
+                for url in urls {
+                    redis::Client::open(url.as_str())
+                        .with_context(|| format!("invalid Sentinel URL {}", redacted(url)))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn connect(&self) -> anyhow::Result<RedisConn> {
+        Ok(match self {
+            RedisSource::Url(url) => RedisConn::Direct(connect(url, config()).await?),
+            RedisSource::Sentinels { urls, master } => RedisConn::Sentinel(
+                SentinelConnection::builder(urls.clone(), master)?
+                    .connection_timeout(Duration::from_secs(1))
+                    .response_timeout(Duration::from_secs(2))
+                    .connect()
+                    .await?,
+            ),
+        })
+    }
+}
+
+/// A connection to Redis: multiplexed, cheap to clone, reconnecting by itself (to the same
+/// server, or to the primary the Sentinels name after a failover).
+#[derive(Clone)]
+pub enum RedisConn {
+    Direct(ConnectionManager),
+    Sentinel(SentinelConnection),
+}
+
+impl ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RedisConn::Direct(conn) => conn.req_packed_command(cmd),
+            RedisConn::Sentinel(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConn::Direct(conn) => conn.req_packed_commands(cmd, offset, count),
+            RedisConn::Sentinel(conn) => conn.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConn::Direct(conn) => conn.get_db(),
+            RedisConn::Sentinel(conn) => conn.get_db(),
+        }
+    }
+}
+
 /// A connection that may not exist yet; cheap to clone.
 #[derive(Clone, Default)]
-pub struct RedisLink(Arc<OnceLock<ConnectionManager>>);
+pub struct RedisLink(Arc<OnceLock<RedisConn>>);
 
 impl RedisLink {
     /// Connect now.
     ///
     /// # Errors
-    /// A message naming `setting` when the URL is invalid or Redis does not answer.
-    pub async fn connect_now(url: &str, setting: &str) -> anyhow::Result<Self> {
-        let conn = connect(url, config())
+    /// A message naming the setting when an address is invalid or Redis does not answer.
+    pub async fn connect_now(source: &RedisSource) -> anyhow::Result<Self> {
+        let conn = source
+            .connect()
             .await
-            .with_context(|| format!("cannot connect to Redis ({setting})"))?;
+            .with_context(|| format!("cannot connect to Redis ({})", source.describe()))?;
         let link = Self::default();
         let _ = link.0.set(conn);
         Ok(link)
@@ -34,15 +152,17 @@ impl RedisLink {
     /// Connect in a background task, retrying until Redis answers.
     ///
     /// # Errors
-    /// An invalid URL, at once.
-    pub fn connect_in_background(url: &str, setting: &str) -> anyhow::Result<Self> {
-        redis::Client::open(url).with_context(|| format!("invalid {setting}"))?;
+    /// An invalid address, at once.
+    pub fn connect_in_background(source: &RedisSource) -> anyhow::Result<Self> {
+        source
+            .check()
+            .with_context(|| format!("invalid {}", source.describe()))?;
         let link = Self::default();
         let slot = Arc::clone(&link.0);
-        let url = url.to_owned();
+        let source = source.clone();
         tokio::spawn(async move {
             loop {
-                match connect(&url, config()).await {
+                match source.connect().await {
                     Ok(conn) => {
                         let _ = slot.set(conn);
                         return;
@@ -58,7 +178,7 @@ impl RedisLink {
     }
 
     /// The connection, once there is one.
-    pub fn get(&self) -> Option<ConnectionManager> {
+    pub fn get(&self) -> Option<RedisConn> {
         self.0.get().cloned()
     }
 }

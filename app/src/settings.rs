@@ -6,6 +6,8 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use secrecy::{ExposeSecret, SecretString};
 
+use crate::redis_link::RedisSource;
+
 /// A flash-sale service: sells limited stock to a flood of buyers without overselling.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "seckill", version, about, long_about = None)]
@@ -20,6 +22,19 @@ pub struct Settings {
     /// instances within SOLD_OUT_RECHECK_MS).
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379", hide_env_values = true, value_parser = secret)]
     pub redis_url: SecretString,
+
+    /// Redis Sentinels, comma-separated (`redis://host:26379` each). Set: Redis is the
+    /// primary these Sentinels name for REDIS_SENTINEL_MASTER, for everything the service
+    /// uses Redis for (the redis lock, restock messages, readiness), and REDIS_URL is not
+    /// used. After a failover the service moves to the new primary by itself within about a
+    /// second. The redis lock's waiters then poll (release messages do not follow a failover).
+    #[arg(long, env = "REDIS_SENTINELS", value_delimiter = ',', hide_env_values = true, value_parser = secret)]
+    pub redis_sentinels: Vec<SecretString>,
+
+    /// The name the Sentinels monitor the primary under (`sentinel monitor <name> ...`); used
+    /// with REDIS_SENTINELS.
+    #[arg(long, env = "REDIS_SENTINEL_MASTER", default_value = "mymaster")]
+    pub redis_sentinel_master: String,
 
     /// Prefix for every Redis key and channel the service uses (lock `<prefix>lock_sale_<id>`,
     /// its fence, the restock channel), so several deployments or test runs can share one Redis.
@@ -200,6 +215,22 @@ impl Settings {
         self.redis_url.expose_secret()
     }
 
+    /// Where Redis is: the Sentinels when REDIS_SENTINELS is set, REDIS_URL otherwise.
+    pub fn redis_source(&self) -> RedisSource {
+        if self.redis_sentinels.is_empty() {
+            RedisSource::Url(self.redis_url().to_owned())
+        } else {
+            RedisSource::Sentinels {
+                urls: self
+                    .redis_sentinels
+                    .iter()
+                    .map(|url| url.expose_secret().to_owned())
+                    .collect(),
+                master: self.redis_sentinel_master.clone(),
+            }
+        }
+    }
+
     /// Settings that are valid one by one but not together.
     ///
     /// # Errors
@@ -219,6 +250,9 @@ impl Settings {
                 "WORK_MS ({}) must be below PG_IDLE_IN_TRANSACTION_TIMEOUT_MS ({}): the pg-* strategies work inside a transaction, which PostgreSQL would end",
                 self.work_ms, self.pg_idle_in_transaction_timeout_ms
             ));
+        }
+        if !self.redis_sentinels.is_empty() && self.redis_sentinel_master.trim().is_empty() {
+            return Err("REDIS_SENTINELS needs REDIS_SENTINEL_MASTER, the name the Sentinels monitor the primary under".into());
         }
         if self.lock_strategy == LockStrategy::Redlock && self.redlock_urls.is_empty() {
             return Err(

@@ -13,7 +13,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::MIGRATOR;
 use crate::metrics::Metrics;
-use crate::redis_link::RedisLink;
+use crate::redis_link::{self, RedisLink, RedisSource};
 use crate::repository::SessionBounds;
 use crate::routes::admin::AdminToken;
 use crate::routes::health::Health;
@@ -77,10 +77,11 @@ impl Application {
             .context("cannot run database migrations")?;
         bound_sessions(&pool, &settings).await;
         let strategy = settings.lock_strategy;
+        let source = settings.redis_source();
         let redis = if strategy.needs_redis() {
-            RedisLink::connect_now(settings.redis_url(), "REDIS_URL").await?
+            RedisLink::connect_now(&source).await?
         } else {
-            RedisLink::connect_in_background(settings.redis_url(), "REDIS_URL")?
+            RedisLink::connect_in_background(&source)?
         };
         if strategy == LockStrategy::None {
             tracing::warn!(
@@ -95,7 +96,7 @@ impl Application {
             strategy,
             exclusion,
             metrics,
-            redis_url: settings.redis_url().to_owned(),
+            redis_source: source,
             redis: redis.clone(),
             key_prefix: settings.redis_key_prefix.clone(),
             batch_max: settings.batch_max as usize,
@@ -244,20 +245,29 @@ async fn exclusion(
     Ok(match settings.lock_strategy {
         LockStrategy::Redis => {
             let conn = redis.get().expect("connected at start-up under redis");
-            let client = redis::Client::open(settings.redis_url())?;
-            let signals = ReleaseSignals::connect(&client)
-                .await
-                .context("cannot subscribe to lock releases (REDIS_URL)")?;
             let locker = Locker::new(conn, options()?).context("invalid lock settings")?;
-            Exclusion::Redis(locker.with_release_signals(signals))
+            match settings.redis_source() {
+                RedisSource::Url(url) => {
+                    let client = redis::Client::open(url)?;
+                    let signals = ReleaseSignals::connect(&client)
+                        .await
+                        .context("cannot subscribe to lock releases (REDIS_URL)")?;
+                    Exclusion::Redis(locker.with_release_signals(signals))
+                }
+                // Release messages come over one fixed connection, which would not follow
+                // a failover: through Sentinel, waiters poll.
+                RedisSource::Sentinels { .. } => Exclusion::Redis(locker),
+            }
         }
         LockStrategy::Redlock => {
             let mut nodes = Vec::new();
             for url in &settings.redlock_urls {
                 let url = url.expose_secret();
                 let setting = format!("REDLOCK_URLS: {}", redacted(url));
-                let node = RedisLink::connect_now(url, &setting).await?;
-                nodes.push(node.get().expect("connected"));
+                let node = redis_link::connect(url, redis_link::config())
+                    .await
+                    .with_context(|| format!("cannot connect to Redis ({setting})"))?;
+                nodes.push(node);
             }
             let redlock = Redlock::new(nodes).context("invalid REDLOCK_URLS")?;
             Exclusion::Redlock(

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use support::{LOADTEST, database_url, shared_redis_url};
-use testkit::RedisServer;
+use testkit::{RedisSentinels, RedisServer};
 use tokio::time::Instant;
 
 const ADMIN_TOKEN: &str = "faults-admin-token-0123";
@@ -52,6 +52,11 @@ impl<'a> Setup<'a> {
 }
 
 async fn start(setup: &Setup<'_>, n: usize) -> Vec<Instance> {
+    start_named(setup, n, setup.strategy.name()).await
+}
+
+/// `n` instances named `fault-<label>-<i>` (their logs are named after them).
+async fn start_named(setup: &Setup<'_>, n: usize, label: &str) -> Vec<Instance> {
     let config = InstanceConfig {
         database_url: setup.database_url,
         redis_url: setup.redis_url,
@@ -66,7 +71,7 @@ async fn start(setup: &Setup<'_>, n: usize) -> Vec<Instance> {
     };
     let mut instances = Vec::new();
     for i in 0..n {
-        let name = format!("fault-{}-{i}", setup.strategy.name());
+        let name = format!("fault-{label}-{i}");
         instances.push(
             Instance::start(Path::new(LOADTEST), &config, &name)
                 .await
@@ -410,6 +415,192 @@ async fn paused_holder_then_redis_comes_back(connect: PgConnectOptions, comeback
     let books = books::read(&url, product).await.unwrap();
     assert_eq!((books.orders, books.stock), (2, 8), "{books:?}");
     assert_books_balance(books, 2);
+}
+
+/// Buy as users `first..` on `hosts` in turn until `stop` is set, retrying a user whose
+/// purchase got a 503 (or no answer) until it gets a final answer; every answer, in order.
+fn flood(
+    client: &reqwest::Client,
+    hosts: Vec<String>,
+    product: i64,
+    first: i64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<(u16, String)>> {
+    let client = client.clone();
+    tokio::spawn(async move {
+        let mut answers = Vec::new();
+        let mut user = first;
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let host = &hosts[(user as usize) % hosts.len()];
+            let answer = buy(&client, host, product, user).await;
+            let retry = matches!(answer.0, 0 | 503);
+            answers.push(answer);
+            if retry {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            } else {
+                user += 1;
+            }
+        }
+        answers
+    })
+}
+
+/// The Redlock debate, live, at the process level: Redis behind Sentinel fails over to a
+/// replica that missed instance A's acquisition (and the many before it), so B and C take
+/// the lock while A still holds it (two holders at once); A's batch is then refused by the
+/// fence. (Here the flood's batches during the stall stored fences in PostgreSQL above the
+/// new primary's counter, so B and C resync past them even with a counter that only
+/// counts; the equal-fence case that needs `max(INCR, TIME)` is
+/// `a_paused_holder_is_refused_after_redis_comes_back_with_its_fence_counter_behind`.)
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_sentinel_failover_to_a_replica_that_missed_the_lock_lets_others_sell_and_the_stale_batch_is_fenced_off(
+    _pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange: a primary, one replica and three Sentinels; instance A (long work per batch)
+    // and instances B and C, all finding Redis through the Sentinels; buyers flooding B
+    // and C, one purchase per batch.
+    let url = database_url(&connect);
+    let pool = PgPool::connect(&url).await.unwrap();
+    let mut set = RedisSentinels::start(1);
+    let primary_url = set.nodes()[0].url();
+    let sentinels = set.sentinel_urls().join(",");
+    let mut setup = Setup::new(&url, &primary_url, "", LockStrategy::Redis);
+    setup.lock_ttl_ms = 1_000;
+    setup.extra = vec![
+        ("REDIS_SENTINELS", sentinels),
+        ("REDIS_SENTINEL_MASTER", RedisSentinels::MASTER.into()),
+        ("BATCH_MAX", "1".into()),
+    ];
+    let others = start_named(&setup, 2, "sentinel-bc").await;
+    setup.work_ms = 3_000;
+    let a = start_named(&setup, 1, "sentinel-a").await.remove(0);
+    let product = create_product(&others[0].url, 5_000).await;
+    let client = client();
+    let flood_orders = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT COUNT(*) FROM orders WHERE product_id = $1 AND user_id >= 1000",
+        )
+        .bind(product)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let wait_for_flood_orders = |at_least: i64, what: &'static str| async move {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let orders = flood_orders().await;
+            if orders >= at_least {
+                return orders;
+            }
+            assert!(Instant::now() < deadline, "{what}: {orders} orders");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hosts: Vec<String> = others.iter().map(|i| i.url.clone()).collect();
+    let floods = [
+        flood(&client, hosts.clone(), product, 1_000, stop.clone()),
+        flood(&client, hosts, product, 100_000, stop.clone()),
+    ];
+    wait_for_flood_orders(20, "the flood did not sell").await;
+    set.wait_until_replicas_synced(Duration::from_secs(10));
+    let (old, replica) = (set.primary(), 1 - set.primary());
+    let old_port = set.nodes()[old].port();
+    let old_url = set.nodes()[old].url();
+
+    // Act: the replica stalls, and misses the next hundred acquisitions and then A's; A is
+    // paused inside its batch; the primary dies, the replica comes back and is promoted.
+    set.stall_replication(replica);
+    let stalled_at = flood_orders().await;
+    wait_for_flood_orders(
+        stalled_at + 100,
+        "the flood did not sell while the replica stalled",
+    )
+    .await;
+    let stale = {
+        let (client, host) = (client.clone(), a.url.clone());
+        tokio::spawn(async move { buy(&client, &host, product, 2).await })
+    };
+    wait_until_one_holder_keeps(&old_url, &format!("lock_sale_{product}")).await;
+    signal(a.pid(), "-STOP");
+    set.nodes()[old].kill();
+    set.resume(replica);
+    assert_eq!(
+        set.wait_for_failover_from(old_port, Duration::from_secs(30)),
+        replica
+    );
+    // B and C sell a few batches on the new primary while A, paused, still believes it
+    // holds the lock; then A wakes up and writes.
+    let before_failover = flood_orders().await;
+    wait_for_flood_orders(
+        before_failover + 3,
+        "B and C did not sell after the failover",
+    )
+    .await;
+    signal(a.pid(), "-CONT");
+    let (a_status, a_code) = stale.await.unwrap();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut created = 0;
+    for flood in floods {
+        for (status, code) in flood.await.unwrap() {
+            assert!(
+                matches!(status, 0 | 201 | 409 | 503),
+                "unexpected answer {status} {code}"
+            );
+            created += i64::from(status == 201);
+        }
+    }
+
+    // Assert: the stale batch was refused (503 lock_lost) and wrote nothing; the books
+    // balance.
+    let a_orders: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE product_id = $1 AND user_id = 2")
+            .bind(product)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        a_orders, 0,
+        "the stale holder's order was written ({a_status} {a_code})"
+    );
+    assert_eq!((a_status, a_code.as_str()), (503, "lock_lost"));
+    let books = books::read(&url, product).await.unwrap();
+    assert_books_balance(books, created);
+    drop(a);
+}
+
+/// Wait until the lock `key` on `redis_url` keeps one value (one holder's token) for
+/// 500 ms: the long batch's holder, not one of the flood's short ones.
+async fn wait_until_one_holder_keeps(redis_url: &str, key: &str) {
+    let mut conn = redis::Client::open(redis_url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen: Option<(String, Instant)> = None;
+    loop {
+        let value: Option<String> = redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        match (&seen, value) {
+            (Some((held, since)), Some(now)) if *held == now => {
+                if since.elapsed() >= Duration::from_millis(500) {
+                    return;
+                }
+            }
+            (_, Some(now)) => seen = Some((now, Instant::now())),
+            (_, None) => seen = None,
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the long batch never took the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]

@@ -27,7 +27,6 @@ use std::time::Duration;
 
 use distlock::{Backend, Error as LockError, Locker, PgLockTable, Redlock, ReleaseOutcome};
 use rand::Rng;
-use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep, timeout, timeout_at};
@@ -37,6 +36,7 @@ use super::fenced::{Holder, lock_failed, lock_key};
 use super::{Bought, PurchaseError, PurchaseRequest};
 use crate::domain::ProductId;
 use crate::metrics::Metrics;
+use crate::redis_link::RedisConn;
 use crate::repository::SessionBounds;
 
 /// A buyer's answer.
@@ -45,9 +45,9 @@ pub(crate) type Answer = Result<Bought, PurchaseError>;
 /// How the desks of one instance keep batches of a product apart from other instances'.
 pub enum Exclusion {
     /// The Redis lock `lock_sale_<id>`, fenced.
-    Redis(Locker<ConnectionManager>),
+    Redis(Locker<RedisConn>),
     /// The same lock on a majority of independent Redis masters, fenced.
-    Redlock(Locker<Redlock<ConnectionManager>>),
+    Redlock(Locker<Redlock<redis::aio::ConnectionManager>>),
     /// The same lock in PostgreSQL's lock table, fenced.
     PgLock(Locker<PgLockTable>),
     /// No lock of ours: the batch's transaction reads and writes the stock `step`'s way.

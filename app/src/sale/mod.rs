@@ -132,7 +132,7 @@ pub struct SaleParts {
     pub strategy: LockStrategy,
     pub exclusion: Exclusion,
     pub metrics: Metrics,
-    pub redis_url: String,
+    pub redis_source: crate::redis_link::RedisSource,
     pub redis: crate::redis_link::RedisLink,
     pub key_prefix: String,
     pub batch_max: usize,
@@ -152,7 +152,7 @@ impl Sale {
     pub fn new(parts: SaleParts) -> Self {
         let catalog = Arc::new(Catalog::new(parts.sold_out_recheck));
         let restocks = Restocks::start(
-            &parts.redis_url,
+            parts.redis_source,
             &parts.key_prefix,
             parts.redis,
             Arc::downgrade(&catalog),

@@ -14,11 +14,15 @@ use redis::{ProtocolVersion, PushInfo, PushKind, Value};
 
 use super::catalog::Catalog;
 use crate::domain::ProductId;
-use crate::redis_link::{self, RedisLink};
+use crate::redis_link::{self, RedisLink, RedisSource};
 
 /// How often the subscription is checked (a PING): a connection lost while nothing is sent
 /// on it is noticed, reconnected and resubscribed within this long.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// Unanswered PINGs in a row after which, through Sentinel, the subscription is made again
+/// on the primary the Sentinels name now.
+const MISSED_BEFORE_LOOKUP: u32 = 2;
 
 /// Publishes this instance's restocks and listens for the others'.
 pub(crate) struct Restocks {
@@ -29,10 +33,10 @@ pub(crate) struct Restocks {
 }
 
 impl Restocks {
-    /// Publish on `publisher`, and listen on a connection of its own to `redis_url`, kept
+    /// Publish on `publisher`, and listen on a connection of its own to `source`, kept
     /// up by a task of its own (retrying until Redis answers, and after every outage).
     pub(crate) fn start(
-        redis_url: &str,
+        source: RedisSource,
         key_prefix: &str,
         publisher: RedisLink,
         catalog: Weak<Catalog>,
@@ -40,7 +44,7 @@ impl Restocks {
         let channel = format!("{key_prefix}seckill:restocks");
         let listening = Arc::new(AtomicBool::new(false));
         let keeper = Keeper {
-            url: redis_url.to_owned(),
+            source,
             channel: channel.clone(),
             catalog,
             listening: Arc::downgrade(&listening),
@@ -92,7 +96,7 @@ impl Restocks {
 /// when something is sent, so the keeper PINGs it every [`CHECK_EVERY`]; the connection then
 /// reconnects and resubscribes by itself.
 struct Keeper {
-    url: String,
+    source: RedisSource,
     channel: String,
     catalog: Weak<Catalog>,
     /// Ends the task once the `Restocks` is gone.
@@ -101,30 +105,41 @@ struct Keeper {
 
 impl Keeper {
     async fn run(self) {
-        let mut conn = loop {
-            if self.listening.strong_count() == 0 {
-                return;
-            }
-            match self.subscribe().await {
-                Ok(conn) => break conn,
-                Err(error) => {
-                    tracing::debug!(%error, "cannot subscribe to restock news yet; retrying");
-                    tokio::time::sleep(CHECK_EVERY).await;
-                }
-            }
-        };
-        self.set(true);
         loop {
-            tokio::time::sleep(CHECK_EVERY).await;
-            let Some(listening) = self.listening.upgrade() else {
-                return;
+            let mut conn = loop {
+                if self.listening.strong_count() == 0 {
+                    return;
+                }
+                match self.subscribe().await {
+                    Ok(conn) => break conn,
+                    Err(error) => {
+                        tracing::debug!(%error, "cannot subscribe to restock news yet; retrying");
+                        tokio::time::sleep(CHECK_EVERY).await;
+                    }
+                }
             };
-            let ping = redis::cmd("PING");
-            let answered = tokio::time::timeout(CHECK_EVERY, ping.query_async::<()>(&mut conn))
-                .await
-                .is_ok_and(|answer| answer.is_ok());
-            listening.store(answered, Ordering::SeqCst);
+            self.set(true);
+            let mut missed = 0;
+            // A connection reconnects to the server it was made for. Through Sentinel that
+            // server may be gone for good after a failover, so after a few unanswered PINGs
+            // the keeper asks the Sentinels again and subscribes where they point.
+            while !(self.follows_failovers() && missed >= MISSED_BEFORE_LOOKUP) {
+                tokio::time::sleep(CHECK_EVERY).await;
+                let Some(listening) = self.listening.upgrade() else {
+                    return;
+                };
+                let ping = redis::cmd("PING");
+                let answered = tokio::time::timeout(CHECK_EVERY, ping.query_async::<()>(&mut conn))
+                    .await
+                    .is_ok_and(|answer| answer.is_ok());
+                listening.store(answered, Ordering::SeqCst);
+                missed = if answered { 0 } else { missed + 1 };
+            }
         }
+    }
+
+    fn follows_failovers(&self) -> bool {
+        matches!(self.source, RedisSource::Sentinels { .. })
     }
 
     fn set(&self, up: bool) {
@@ -136,7 +151,7 @@ impl Keeper {
     /// A RESP3 connection subscribed to the channel, resubscribing by itself after a
     /// reconnect; a lost connection marks the news as not heard until the next PING answers.
     async fn subscribe(&self) -> anyhow::Result<redis::aio::ConnectionManager> {
-        let client = redis::Client::open(self.url.as_str())?;
+        let client = self.source.client().await?;
         let info = client.get_connection_info().clone();
         let settings = info
             .redis_settings()
