@@ -179,7 +179,10 @@ impl SentinelConnectionBuilder {
 
 impl Inner {
     fn current(&self) -> Option<Current> {
-        self.current.lock().expect("sentinel state poisoned").clone()
+        self.current
+            .lock()
+            .expect("sentinel state poisoned")
+            .clone()
     }
 
     /// The connection to the primary, looked up through the Sentinels when there is none.

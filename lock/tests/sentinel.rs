@@ -73,7 +73,9 @@ async fn after_the_primary_dies_the_connection_reaches_the_new_primary_by_itself
             }
         }
     };
-    let new = h.set.wait_for_failover_from(old_port, Duration::from_secs(5));
+    let new = h
+        .set
+        .wait_for_failover_from(old_port, Duration::from_secs(5));
     assert_ne!(new, old);
     assert!(guard.fence() > first_fence);
     assert!(guard.release().await.unwrap().was_held());
@@ -112,9 +114,7 @@ async fn a_failover_to_a_replica_that_missed_the_lock_lets_a_second_holder_in_an
     let a_guard = a.try_acquire("lock_sale_1").await.unwrap();
     h.set.nodes()[old].kill();
     h.set.resume(replica);
-    let promoted = h
-        .set
-        .wait_for_failover_from(old_port, FAILOVER_BOUND);
+    let promoted = h.set.wait_for_failover_from(old_port, FAILOVER_BOUND);
     assert_eq!(promoted, replica);
     let b_guard = timeout(FAILOVER_BOUND, b.acquire("lock_sale_1"))
         .await

@@ -392,12 +392,14 @@ impl RedisSentinels {
         loop {
             let ok = server_info_section(primary, "replication").is_some_and(|info| {
                 info.contains(&format!("connected_slaves:{replicas}"))
-                    && (0..replicas).all(|i| info.contains(&format!("slave{i}:")) && {
-                        let line = info
-                            .lines()
-                            .find(|l| l.starts_with(&format!("slave{i}:")))
-                            .unwrap_or_default();
-                        line.contains("state=online")
+                    && (0..replicas).all(|i| {
+                        info.contains(&format!("slave{i}:")) && {
+                            let line = info
+                                .lines()
+                                .find(|l| l.starts_with(&format!("slave{i}:")))
+                                .unwrap_or_default();
+                            line.contains("state=online")
+                        }
                     })
             });
             if ok {
@@ -422,14 +424,20 @@ impl RedisSentinels {
         let mut stream = TcpStream::connect(("127.0.0.1", primary)).expect("the primary answers");
         let value = vec![b'x'; 1 << 20];
         for i in 0..40 {
-            let mut command =
-                format!("*3\r\n$3\r\nSET\r\n$16\r\ntestkit:junk:{i:03}\r\n${}\r\n", value.len())
-                    .into_bytes();
+            let mut command = format!(
+                "*3\r\n$3\r\nSET\r\n$16\r\ntestkit:junk:{i:03}\r\n${}\r\n",
+                value.len()
+            )
+            .into_bytes();
             command.extend_from_slice(&value);
             command.extend_from_slice(b"\r\n");
-            stream.write_all(&command).expect("the primary takes the junk");
+            stream
+                .write_all(&command)
+                .expect("the primary takes the junk");
             let mut reply = [0; 5];
-            stream.read_exact(&mut reply).expect("the primary answers +OK");
+            stream
+                .read_exact(&mut reply)
+                .expect("the primary answers +OK");
         }
     }
 
