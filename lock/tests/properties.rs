@@ -676,6 +676,195 @@ async fn a_release_after_another_holder_took_the_key_says_it_was_taken<H: Harnes
 }
 
 /// Every property, instantiated for every backend.
+async fn extend_by_hand_sets_a_longer_lease_that_others_must_wait_out<H: Harness>(h: H) {
+    // Arrange: a lease of 1 s with no watchdog.
+    let key = h.key("extend");
+    let guard = locker(h.backend().await, short_unwatched(1_000))
+        .try_acquire(&key)
+        .await
+        .unwrap();
+
+    // Act: extend it to 30 s at once, then wait well past the first lease.
+    guard.extend(ms(30_000)).await.unwrap();
+    sleep(ms(2_500)).await;
+
+    // Assert: still ours, and another owner is refused; after release, free.
+    assert!(guard.is_held());
+    assert_eq!(
+        h.holder(&key).await.as_deref(),
+        Some(guard.token().expose())
+    );
+    let other = locker(h.backend().await, patient());
+    assert!(matches!(
+        other.try_acquire(&key).await,
+        Err(Error::Held { .. })
+    ));
+    assert!(guard.release().await.unwrap().was_held());
+    assert!(other.try_acquire(&key).await.is_ok());
+}
+
+async fn extend_after_the_lease_ran_out_says_not_held<H: Harness>(h: H) {
+    // Arrange: a lease of 200 ms, left to run out.
+    let key = h.key("extend-late");
+    let guard = locker(h.backend().await, short_unwatched(200))
+        .try_acquire(&key)
+        .await
+        .unwrap();
+    sleep(ms(1_000)).await;
+
+    // Act
+    let extended = guard.extend(ms(30_000)).await;
+
+    // Assert: refused, and the lock was not brought back to life.
+    assert!(
+        matches!(extended, Err(Error::NotHeld { .. })),
+        "{extended:?}"
+    );
+    assert!(!guard.is_held());
+    assert_eq!(h.holder(&key).await, None);
+}
+
+async fn inspect_tells_whether_a_key_is_held_its_lease_and_its_fence<H: Harness>(h: H) {
+    // Arrange
+    let key = h.key("inspect");
+    let locker = locker(h.backend().await, short_unwatched(20_000));
+    let before = locker.inspect(&key).await.unwrap();
+
+    // Act
+    let guard = locker.try_acquire(&key).await.unwrap();
+    let during = locker.inspect(&key).await.unwrap();
+    let fence = guard.fence();
+    assert!(guard.release().await.unwrap().was_held());
+    let after = locker.inspect(&key).await.unwrap();
+
+    // Assert: nothing held before; held with a lease of at most the ttl and the holder's
+    // fence during; not held after (the fence stays: it never goes back).
+    assert!(!before.held, "{before:?}");
+    assert!(during.held, "{during:?}");
+    if let Some(left) = during.expires_in {
+        assert!(left > ms(0) && left <= ms(20_000), "{during:?}");
+    }
+    assert_eq!(during.fence, Some(fence), "{during:?}");
+    assert!(!after.held, "{after:?}");
+    assert!(after.fence.is_none_or(|f| f >= fence), "{after:?}");
+}
+
+async fn a_forced_unlock_frees_the_lock_and_its_holder_finds_it_lost<H: Harness>(h: H) {
+    // Arrange: A holds the lock with a long lease.
+    let key = h.key("force");
+    let operator = locker(h.backend().await, patient());
+    let a = locker(h.backend().await, short_unwatched(30_000))
+        .try_acquire(&key)
+        .await
+        .unwrap();
+
+    // Act
+    let forced = operator.force_unlock(&key).await.unwrap();
+    let b = operator.try_acquire(&key).await;
+
+    // Assert: there was a lock; B gets it at once; A's release says it was not A's any
+    // more; a second forced unlock of a free key finds nothing.
+    assert!(forced);
+    let b = b.expect("the lock was not free after the forced unlock");
+    assert!(!a.release().await.unwrap().was_held());
+    assert!(b.release().await.unwrap().was_held());
+    assert!(!operator.force_unlock(&key).await.unwrap());
+}
+
+async fn run_locked_hands_the_work_its_fence_returns_its_output_and_releases<H: Harness>(h: H) {
+    // Arrange
+    let key = h.key("run-locked");
+    let locker = locker(h.backend().await, patient());
+
+    // Act: the work reports its fence and whether the key was held while it ran.
+    let ran = {
+        let (h, key) = (&h, key.clone());
+        locker
+            .run_locked(&key.clone(), |fence| async move {
+                (fence, h.holder(&key).await.is_some())
+            })
+            .await
+            .unwrap()
+    };
+
+    // Assert
+    let distlock::Ran::Finished { output, release } = ran else {
+        panic!("the work did not finish");
+    };
+    let (fence, held_meanwhile) = output;
+    assert!(held_meanwhile, "the work ran without the lock");
+    assert!(fence > Fence::new(0));
+    assert!(release.unwrap().was_held());
+    assert_eq!(h.holder(&key).await, None, "the lock was left behind");
+}
+
+async fn run_locked_drops_the_work_when_the_lock_is_lost<H: Harness>(h: H) {
+    // Arrange: the watchdog renews every third of 3 s; the work deletes the lock behind its
+    // own back, then would run for a minute.
+    let key = h.key("run-lost");
+    let options = LockOptions::builder()
+        .ttl(ms(3_000))
+        .wait_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let locker = locker(h.backend().await, options);
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+
+    // Act
+    let started = Instant::now();
+    let ran = {
+        let (h, key, finished) = (&h, key.clone(), Arc::clone(&finished));
+        timeout(
+            Duration::from_secs(30),
+            locker.run_locked(&key.clone(), |_| async move {
+                h.delete(&key).await;
+                sleep(Duration::from_secs(60)).await;
+                finished.store(true, Ordering::SeqCst);
+            }),
+        )
+        .await
+        .expect("run_locked did not notice the lost lock")
+        .unwrap()
+    };
+
+    // Assert: told the lock was lost, well before the work's minute; the work never
+    // finished.
+    assert!(matches!(ran, distlock::Ran::Lost(_)), "the work finished");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert!(!finished.load(Ordering::SeqCst));
+}
+
+async fn acquire_with_takes_the_lease_and_wait_of_the_call_not_the_lockers<H: Harness>(h: H) {
+    // Arrange: a locker whose own lease is long; one call asks for 300 ms with no watchdog.
+    let key = h.key("per-call");
+    let locker = locker(h.backend().await, short_unwatched(60_000));
+    let first = locker
+        .try_acquire_with(&key, &short_unwatched(300))
+        .await
+        .unwrap();
+
+    // Act: another owner waits with a per-call deadline that outlasts the short lease only.
+    let patient_call = LockOptions::builder()
+        .ttl(ms(60_000))
+        .without_watchdog()
+        .wait_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let second = timeout(
+        Duration::from_secs(30),
+        locker.acquire_with(&key, &patient_call),
+    )
+    .await
+    .expect("acquire_with did not keep its own deadline");
+
+    // Assert: the short lease ran out and the second call got the lock; the first guard
+    // knows it is no longer held.
+    let second = second.expect("the per-call lease was not used");
+    assert!(second.fence() > first.fence());
+    assert!(!first.release().await.unwrap().was_held());
+    assert!(second.release().await.unwrap().was_held());
+}
+
 macro_rules! suite {
     ($($property:ident),* $(,)?) => {
         mod redis {
@@ -750,4 +939,11 @@ suite!(
     a_counter_at_the_largest_fence_refuses_cleanly_and_leaves_nothing,
     an_acquire_cancelled_after_its_attempt_took_the_lock_gives_it_back,
     a_release_after_another_holder_took_the_key_says_it_was_taken,
+    extend_by_hand_sets_a_longer_lease_that_others_must_wait_out,
+    extend_after_the_lease_ran_out_says_not_held,
+    inspect_tells_whether_a_key_is_held_its_lease_and_its_fence,
+    a_forced_unlock_frees_the_lock_and_its_holder_finds_it_lost,
+    run_locked_hands_the_work_its_fence_returns_its_output_and_releases,
+    run_locked_drops_the_work_when_the_lock_is_lost,
+    acquire_with_takes_the_lease_and_wait_of_the_call_not_the_lockers,
 );
