@@ -72,8 +72,12 @@ pub(crate) struct Lease {
     // TIMING: the deadline is counted from the moment the acquire or renew command was
     // *sent*. The backend starts its own expiry when it *runs* the command, later, so the
     // local deadline falls before the real expiry as long as the two clocks run at the same
-    // rate (monotonic clocks on one host; a drift of a few ms per ttl between hosts, which
-    // Redlock's drift allowance covers).
+    // rate (a drift of a few ms per ttl between hosts, which Redlock's drift allowance
+    // covers). The holder's side is a monotonic clock; the server's is not: Redis keeps a
+    // key's expiry as an absolute Unix time in ms, and the lock table compares
+    // `clock_timestamp()`. A server wall clock that steps *forward* expires the lease before
+    // this deadline, while `is_held()` still says true; one that steps back lengthens it.
+    // Servers must slew their clocks, not step them; the fence covers a holder caught out.
     until_ns: AtomicU64,
     /// 0 while not lost, else a `LockLost` code; final once set.
     lost: AtomicU8,

@@ -14,7 +14,8 @@
 //! 2. **`DEL` removes someone else's lock.** A holder whose lease ran out, then deletes "its"
 //!    key, deletes the next holder's lock. Here the key holds a random 128-bit token, new for
 //!    every acquisition, and release is a Lua compare-and-delete: only the token's holder
-//!    can delete the key ([`LockGuard::release`] returns `false` when it was no longer ours).
+//!    can delete the key ([`LockGuard::release`] says whether it was still ours:
+//!    [`ReleaseOutcome`]).
 //! 3. **The work outlives the lease.** Here a watchdog task renews the lease (a Lua
 //!    compare-and-pexpire) every `ttl / 3` while the guard lives, and tells the holder when
 //!    renewal fails ([`LockGuard::is_held`], [`LockGuard::lost`]). Renewal cannot help a
@@ -24,8 +25,10 @@
 //! # Backends
 //! A [`Backend`] runs single atomic steps (take, renew, release, advance the fence), each
 //! checked by token; everything else is written once, above it.
-//! - **One Redis**: any [`redis::aio::ConnectionLike`], such as a
-//!   [`ConnectionManager`](redis::aio::ConnectionManager), or a Redis Cluster connection.
+//! - **One Redis** (7.0 or later): any [`redis::aio::ConnectionLike`], such as a
+//!   [`ConnectionManager`](redis::aio::ConnectionManager), a Redis Cluster connection, or
+//!   (feature `sentinel`) a `SentinelConnection` that follows the primary through
+//!   failovers.
 //! - **[`Redlock`]**: a majority of independent Redis masters.
 //! - **[`PgLockTable`]** (feature `postgres`): the seed articles' database lock, a table
 //!   with a unique name per lock.
@@ -77,7 +80,7 @@
 //! # Redis Cluster
 //! [`Locker`] is generic over the connection, so a `redis::cluster_async::ClusterConnection`
 //! works as is. Every script touches only the lock key and its fence key, and
-//! [`fence_key`] names the fence so that it hashes to the lock key's slot: each lock lives on
+//! [`keys::fence_key`] names the fence so that it hashes to the lock key's slot: each lock lives on
 //! one node. (Tested against a real three-master cluster in `tests/cluster.rs`.) Waiters
 //! through a cluster connection poll.
 //!
@@ -96,12 +99,22 @@
 //!   its lease may wake up believing it still holds the lock. No lock can prevent that; the
 //!   [`Fence`] lets the store refuse its writes.
 //! - A Redis that loses data (restart without persistence, eviction, failover to a lagging
-//!   replica) can hand the lock to two holders. It does not break fencing: a lost counter
-//!   starts again above the Redis host's clock in microseconds, so above every fence issued
+//!   replica) can hand the lock to two holders. It does not break fencing: every
+//!   acquisition's fence is `max(counter + 1, the Redis host's clock in microseconds)`, so a
+//!   counter that was lost or came back behind still hands out fences above every one issued
 //!   before, **as long as that clock does not step back** (and one key is taken less than
 //!   once per microsecond). [`Redlock`] across several masters reduces the first risk; see
 //!   Martin Kleppmann's critique of its timing assumptions before relying on it for
 //!   correctness rather than efficiency.
+//! - Expiry is wall-clock time on the server: Redis keeps a key's expiry as an absolute Unix
+//!   time, and the lock table compares `clock_timestamp()`. A server clock that steps
+//!   *forward* (an NTP correction, a VM resumed) expires leases early, while their holders,
+//!   counting on their own monotonic clocks, still see [`LockGuard::is_held`] as `true`. Run
+//!   the servers with a clock that slews rather than steps; the fence still refuses a holder
+//!   whose lock was taken over.
+
+#![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
 mod error;

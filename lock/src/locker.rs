@@ -43,9 +43,9 @@ impl<B: Backend> Clone for Locker<B> {
     }
 }
 
-/// What [`Locker::run_locked`] did with the work it was given.
+/// What [`Locker::run_locked`] did with the work it was given: one of two ends, and no
+/// other (not `#[non_exhaustive]`: a `match` on it needs no catch-all arm).
 #[derive(Debug)]
-#[non_exhaustive]
 pub enum Ran<T> {
     /// The work finished while the lock was held; then the lock was given back, with this
     /// outcome (an error when the backend could not be reached for the release: the lease
@@ -198,6 +198,28 @@ impl<B: Backend> Locker<B> {
     /// Dropping the work when the lock is lost stops it from going on as if it still held
     /// the lock; it cannot undo what the work already did. Send the fence with every write
     /// that matters, so that the store refuses a holder whose lease ran out.
+    ///
+    /// ```no_run
+    /// # async fn run(locker: distlock::Locker<redis::aio::ConnectionManager>, pool: sqlx::PgPool) -> anyhow::Result<()> {
+    /// use distlock::Ran;
+    /// let ran = locker
+    ///     .run_locked("lock_sale_1", |fence| async move {
+    ///         // The row refuses a write under a fence below the one it stored.
+    ///         sqlx::query("UPDATE products SET stock = stock - 1, fence = $1 WHERE id = 1 AND fence <= $1")
+    ///             .bind(fence.as_i64())
+    ///             .execute(&pool)
+    ///             .await
+    ///     })
+    ///     .await?;
+    /// match ran {
+    ///     Ran::Finished { output, release } => {
+    ///         let written = output?.rows_affected() == 1;
+    ///         println!("written: {written}, lock still ours at the end: {}", release?.was_held());
+    ///     }
+    ///     Ran::Lost(why) => println!("lost before the work finished: {why}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// As [`acquire`](Self::acquire), when the lock could not be taken (the work did not

@@ -22,6 +22,18 @@ use crate::options::LockOptions;
 /// when the count returns to zero. Do not share one owner between tasks that must exclude
 /// each other: to the lock they are one holder.
 ///
+/// ```no_run
+/// # async fn run(locker: distlock::Locker<redis::aio::ConnectionManager>) -> distlock::Result<()> {
+/// let owner = locker.owner();
+/// let outer = owner.acquire("lock_account_7").await?;
+/// let inner = owner.acquire("lock_account_7").await?; // at once: the same owner
+/// assert_eq!(outer.hold_count(), 2);
+/// assert_eq!(inner.fence(), outer.fence()); // one acquisition, one fence
+/// inner.release().await?; // the lock stays
+/// assert!(outer.release().await?.was_held()); // the count is zero: deleted
+/// # Ok(()) }
+/// ```
+///
 /// A non-reentrant caller does not need an `Owner`: every [`Locker::try_acquire`] and
 /// [`Locker::acquire`] is its own owner.
 ///

@@ -23,6 +23,26 @@
 //! writes. [`LockOptionsBuilder::wait_for_replicas`](crate::LockOptionsBuilder::wait_for_replicas)
 //! narrows the window (the guard says whether the lock reached a replica).
 //!
+//! ```no_run
+//! # async fn run() -> distlock::Result<()> {
+//! use std::time::Duration;
+//! use distlock::{LockOptions, Locker, SentinelConnection};
+//!
+//! let sentinels = vec!["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"];
+//! let conn = SentinelConnection::connect(sentinels, "mymaster").await?;
+//! let options = LockOptions::builder()
+//!     .ttl(Duration::from_secs(5))
+//!     .wait_for_replicas(1, Duration::from_millis(50)) // optional: see the guard's replicas()
+//!     .build()?;
+//! let locker = Locker::connect(conn, options).await?;
+//! let guard = locker.acquire("lock_sale_1").await?;
+//! if guard.replicas() == Some(0) {
+//!     // No replica has the lock yet: a failover now would forget it.
+//! }
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
 //! Release signals ([`ReleaseSignals`](crate::ReleaseSignals)) subscribe on one fixed
 //! connection and do not follow a failover: through Sentinel, waiters poll.
 
