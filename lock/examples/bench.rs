@@ -16,7 +16,11 @@
 //!
 //! The machine's load varies from second to second, so the uncontended loops run in
 //! alternating rounds and their medians are compared. The last line is
-//! `cycles_per_sec=N`, distlock's uncontended median (when it ran).
+//! `cycles_per_sec=N`, distlock's uncontended median (when it ran). Each uncontended round
+//! also reports the client's CPU and the Redis server's CPU per cycle (from `INFO cpu`), so
+//! what the fence's scripts cost Redis shows beside rslock's, in the same run.
+//! `--wait-replicas N` makes each distlock acquisition wait for N replicas (`WAIT`), to
+//! see what that costs (against a Redis that has replicas).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,6 +59,11 @@ struct Args {
     /// What to measure.
     #[arg(long, value_enum, default_value_t = Mode::All)]
     mode: Mode,
+    /// In distlock's uncontended loop, wait for this many replicas to acknowledge each
+    /// acquisition (`wait_for_replicas`, up to 100 ms each); 0: no wait. Needs a Redis with
+    /// that many replicas at `--redis-url`.
+    #[arg(long, default_value_t = 0)]
+    wait_replicas: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -90,7 +99,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let prefix = format!("distlock-bench:{}", std::process::id());
     // Every lock leaves a fence counter, which has no TTL by design: the run's keys (rslock's
     // `<prefix>...` and ours, with `{<prefix>...}:fence`) are deleted however the run ends.
-    let _cleanup = testkit::PrefixCleanup::new(&args.redis_url, &prefix);
+    let _cleanup = Cleanup {
+        url: args.redis_url.clone(),
+        prefix: prefix.clone(),
+    };
     println!(
         "redis={} concurrency={} seconds={} rounds={} worker_threads={}",
         args.redis_url, args.concurrency, args.seconds, args.rounds, args.worker_threads
@@ -102,13 +114,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     // Rounds alternate between the two crates so that both see the same machine load;
     // the medians are compared.
-    let options = if args.no_watchdog {
-        LockOptions::builder().without_watchdog().build()?
-    } else {
-        LockOptions::default()
-    };
+    let mut options = LockOptions::builder();
+    if args.no_watchdog {
+        options = options.without_watchdog();
+    }
+    if args.wait_replicas > 0 {
+        options = options.wait_for_replicas(args.wait_replicas, Duration::from_millis(100));
+    }
+    let options = options.build()?;
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     let (mut our_cpu, mut their_cpu) = (Vec::new(), Vec::new());
+    let (mut our_server, mut their_server) = (Vec::new(), Vec::new());
     for round in 1..=args.rounds {
         // Alternate which crate goes first, so neither always inherits the other's wake.
         let order = if round % 2 == 1 {
@@ -121,6 +137,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 continue;
             }
             let cpu_before = process_cpu();
+            let server_before = server_cpu(&conn).await?;
             let (rate, cycles_in) = if mode == Mode::Rslock {
                 rslock_cycles(&args.redis_url, args.concurrency, run_for, &prefix).await?
             } else if args.multiplexed {
@@ -138,40 +155,49 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 uncontended(locker, args.concurrency, run_for, &prefix).await?
             };
             let cpu_us = (process_cpu() - cpu_before).as_secs_f64() * 1e6 / cycles_in as f64;
+            let server_us = (server_cpu(&conn).await? - server_before) * 1e6 / cycles_in as f64;
             let name = if mode == Mode::Rslock {
                 "rslock"
             } else {
                 "distlock"
             };
-            println!("round {round}: {name} cycles/s {rate:.0}, client cpu {cpu_us:.1} us/cycle");
+            println!(
+                "round {round}: {name} cycles/s {rate:.0}, client cpu {cpu_us:.1} us/cycle, redis cpu {server_us:.1} us/cycle"
+            );
             if mode == Mode::Rslock {
                 theirs.push(rate);
                 their_cpu.push(cpu_us);
+                their_server.push(server_us);
             } else {
                 ours.push(rate);
                 our_cpu.push(cpu_us);
+                our_server.push(server_us);
             }
         }
     }
     if !theirs.is_empty() {
         println!(
-            "rslock 0.10 uncontended (no watchdog, no fence): median {:.0} cycles/s, {:.1} us client cpu/cycle",
+            "rslock 0.10 uncontended (no watchdog, no fence): median {:.0} cycles/s, {:.1} us client cpu/cycle, {:.1} us redis cpu/cycle",
             median(&mut theirs),
-            median(&mut their_cpu)
+            median(&mut their_cpu),
+            median(&mut their_server)
         );
     }
     if !ours.is_empty() {
         let watchdog = if args.no_watchdog { "off" } else { "on" };
         let rate = median(&mut ours);
         println!(
-            "distlock uncontended (watchdog {watchdog}, fence on): median {rate:.0} cycles/s, {:.1} us client cpu/cycle",
-            median(&mut our_cpu)
+            "distlock uncontended (watchdog {watchdog}, fence on, replica wait {}): median {rate:.0} cycles/s, {:.1} us client cpu/cycle, {:.1} us redis cpu/cycle",
+            args.wait_replicas,
+            median(&mut our_cpu),
+            median(&mut our_server)
         );
         if !theirs.is_empty() {
             println!(
-                "distlock / rslock: throughput {:.2}, client cpu per cycle {:.2}",
+                "distlock / rslock: throughput {:.2}, client cpu per cycle {:.2}, redis cpu per cycle {:.2}",
                 rate / median(&mut theirs),
-                median(&mut our_cpu) / median(&mut their_cpu)
+                median(&mut our_cpu) / median(&mut their_cpu),
+                median(&mut our_server) / median(&mut their_server)
             );
         }
         println!("cycles_per_sec={rate:.0}");
@@ -197,6 +223,64 @@ fn process_cpu() -> Duration {
     // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
     // Linux reports them in USER_HZ, which is 100 on every mainstream build.
     Duration::from_millis((ticks(11) + ticks(12)) * 10)
+}
+
+/// CPU time (user + system) the Redis server has used so far, in seconds (`INFO cpu`; Redis
+/// is shared, so other clients' work counts too: run the bench on a quiet Redis).
+async fn server_cpu(conn: &ConnectionManager) -> anyhow::Result<f64> {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(&mut conn.clone())
+        .await?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| {
+                line.strip_prefix(name)?
+                    .strip_prefix(':')?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(0.0)
+    };
+    Ok(field("used_cpu_user") + field("used_cpu_sys"))
+}
+
+/// Deletes the run's keys when the run ends, however it ends: every lock leaves a fence
+/// counter, which has no TTL by design.
+struct Cleanup {
+    url: String,
+    prefix: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let clean = || -> redis::RedisResult<()> {
+            let mut conn = redis::Client::open(self.url.as_str())?.get_connection()?;
+            // rslock's keys start with the prefix; ours too, and their fences with `{prefix`.
+            for pattern in [format!("{}*", self.prefix), format!("{{{}*", self.prefix)] {
+                let keys: Vec<String> = redis::cmd("SCAN")
+                    .cursor_arg(0)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .clone()
+                    .iter(&mut conn)?
+                    .collect::<redis::RedisResult<_>>()?;
+                for chunk in keys.chunks(500) {
+                    redis::cmd("DEL").arg(chunk).exec(&mut conn)?;
+                }
+            }
+            Ok(())
+        };
+        if let Err(error) = clean() {
+            eprintln!(
+                "could not delete the bench's keys under {}: {error}",
+                self.prefix
+            );
+        }
+    }
 }
 
 fn median(rates: &mut [f64]) -> f64 {
