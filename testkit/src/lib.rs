@@ -377,10 +377,25 @@ impl RedisSentinels {
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "no failover from port {old_port} within {within:?}: Sentinels name {named:?}"
+                "no failover from port {old_port} within {within:?}: Sentinels name {named:?}\n{}",
+                self.sentinel_logs()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The last lines of every Sentinel's log, for a failure message.
+    fn sentinel_logs(&self) -> String {
+        (0..self.sentinels.len())
+            .map(|i| {
+                let log = std::fs::read_to_string(self.dir.join(format!("sentinel-{i}.log")))
+                    .unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(25)..].join("\n");
+                format!("--- sentinel {i} ---\n{tail}")
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// Wait until the primary reports every replica connected, and every replica reports
@@ -494,8 +509,10 @@ fn spawn_sentinel(dir: &std::path::Path, i: usize, port: u16, primary: u16) -> O
              sentinel monitor {name} 127.0.0.1 {primary} 2\n\
              sentinel down-after-milliseconds {name} {down}\n\
              sentinel failover-timeout {name} 3000\n\
-             sentinel parallel-syncs {name} 1\n",
-            dir = dir.display()
+             sentinel parallel-syncs {name} 1\n\
+             logfile {log}\n",
+            dir = dir.display(),
+            log = dir.join(format!("sentinel-{i}.log")).display()
         ),
     )
     .expect("a Sentinel configuration file");
