@@ -333,8 +333,18 @@ class Stack:
                 print("    " + line.split("\r")[-1], flush=True)
 
     def down(self, profiles, run_env):
+        # `down -v` leaves the anonymous volumes of the images' VOLUMEs (PostgreSQL's data,
+        # Prometheus's): found through the containers before they go, removed after.
+        containers = self.podman_out("ps", "-a", "-q", "--filter", f"label=io.podman.compose.project={PROJECT}",
+                                     check=False).split()
+        anonymous = self.podman_out(
+            "inspect", "--format", '{{range .Mounts}}{{if eq .Type "volume"}}{{.Name}} {{end}}{{end}}',
+            *containers, check=False,
+        ).split() if containers else []
         self.compose(profiles, run_env, "down", "-v", "-t", "5", check=False,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if anonymous:
+            self.podman_out("volume", "rm", "-f", *anonymous, check=False)
         # What podman-compose may leave: containers of the project, its networks and volumes.
         for kind, listing in [
             ("container", ["ps", "-a", "-q"]),
