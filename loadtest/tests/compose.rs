@@ -1,20 +1,34 @@
-//! There is no Docker engine here, so `docker-compose.yml` is checked against reality instead:
-//! every setting it gives an app is a real `seckill` setting, its health checks hit routes
-//! that answer, its URLs name services it defines, and the load test's flags and targets exist.
+//! `docker-compose.yml` checked against reality: every setting it gives an app is a real
+//! `seckill` setting, its health checks hit routes that answer, its URLs name services it
+//! defines, and the load test's flags and targets exist. The `monitoring` profile's files
+//! (deploy/) are checked the same way: Prometheus scrapes the app services, its rules use
+//! metrics an instance serves, and every dashboard panel shows a rule that exists. Running
+//! the stack itself is `scripts/compose-smoke` (docs/stack.md): too slow for a test.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory, Parser as _};
 use serde_norway::Value;
 use sqlx::PgPool;
 
-fn compose() -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docker-compose.yml");
-    let text = std::fs::read_to_string(&path).expect("docker-compose.yml at the top of the repo");
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn yaml(relative: &str) -> Value {
+    yaml_at(&root().join(relative))
+}
+
+fn yaml_at(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut value: Value = serde_norway::from_str(&text).expect("valid YAML");
     value.apply_merge().expect("valid merge keys");
     value
+}
+
+fn compose() -> Value {
+    yaml("docker-compose.yml")
 }
 
 fn services(compose: &Value) -> &serde_norway::Mapping {
@@ -92,6 +106,25 @@ fn pullable_local_images(compose: &Value) -> Vec<String> {
         .filter(|(_, s)| s["build"].is_null() || s["pull_policy"].as_str() != Some("build"))
         .map(|(name, _)| name.as_str().unwrap().to_owned())
         .collect()
+}
+
+/// A seckill instance with the default settings on a free port, its Redis keys under a
+/// prefix of its own (deleted when the returned guard drops).
+async fn spawn_instance(pool: PgPool, label: &str) -> (u16, testkit::PrefixCleanup) {
+    let mut settings =
+        seckill::Settings::try_parse_from(["seckill", "--database-url", "unused"]).unwrap();
+    settings.bind_addr = "127.0.0.1:0".parse().unwrap();
+    settings.redis_key_prefix = testkit::unique_prefix(label);
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        settings.redis_url = url.into();
+    }
+    let cleanup = testkit::PrefixCleanup::new(settings.redis_url(), &settings.redis_key_prefix);
+    let app = seckill::Application::build_with_pool(settings, pool)
+        .await
+        .unwrap();
+    let port = app.port();
+    tokio::spawn(app.run_until_stopped());
+    (port, cleanup)
 }
 
 fn seckill_env_settings() -> BTreeSet<String> {
@@ -214,19 +247,7 @@ fn the_load_test_targets_every_app_and_uses_real_flags() {
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn the_health_check_paths_answer_on_a_real_instance(pool: PgPool) {
     let compose = compose();
-    let mut settings =
-        seckill::Settings::try_parse_from(["seckill", "--database-url", "unused"]).unwrap();
-    settings.bind_addr = "127.0.0.1:0".parse().unwrap();
-    settings.redis_key_prefix = testkit::unique_prefix("compose");
-    if let Ok(url) = std::env::var("REDIS_URL") {
-        settings.redis_url = url.into();
-    }
-    let _cleanup = testkit::PrefixCleanup::new(settings.redis_url(), &settings.redis_key_prefix);
-    let app = seckill::Application::build_with_pool(settings, pool)
-        .await
-        .unwrap();
-    let port = app.port();
-    tokio::spawn(app.run_until_stopped());
+    let (port, _cleanup) = spawn_instance(pool, "compose").await;
 
     for (name, service) in app_services(&compose) {
         let test: Vec<&str> = service["healthcheck"]["test"]
@@ -252,15 +273,7 @@ async fn the_health_check_paths_answer_on_a_real_instance(pool: PgPool) {
 #[test]
 fn the_redlock_profile_has_three_masters_that_the_apps_name() {
     let compose = compose();
-    let masters: Vec<String> = services(&compose)
-        .iter()
-        .filter(|(_, s)| {
-            s["profiles"]
-                .as_sequence()
-                .is_some_and(|p| p.iter().any(|v| v.as_str() == Some("redlock")))
-        })
-        .map(|(name, _)| name.as_str().unwrap().to_owned())
-        .collect();
+    let masters = profile_services(&compose, "redlock");
     assert_eq!(masters.len(), 3, "{masters:?}");
     for (name, service) in app_services(&compose) {
         let urls = service["environment"]["REDLOCK_URLS"].as_str().unwrap();
@@ -389,4 +402,358 @@ fn the_image_listens_on_every_interface_and_builds_offline() {
             .lines()
             .any(|l| l.trim().trim_matches('/') == ".sqlx")
     );
+}
+
+fn profile_services(compose: &Value, profile: &str) -> BTreeSet<String> {
+    services(compose)
+        .iter()
+        .filter(|(_, s)| {
+            s["profiles"]
+                .as_sequence()
+                .is_some_and(|p| p.iter().any(|v| v.as_str() == Some(profile)))
+        })
+        .map(|(name, _)| name.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The `record:` names of deploy/prometheus/rules.yml, each with its expression.
+fn recording_rules() -> Vec<(String, String)> {
+    let rules = yaml("deploy/prometheus/rules.yml");
+    rules["groups"]
+        .as_sequence()
+        .expect("rule groups")
+        .iter()
+        .flat_map(|group| group["rules"].as_sequence().expect("rules").iter())
+        .map(|rule| {
+            (
+                rule["record"]
+                    .as_str()
+                    .expect("a recording rule")
+                    .to_owned(),
+                rule["expr"].as_str().expect("an expression").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Every dashboard in deploy/grafana/dashboards, as (file, JSON).
+fn dashboards() -> Vec<(String, serde_json::Value)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("deploy/grafana/dashboards"))
+        .expect("deploy/grafana/dashboards")
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            (name, serde_json::from_str(&text).expect("valid JSON"))
+        })
+        .collect()
+}
+
+/// Every panel query of every dashboard: (dashboard file, panel title, data source uid, expr).
+fn panel_queries() -> Vec<(String, String, String, String)> {
+    let mut queries = Vec::new();
+    for (file, dashboard) in dashboards() {
+        for panel in dashboard["panels"].as_array().expect("panels") {
+            let title = panel["title"].as_str().unwrap_or_default().to_owned();
+            for target in panel["targets"].as_array().expect("targets") {
+                let uid = target["datasource"]["uid"]
+                    .as_str()
+                    .or(panel["datasource"]["uid"].as_str())
+                    .unwrap_or_default()
+                    .to_owned();
+                let expr = target["expr"].as_str().expect("an expr").to_owned();
+                queries.push((file.clone(), title.clone(), uid, expr));
+            }
+        }
+    }
+    queries
+}
+
+/// The `seckill_*` metric names an expression reads, with `_bucket` of a histogram as the
+/// histogram's own name, and the `outcome` values it selects.
+fn metrics_read_by(expr: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut names = BTreeSet::new();
+    let mut outcomes = BTreeSet::new();
+    let mut rest = expr;
+    while let Some(start) = rest.find("seckill_") {
+        let tail = &rest[start..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let name = &tail[..end];
+        // A recording rule's own name (`instance:seckill_...:rate10s`) is not a metric.
+        if !rest[..start].ends_with(':') && !tail[end..].starts_with(':') {
+            names.insert(name.trim_end_matches("_bucket").to_owned());
+        }
+        rest = &tail[end..];
+    }
+    let mut rest = expr;
+    while let Some(start) = rest.find("outcome=\"") {
+        let tail = &rest[start + "outcome=\"".len()..];
+        let end = tail.find('"').expect("a closed label value");
+        outcomes.insert(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    (names, outcomes)
+}
+
+#[test]
+fn the_monitoring_profile_adds_prometheus_and_grafana_and_nothing_else() {
+    let compose = compose();
+    let monitoring = profile_services(&compose, "monitoring");
+    assert_eq!(
+        monitoring,
+        BTreeSet::from(["grafana".to_owned(), "prometheus".to_owned()])
+    );
+    // Without the profile the demo does not depend on them.
+    for (name, service) in services(&compose) {
+        for dependency in service["depends_on"].as_mapping().into_iter().flatten() {
+            let dep = dependency.0.as_str().unwrap();
+            assert!(!monitoring.contains(dep), "{name:?} depends on {dep}");
+        }
+    }
+}
+
+#[test]
+fn prometheus_scrapes_exactly_the_app_services_on_the_port_they_listen_on() {
+    let compose = compose();
+    let config = yaml("deploy/prometheus/prometheus.yml");
+    let jobs = config["scrape_configs"]
+        .as_sequence()
+        .expect("scrape_configs");
+    let mut targets: Vec<String> = jobs
+        .iter()
+        .flat_map(|job| job["static_configs"].as_sequence().unwrap().iter())
+        .flat_map(|static_config| static_config["targets"].as_sequence().unwrap().iter())
+        .map(|target| target.as_str().unwrap().to_owned())
+        .collect();
+    targets.sort();
+    let mut expected: Vec<String> = app_services(&compose)
+        .into_iter()
+        .map(|(name, service)| {
+            let bind = service["environment"]["BIND_ADDR"].as_str().unwrap();
+            let port = bind.rsplit(':').next().unwrap();
+            format!("{name}:{port}")
+        })
+        .collect();
+    expected.sort();
+    assert_eq!(targets, expected);
+    for job in jobs {
+        let path = job["metrics_path"].as_str().unwrap_or("/metrics");
+        assert_eq!(path, "/metrics", "the route seckill serves its metrics on");
+    }
+}
+
+#[test]
+fn the_monitoring_files_are_mounted_where_the_images_read_them() {
+    let compose = compose();
+    let mounts = |service: &str| -> Vec<(PathBuf, String)> {
+        services(&compose)[service]["volumes"]
+            .as_sequence()
+            .unwrap_or_else(|| panic!("{service} mounts nothing"))
+            .iter()
+            .map(|v| {
+                let mut parts = v.as_str().unwrap().split(':');
+                let source = root().join(parts.next().unwrap());
+                (source, parts.next().expect("a target").to_owned())
+            })
+            .collect()
+    };
+    let mounted_at = |service: &str, target: &str| -> PathBuf {
+        mounts(service)
+            .into_iter()
+            .find(|(_, t)| target.starts_with(t.as_str()))
+            .map(|(source, t)| source.join(target[t.len()..].trim_start_matches('/')))
+            .unwrap_or_else(|| panic!("{service}: nothing is mounted at {target}"))
+    };
+
+    // Prometheus reads the config it is told to, and the rule files it names, beside it.
+    let command: Vec<&str> = services(&compose)["prometheus"]["command"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let config_path = command
+        .iter()
+        .find_map(|a| a.strip_prefix("--config.file="))
+        .expect("--config.file");
+    let config_file = mounted_at("prometheus", config_path);
+    assert!(config_file.is_file(), "{}", config_file.display());
+    let config = yaml("deploy/prometheus/prometheus.yml");
+    assert_eq!(
+        config_file.canonicalize().unwrap(),
+        root()
+            .join("deploy/prometheus/prometheus.yml")
+            .canonicalize()
+            .unwrap()
+    );
+    for rule_file in config["rule_files"].as_sequence().expect("rule_files") {
+        let path = config_file
+            .parent()
+            .unwrap()
+            .join(rule_file.as_str().unwrap());
+        assert!(path.is_file(), "{}", path.display());
+    }
+
+    // Grafana reads its provisioning, and the dashboard provider's folder, from the mounts.
+    let provisioning = mounted_at("grafana", "/etc/grafana/provisioning");
+    let providers = yaml_at(&provisioning.join("dashboards/seckill.yml"));
+    for provider in providers["providers"].as_sequence().expect("providers") {
+        let folder = mounted_at("grafana", provider["options"]["path"].as_str().unwrap());
+        assert!(
+            std::fs::read_dir(&folder).unwrap().any(|e| e
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "json")),
+            "no dashboard in {}",
+            folder.display()
+        );
+    }
+    let home =
+        services(&compose)["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+            .as_str()
+            .expect("a home dashboard");
+    assert!(mounted_at("grafana", home).is_file(), "{home}");
+}
+
+#[test]
+fn every_dashboard_panel_shows_a_recording_rule_and_every_rule_is_shown() {
+    let rules: BTreeSet<String> = recording_rules().into_iter().map(|(r, _)| r).collect();
+    let queries = panel_queries();
+    assert!(!queries.is_empty());
+    let sources = yaml("deploy/grafana/provisioning/datasources/prometheus.yml");
+    let uids: BTreeSet<&str> = sources["datasources"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|s| s["uid"].as_str().expect("a data source uid"))
+        .collect();
+    for (file, title, uid, expr) in &queries {
+        assert!(
+            rules.contains(expr.trim()),
+            "{file}: panel {title:?} shows {expr:?}, which is no recording rule ({rules:?})"
+        );
+        assert!(
+            uids.contains(uid.as_str()),
+            "{file}: panel {title:?} uses data source {uid:?}"
+        );
+    }
+    let shown: BTreeSet<&str> = queries.iter().map(|q| q.3.trim()).collect();
+    for rule in &rules {
+        assert!(shown.contains(rule.as_str()), "rule {rule} is on no panel");
+    }
+    // The five the issue asks for: throughput, two latencies, the busy share, lost locks.
+    for metric in [
+        "seckill_orders_total",
+        "seckill_purchase_duration_seconds",
+        "seckill_lock_wait_seconds",
+        "seckill_purchases_total",
+        "seckill_locks_lost_total",
+    ] {
+        assert!(
+            recording_rules()
+                .iter()
+                .any(|(_, expr)| metrics_read_by(expr).0.contains(metric)),
+            "no rule reads {metric}"
+        );
+    }
+}
+
+#[test]
+fn the_grafana_data_source_is_the_stacks_prometheus() {
+    let compose = compose();
+    let sources = yaml("deploy/grafana/provisioning/datasources/prometheus.yml");
+    for source in sources["datasources"].as_sequence().unwrap() {
+        assert_eq!(source["type"].as_str(), Some("prometheus"));
+        let url = source["url"].as_str().unwrap();
+        let authority = url.trim_start_matches("http://");
+        let (host, port) = authority.trim_end_matches('/').split_once(':').unwrap();
+        assert!(services(&compose).contains_key(host), "{url}");
+        let published = services(&compose)[host]["ports"].as_sequence().unwrap();
+        assert!(
+            published
+                .iter()
+                .any(|p| p.as_str().unwrap().ends_with(&format!(":{port}"))),
+            "{host} does not listen on {port}"
+        );
+    }
+}
+
+#[test]
+fn every_published_port_is_on_localhost_only() {
+    let compose = compose();
+    for (name, service) in services(&compose) {
+        for port in service["ports"].as_sequence().into_iter().flatten() {
+            let port = port.as_str().unwrap();
+            assert!(port.starts_with("127.0.0.1:"), "{name:?} publishes {port}");
+        }
+    }
+}
+
+#[test]
+fn the_postgres_health_check_waits_for_the_server_that_listens_on_the_network() {
+    // On first start the postgres image creates POSTGRES_DB on a server that listens on its
+    // socket only, then restarts it; over the socket the check passes during that window.
+    let compose = compose();
+    let test: Vec<&str> = services(&compose)["postgres"]["healthcheck"]["test"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(test[1], "pg_isready");
+    let host = test.iter().position(|a| *a == "-h").map(|i| test[i + 1]);
+    assert_eq!(host, Some("127.0.0.1"), "{test:?}");
+}
+
+#[test]
+fn the_metrics_reader_finds_metric_names_and_outcomes_and_skips_rule_names() {
+    let (names, outcomes) = metrics_read_by(
+        r#"sum(rate(seckill_purchases_total{outcome="busy"}[10s])) / instance:seckill_orders:rate10s + histogram_quantile(0.99, rate(seckill_lock_wait_seconds_bucket[1m]))"#,
+    );
+    assert_eq!(
+        names,
+        BTreeSet::from([
+            "seckill_lock_wait_seconds".to_owned(),
+            "seckill_purchases_total".to_owned()
+        ])
+    );
+    assert_eq!(outcomes, BTreeSet::from(["busy".to_owned()]));
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn every_metric_and_outcome_the_rules_read_is_served_by_a_real_instance(pool: PgPool) {
+    let (port, _cleanup) = spawn_instance(pool, "compose-rules").await;
+    let served = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+
+    let rules = recording_rules();
+    assert!(!rules.is_empty());
+    for (record, expr) in rules {
+        let (names, outcomes) = metrics_read_by(&expr);
+        assert!(!names.is_empty(), "{record} reads no seckill metric");
+        for name in names {
+            assert!(
+                served.contains(&format!("# TYPE {name} ")),
+                "{record} reads {name}, which /metrics does not serve"
+            );
+        }
+        for outcome in outcomes {
+            assert!(
+                served.contains(&format!("seckill_purchases_total{{outcome=\"{outcome}\"}}")),
+                "{record} selects outcome {outcome:?}, which /metrics does not serve"
+            );
+        }
+    }
 }
