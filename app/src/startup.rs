@@ -245,7 +245,10 @@ async fn exclusion(
     Ok(match settings.lock_strategy {
         LockStrategy::Redis => {
             let conn = redis.get().expect("connected at start-up under redis");
-            let locker = Locker::new(conn, options()?).context("invalid lock settings")?;
+            // `connect` checks the server is Redis 7.0 or later, naming its version.
+            let locker = Locker::connect(conn, options()?)
+                .await
+                .context("cannot lock on this Redis (REDIS_URL / REDIS_SENTINELS)")?;
             match settings.redis_source() {
                 RedisSource::Url(url) => {
                     let client = redis::Client::open(url)?;

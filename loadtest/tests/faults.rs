@@ -448,10 +448,12 @@ fn flood(
 /// The Redlock debate, live, at the process level: Redis behind Sentinel fails over to a
 /// replica that missed instance A's acquisition (and the thirty before it), so B and C take
 /// the lock while A still holds it (two holders at once); A's batch is then refused by the
-/// fence. (Here the flood's batches during the stall stored fences in PostgreSQL above the
-/// new primary's counter, so B and C resync past them even with a counter that only
-/// counts; the equal-fence case that needs `max(INCR, TIME)` is
-/// `a_paused_holder_is_refused_after_redis_comes_back_with_its_fence_counter_behind`.)
+/// fence. This test does not tell the fence fix apart: A's lease (1 s) runs out during
+/// the failover anyway, and with a counter that only counts, B and C resync past the fences
+/// the flood stored during the stall and then sell three batches more, which carry the
+/// stored fence past A's. The equal-fence case that needs `max(INCR, TIME)` is
+/// `a_paused_holder_is_refused_after_redis_comes_back_with_its_fence_counter_behind`; the
+/// lock-level Sentinel test shows it through a real failover.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn a_sentinel_failover_to_a_replica_that_missed_the_lock_lets_others_sell_and_the_stale_batch_is_fenced_off(
     _pool: PgPoolOptions,

@@ -23,16 +23,18 @@ use crate::waiting::LocalKey;
 #[must_use = "`Lost` means the work under the guard may have overlapped another holder's"]
 #[non_exhaustive]
 pub enum ReleaseOutcome {
-    /// The lock was ours until this release gave it back: under the crate's timing
-    /// assumptions, nobody else held it while we did. Our token was there and is gone now;
-    /// or nothing was there while our own lease still ran: a re-sent release whose first
-    /// try had deleted it, or a key lost behind our back since the last renewal (a `DEL`,
-    /// an eviction, a failover) that the watchdog had not yet noticed. For a reentrant
-    /// guard that is not the owner's last, the lease is still ours.
+    /// Our token was there and is gone now, while our lease still ran: under the crate's
+    /// timing assumptions, nobody else held the lock while we did. Or nothing was there
+    /// while our lease still ran: a re-sent release whose first try had deleted it (the
+    /// common case), or a key lost behind our back since the last renewal (a `DEL`, an
+    /// eviction, a failover) that the watchdog had not yet noticed; then another owner may
+    /// have taken the lock and given it back meanwhile, which no release can see: only a
+    /// fenced write tells. For a reentrant guard that is not the owner's last, the lease is
+    /// still ours.
     Released,
     /// The lock was no longer ours when it was given back, for this reason: the lease ran
-    /// out (or its backend could not be reached to renew it), the key was deleted, or
-    /// another owner's token is in it now. The work done under the guard may have
+    /// out (or its backend could not be reached to renew it), the watchdog had found the
+    /// key deleted, or another owner's token is in it now. The work done under the guard may have
     /// overlapped another holder's; only fenced writes are safe.
     Lost(LockLost),
 }
@@ -268,7 +270,10 @@ impl<B: Backend> LockGuard<B> {
     /// Replicas that acknowledged the last acquire or renewal, when the options ask to
     /// wait for them ([`LockOptionsBuilder::wait_for_replicas`](crate::LockOptionsBuilder::wait_for_replicas));
     /// `None` otherwise. Fewer than asked means a failover to a replica may lose this lock;
-    /// the lock is still held on the primary.
+    /// the lock is still held on the primary. `WAIT` counts what replicas acknowledged of
+    /// the writes sent on its own connection: if the connection was replaced between the
+    /// acquire and the `WAIT` (a reconnect; a Sentinel connection moving to another
+    /// primary), the count says nothing of this lock and may be too high.
     pub fn replicas(&self) -> Option<u32> {
         self.hold.lease.replicas()
     }

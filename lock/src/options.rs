@@ -178,7 +178,9 @@ impl LockOptionsBuilder {
     /// Redis consistent); the fence is still what keeps the store safe. The guard says how
     /// many replicas acknowledged ([`LockGuard::replicas`](crate::LockGuard::replicas)); a
     /// lock that reached fewer is still held on the primary. Only the single-Redis backend
-    /// (and a Sentinel connection) can wait for replicas.
+    /// (and a Sentinel connection) can wait for replicas. Keep `timeout` below the
+    /// connection's response timeout (2 s for a `SentinelConnection` by default): a `WAIT`
+    /// that outlasts it fails the acquisition (the lock is given back) or the renewal.
     pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replicas = Some((replicas, timeout));
         self

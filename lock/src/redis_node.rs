@@ -102,7 +102,9 @@ where
 
     async fn wait_for_replicas(&self, replicas: u32, timeout: Duration) -> Result<u32> {
         // `WAIT` counts the replicas that acknowledged every write this connection sent so
-        // far, ours included (on a shared multiplexed connection, others' too: a superset).
+        // far: ours, if it went on this same connection (on a shared multiplexed
+        // connection, others' too). A connection made since then counts none of ours
+        // (see `LockGuard::replicas`).
         let acked: i64 = redis::cmd("WAIT")
             .arg(replicas)
             .arg(timeout.as_millis().max(1) as u64)

@@ -2,8 +2,10 @@
 //! the server has forgotten, for example after a restart).
 //!
 //! Every script compares the caller's token before it touches the lock key, so no client can
-//! extend or delete a lock it does not hold, and each one gives the same answer when a client
-//! re-sends it after a lost reply.
+//! extend or delete a lock it does not hold. Re-sent after a lost reply, the acquire and the
+//! renewal give the same answer as the first try; a release whose first try ran answers
+//! "gone" (the guard then reports it released while its lease runs), and a fence advance
+//! hands out one more fence.
 //!
 //! Fences never pass through a Lua number: Lua's numbers are doubles, exact only below 2^53,
 //! and a fence may be any positive `i64`. They are read with `GET`, compared as decimal

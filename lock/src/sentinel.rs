@@ -46,6 +46,7 @@
 //! Release signals ([`ReleaseSignals`](crate::ReleaseSignals)) subscribe on one fixed
 //! connection and do not follow a failover: through Sentinel, waiters poll.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -75,6 +76,9 @@ struct Inner {
     config: AsyncConnectionConfig,
     /// The primary in use, if any: dropped when it fails or the Sentinels name another.
     current: Mutex<Option<Current>>,
+    /// Connections made so far: each one's generation, so that a failure forgets only the
+    /// connection it came from, never one made after it.
+    connections_made: AtomicU64,
     /// One lookup at a time: the callers that find no primary wait for the first one's.
     looking: tokio::sync::Mutex<()>,
 }
@@ -189,6 +193,7 @@ impl SentinelConnectionBuilder {
             node: self.node,
             config,
             current: Mutex::new(None),
+            connections_made: AtomicU64::new(0),
             looking: tokio::sync::Mutex::new(()),
         });
         inner.connection().await?;
@@ -234,8 +239,8 @@ impl Inner {
         let conn = redis::Client::open(info)?
             .get_multiplexed_async_connection_with_config(&self.config)
             .await?;
+        let generation = self.connections_made.fetch_add(1, Ordering::SeqCst) + 1;
         let mut current = self.current.lock().expect("sentinel state poisoned");
-        let generation = current.as_ref().map_or(0, |c| c.generation) + 1;
         let made = Current {
             conn,
             address,
@@ -291,6 +296,11 @@ fn primary_gone(error: &RedisError) -> bool {
         || error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
 }
 
+/// Whether `cmd` is `WAIT`.
+fn is_wait(cmd: &Cmd) -> bool {
+    matches!(cmd.args_iter().next(), Some(redis::Arg::Simple(name)) if name.eq_ignore_ascii_case(b"WAIT"))
+}
+
 /// What is sent: a command or a pipeline.
 #[derive(Clone, Copy)]
 enum Request<'a> {
@@ -302,8 +312,12 @@ impl SentinelConnection {
     /// Send `request` to the primary; if that fails because the primary went away, ask the
     /// Sentinels again and send it once more (see the module docs).
     async fn on_primary(&self, request: Request<'_>) -> RedisResult<Vec<Value>> {
+        // `WAIT` counts the replicas that acknowledged this connection's writes: on another
+        // connection it would count none of ours (and answer at once with every replica
+        // listed), and its timing out means only that replicas were slow. It is sent once.
+        let is_wait = matches!(request, Request::One(cmd) if is_wait(cmd));
         let mut last = None;
-        for _ in 0..2 {
+        for _ in 0..if is_wait { 1 } else { 2 } {
             let current = self.inner.connection().await?;
             let mut conn = current.conn.clone();
             let answer = match request {
@@ -313,7 +327,7 @@ impl SentinelConnection {
                 }
             };
             match answer {
-                Err(error) if primary_gone(&error) => {
+                Err(error) if primary_gone(&error) && !(is_wait && error.is_timeout()) => {
                     self.inner.forget(current.generation);
                     last = Some(error);
                 }
@@ -325,9 +339,12 @@ impl SentinelConnection {
 }
 
 /// Every command goes to the primary. One that fails because the primary went away is sent
-/// once more, to the primary the Sentinels name then: the lock's scripts are written to be
-/// re-sent (an acquire that finds its own token answers as the first one did). Other
-/// commands sent through this connection should be safe to re-send too.
+/// once more, to the primary the Sentinels name then (except `WAIT`, see above). The first
+/// try may have run: an acquire or renewal re-sent with the same token answers as the first
+/// did; a release re-sent after its first try ran finds the key gone (reported as released
+/// while the lease runs) or, if another owner took it meanwhile, taken (reported as lost:
+/// a false alarm of that rare kind, never a missed one); a fence advance re-sent hands out
+/// one more fence. Other commands sent through this connection should be safe to re-send.
 impl ConnectionLike for SentinelConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {

@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use distlock::{LockOptions, Locker, SentinelConnection};
+use distlock::{Error, LockOptions, Locker, SentinelConnection};
 use sqlx::PgPool;
 use support::*;
 use tokio::time::{Instant, sleep, timeout};
@@ -189,4 +189,49 @@ async fn a_sentinel_connection_to_an_unknown_master_fails_with_a_clear_error() {
         error.to_string().to_lowercase().contains("master"),
         "{error}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_wait_longer_than_the_response_timeout_fails_instead_of_counting_a_stopped_replica()
+ {
+    // Arrange: a replica wait of 2.5 s, beyond the Sentinel connection's 2 s response
+    // timeout; the replica is stopped.
+    let h = SentinelHarness::start().await;
+    let options = LockOptions::builder()
+        .ttl(Duration::from_secs(12))
+        .wait_for_replicas(1, ms(2_500))
+        .build()
+        .unwrap();
+    let locker = Locker::connect(h.sentinel_connection().await, options)
+        .await
+        .unwrap();
+    let replica = 1 - h.set.primary();
+    h.set.stall_replication(replica);
+
+    // Act
+    let tried = locker.try_acquire("lock_sale_1").await;
+    h.set.resume(replica);
+
+    // Assert: an error, not a count. (`WAIT` re-sent on a new connection counted none of
+    // our writes and answered at once with the stopped replica: `Some(1)`.) The lock was
+    // given back.
+    match tried {
+        Err(Error::Redis(_)) => {}
+        Ok(guard) => panic!("acquired, with replicas() = {:?}", guard.replicas()),
+        Err(other) => panic!("{other:?}"),
+    }
+    let free = timeout(Duration::from_secs(5), async {
+        loop {
+            if let Ok(guard) = locker
+                .try_acquire_with("lock_sale_1", &LockOptions::default())
+                .await
+            {
+                return guard;
+            }
+            sleep(ms(50)).await;
+        }
+    })
+    .await
+    .expect("the failed acquisition left the lock behind");
+    assert!(free.release().await.unwrap().was_held());
 }

@@ -398,8 +398,8 @@ impl RedisSentinels {
             .join("\n")
     }
 
-    /// Wait until the primary reports every replica connected, and every replica reports
-    /// its link to the primary up with the primary's replication offset.
+    /// Wait until the first node (the primary at start) reports every replica connected
+    /// and `online`.
     pub fn wait_until_replicas_synced(&self, within: Duration) {
         let deadline = std::time::Instant::now() + within;
         let primary = self.nodes[0].port();
