@@ -467,6 +467,25 @@ def image_ids(stack):
     return set(stack.podman_out("images", "-a", "-q", "--no-trunc", check=False).split())
 
 
+def image_names(stack):
+    """Image id -> its `repository:tag` names (none for an intermediate layer)."""
+    names = {}
+    listing = stack.podman_out("images", "-a", "--no-trunc", "--format",
+                               "{{.ID}} {{.Repository}}:{{.Tag}}", check=False)
+    for line in listing.splitlines():
+        image, _, name = line.partition(" ")
+        names.setdefault(image, set())
+        if name and not name.startswith("<none>"):
+            names[image].add(name)
+    return names
+
+
+def ours(names, wanted):
+    """Whether an image that appeared during the run is one this run made: tagged with a
+    name the stack uses (a stand-in, the built image), or an untagged layer of a build."""
+    return not names or any(name.split("/")[-1] in wanted or name in wanted for name in names)
+
+
 def stack_image_names(compose):
     """Every image the committed files name: the services' images and the Dockerfile's
     `FROM`s (stage names excepted), less the one the stack builds."""
@@ -545,7 +564,11 @@ def main():
             stack.down(current[1], current[2])
         if not args.keep_images:
             def remove_images():
-                made = sorted(image_ids(stack) - before)
+                # Only what this run made: an image another user built or loaded meanwhile
+                # under another name stays.
+                wanted = {n.split("/")[-1] for n in stack_image_names(load_compose())} | {"seckill:local"}
+                listed = image_names(stack)
+                made = sorted(i for i in image_ids(stack) - before if ours(listed.get(i, set()), wanted))
                 if made:
                     stack.podman_out("rmi", "-f", *made, check=False)
                 print(f"removed {len(made)} images this run made; the stand-ins stay cached in {standins.cache}",
