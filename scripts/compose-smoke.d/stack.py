@@ -361,6 +361,10 @@ class Stack:
             print(f"warning: containers left after teardown: {left}", flush=True)
 
 
+# How long Prometheus may take, once the stack is up, to scrape every instance twice.
+SCRAPED_WITHIN_S = 60
+
+
 class PrometheusCheck:
     """Polls Prometheus while the attack runs: every expression of every dashboard panel must
     return, from each of the three scrape targets, a finite value; the throughput panel a
@@ -380,8 +384,27 @@ class PrometheusCheck:
         self.started = None
 
     def start(self):
+        self.wait_for_first_scrapes()
         self.started = time.monotonic()
         self.thread.start()
+
+    def wait_for_first_scrapes(self):
+        """Before the attack: every instance scraped, twice. A sale lasts about a second;
+        a Prometheus whose first scrape came after it would see only final counters (a rate
+        of 0, no quantile) and fail the check although the panels work."""
+        deadline = time.monotonic() + SCRAPED_WITHIN_S
+        while True:
+            try:
+                scraped = {series["metric"].get("instance")
+                           for series in self.query("count_over_time(seckill_orders_total[1m]) >= 2")}
+            except (OSError, ValueError, KeyError, Failure):
+                scraped = set()
+            if set(self.instances) <= scraped:
+                return
+            if time.monotonic() > deadline:
+                raise Failure(f"Prometheus had not scraped every instance twice within {SCRAPED_WITHIN_S} s: "
+                              f"{sorted(scraped)} of {self.instances}")
+            time.sleep(0.5)
 
     def query(self, expr):
         url = f"{self.base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
