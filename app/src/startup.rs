@@ -89,7 +89,7 @@ impl Application {
                  Concurrent buyers WILL lose updates and oversell. Use only to demonstrate the race."
             );
         }
-        let exclusion = exclusion(&settings, &pool, &redis).await?;
+        let exclusion = exclusion(&settings, &pool, &redis, &source).await?;
         let metrics = Metrics::new();
         let sale = Sale::new(SaleParts {
             pool: pool.clone(),
@@ -233,6 +233,7 @@ async fn exclusion(
     settings: &Settings,
     pool: &PgPool,
     redis: &RedisLink,
+    source: &RedisSource,
 ) -> anyhow::Result<Exclusion> {
     let options = || {
         LockOptions::builder()
@@ -249,9 +250,9 @@ async fn exclusion(
             let locker = Locker::connect(conn, options()?)
                 .await
                 .context("cannot lock on this Redis (REDIS_URL / REDIS_SENTINELS)")?;
-            match settings.redis_source() {
+            match source {
                 RedisSource::Url(url) => {
-                    let client = redis::Client::open(url)?;
+                    let client = redis::Client::open(url.as_str())?;
                     let signals = ReleaseSignals::connect(&client)
                         .await
                         .context("cannot subscribe to lock releases (REDIS_URL)")?;

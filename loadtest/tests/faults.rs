@@ -137,6 +137,16 @@ fn assert_books_balance(books: Books, created_answers: i64) {
     );
 }
 
+/// How many orders `user` has of `product`.
+async fn orders_of(pool: &PgPool, product: i64, user: i64) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE product_id = $1 AND user_id = $2")
+        .bind(product)
+        .bind(user)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 async fn lock_exists(redis_url: &str, key: &str) -> bool {
     let client = redis::Client::open(redis_url).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
@@ -405,12 +415,7 @@ async fn paused_holder_then_redis_comes_back(connect: PgConnectOptions, comeback
         "{a_code}"
     );
     let pool = PgPool::connect(&url).await.unwrap();
-    let a_orders: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE product_id = $1 AND user_id = 2")
-            .bind(product)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let a_orders: i64 = orders_of(&pool, product, 2).await;
     assert_eq!(a_orders, 0);
     let books = books::read(&url, product).await.unwrap();
     assert_eq!((books.orders, books.stock), (2, 8), "{books:?}");
@@ -556,12 +561,7 @@ async fn a_sentinel_failover_to_a_replica_that_missed_the_lock_lets_others_sell_
 
     // Assert: the stale batch was refused (503 lock_lost) and wrote nothing; the books
     // balance.
-    let a_orders: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE product_id = $1 AND user_id = 2")
-            .bind(product)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let a_orders: i64 = orders_of(&pool, product, 2).await;
     assert_eq!(
         a_orders, 0,
         "the stale holder's order was written ({a_status} {a_code})"
@@ -670,12 +670,7 @@ async fn an_instance_hung_inside_its_transaction_does_not_freeze_the_product(
     let books = books::read(&url, product).await.unwrap();
     assert_eq!((books.orders, books.stock), (STOCK, 0), "{books:?}");
     let pool = PgPool::connect(&url).await.unwrap();
-    let hung_orders: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE product_id = $1 AND user_id = 1")
-            .bind(product)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let hung_orders: i64 = orders_of(&pool, product, 1).await;
     assert_eq!(hung_orders, 0, "the hung instance's purchase was written");
     assert_books_balance(books, STOCK);
 }

@@ -516,26 +516,14 @@ fn spawn_sentinel(dir: &std::path::Path, i: usize, port: u16, primary: u16) -> O
         ),
     )
     .expect("a Sentinel configuration file");
-    let mut child = Command::new("redis-server")
+    let child = Command::new("redis-server")
         .arg(&conf)
         .arg("--sentinel")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("redis-server on the PATH");
-    let ours = format!("process_id:{}", child.id());
-    for _ in 0..400 {
-        if child.try_wait().ok().flatten().is_some() {
-            return None;
-        }
-        if server_info(port).is_some_and(|info| info.contains(&ours)) {
-            return Some(child);
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    None
+    answering(child, port)
 }
 
 /// The port of the primary the Sentinel on `port` names (`SENTINEL get-master-addr-by-name`).
@@ -587,7 +575,7 @@ const ATTEMPTS: usize = 5;
 /// answers there is this child (its `process_id`), not some other process that took the
 /// port first. `None`: it exited (the port was taken), or never answered and was killed.
 fn spawn_redis(port: u16, extra: &[String]) -> Option<Child> {
-    let mut child = Command::new("redis-server")
+    let child = Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
         .args(extra)
@@ -595,6 +583,13 @@ fn spawn_redis(port: u16, extra: &[String]) -> Option<Child> {
         .stderr(Stdio::null())
         .spawn()
         .expect("redis-server on the PATH");
+    answering(child, port)
+}
+
+/// `child`, once the server that answers on `port` is it (its `process_id`), not some other
+/// process that took the port first; `None` if it exited (the port was taken), or never
+/// answered and was killed.
+fn answering(mut child: Child, port: u16) -> Option<Child> {
     let ours = format!("process_id:{}", child.id());
     for _ in 0..400 {
         if child.try_wait().ok().flatten().is_some() {

@@ -48,6 +48,23 @@ pub async fn get(conn: &mut ConnectionManager, key: &str) -> Option<String> {
     redis::cmd("GET").arg(key).query_async(conn).await.unwrap()
 }
 
+/// `DEL key`.
+pub async fn del(conn: &mut ConnectionManager, key: &str) {
+    redis::cmd("DEL").arg(key).exec_async(conn).await.unwrap();
+}
+
+/// `SET key value PX ttl`.
+pub async fn set_px(conn: &mut ConnectionManager, key: &str, value: &str, ttl: Duration) {
+    redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("PX")
+        .arg(ttl.as_millis() as u64)
+        .exec_async(conn)
+        .await
+        .unwrap();
+}
+
 /// One backend under test, and what a test needs to do behind a holder's back.
 pub trait Harness {
     type B: Backend + Clone;
@@ -124,22 +141,11 @@ impl Harness for RedisHarness {
     }
 
     async fn delete(&self, key: &str) {
-        redis::cmd("DEL")
-            .arg(key)
-            .exec_async(&mut self.conn.clone())
-            .await
-            .unwrap();
+        del(&mut self.conn.clone(), key).await;
     }
 
     async fn put(&self, key: &str, token: &str, ttl: Duration) {
-        redis::cmd("SET")
-            .arg(key)
-            .arg(token)
-            .arg("PX")
-            .arg(ttl.as_millis() as u64)
-            .exec_async(&mut self.conn.clone())
-            .await
-            .unwrap();
+        set_px(&mut self.conn.clone(), key, token, ttl).await;
     }
 }
 
@@ -271,22 +277,11 @@ impl Harness for SentinelHarness {
     }
 
     async fn delete(&self, key: &str) {
-        redis::cmd("DEL")
-            .arg(key)
-            .exec_async(&mut self.primary.clone())
-            .await
-            .unwrap();
+        del(&mut self.primary.clone(), key).await;
     }
 
     async fn put(&self, key: &str, token: &str, ttl: Duration) {
-        redis::cmd("SET")
-            .arg(key)
-            .arg(token)
-            .arg("PX")
-            .arg(ttl.as_millis() as u64)
-            .exec_async(&mut self.primary.clone())
-            .await
-            .unwrap();
+        set_px(&mut self.primary.clone(), key, token, ttl).await;
     }
 }
 
