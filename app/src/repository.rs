@@ -317,8 +317,10 @@ pub enum StockWrite {
     Set { read: i64 },
     /// The same, only if nobody wrote since `version` was read (optimistic).
     IfVersion { read: i64, version: i64 },
-    /// `stock = stock - sold`, only if that many are left (atomic).
-    Take,
+    /// `stock = stock - sold`, only if that many are left (atomic); and, with
+    /// `restock_gen`, only if no restock came in since that generation was read (a batch
+    /// that told a buyer `sold_out` must not commit past a restock that had units for them).
+    Take { restock_gen: Option<i64> },
 }
 
 /// What a batch's write did.
@@ -340,10 +342,10 @@ pub async fn sell_orders(
     quantities: &[i32],
     how: StockWrite,
 ) -> sqlx::Result<Option<Sold>> {
-    let (mode, read, version) = match how {
-        StockWrite::Set { read } => ("set", Some(read), None),
-        StockWrite::IfVersion { read, version } => ("if_version", Some(read), Some(version)),
-        StockWrite::Take => ("take", None, None),
+    let (mode, read, version, restock_gen) = match how {
+        StockWrite::Set { read } => ("set", Some(read), None, None),
+        StockWrite::IfVersion { read, version } => ("if_version", Some(read), Some(version), None),
+        StockWrite::Take { restock_gen } => ("take", None, None, restock_gen),
     };
     // The sub-statements see one snapshot; the stock write reads the insert's RETURNING, so
     // it takes exactly what was inserted.
@@ -363,6 +365,7 @@ pub async fn sell_orders(
                WHERE p.id = $1
                  AND ($4 <> 'if_version' OR p.version = $6::BIGINT)
                  AND ($4 <> 'take' OR p.stock >= sold.units)
+                 AND ($7::BIGINT IS NULL OR p.restock_gen = $7)
                RETURNING p.stock
            )
            SELECT w.stock AS "left!", i.user_id AS "user_id?", i.id AS "order_id?"
@@ -373,6 +376,7 @@ pub async fn sell_orders(
         mode,
         read,
         version,
+        restock_gen,
     )
     .fetch_all(conn)
     .await?;

@@ -104,7 +104,11 @@ async fn a_stale_guards_release_does_not_delete_the_next_holders_lock<H: Harness
     let a = locker.try_acquire(&key).await.unwrap();
     sleep(ms(400)).await;
     assert!(!a.is_held());
-    let b = locker.try_acquire(&key).await.unwrap();
+    // B's lease is long: the steps below must not outlast it on a busy machine.
+    let b = locker
+        .try_acquire_with(&key, &short_unwatched(30_000))
+        .await
+        .unwrap();
 
     // Act
     let a_was_ours = a.release().await.unwrap().was_held();
@@ -516,7 +520,12 @@ async fn a_stale_holder_cannot_advance_its_fence<H: Harness>(h: H) {
     let locker = locker(h.backend().await, short_unwatched(200));
     let stale = locker.try_acquire(&key).await.unwrap();
     sleep(ms(400)).await;
-    let newer = locker.try_acquire(&key).await.unwrap();
+    // The newer lease is long: a 200 ms one could run out before its release below when
+    // the machine is busy (it did, in CI, against PostgreSQL).
+    let newer = locker
+        .try_acquire_with(&key, &short_unwatched(30_000))
+        .await
+        .unwrap();
 
     let outcome = stale.advance_fence(newer.fence()).await;
 

@@ -144,7 +144,7 @@ pub(crate) async fn sell(
             product,
             &selling,
             &quantities,
-            step.write(&snapshot),
+            step.write(&snapshot, decisions.contains(&Decision::SoldOut)),
         )
         .await?
         .ok_or(BatchError::Conflict)?;
@@ -182,8 +182,10 @@ impl Step {
         matches!(self, Step::RowLock)
     }
 
-    /// How this strategy writes the stock after reading `snapshot`.
-    fn write(self, snapshot: &repository::BatchSnapshot) -> StockWrite {
+    /// How this strategy writes the stock after reading `snapshot`, for a batch that told
+    /// some buyer `sold_out` or not. (A row lock and a version check already fail on a
+    /// restock since the read; the atomic take checks the restock generation for that.)
+    fn write(self, snapshot: &repository::BatchSnapshot, told_sold_out: bool) -> StockWrite {
         let read = snapshot.stock;
         match self {
             Step::RowLock | Step::Unsafe => StockWrite::Set { read },
@@ -191,7 +193,9 @@ impl Step {
                 read,
                 version: snapshot.version,
             },
-            Step::Atomic => StockWrite::Take,
+            Step::Atomic => StockWrite::Take {
+                restock_gen: told_sold_out.then_some(snapshot.restock_gen),
+            },
         }
     }
 }
@@ -342,6 +346,88 @@ mod tests {
         assert!(
             answers[1].is_ok(),
             "user 8 was answered {:?} with a unit left",
+            answers[1]
+        );
+    }
+
+    #[sqlx::test(migrator = "crate::MIGRATOR")]
+    async fn a_pg_atomic_batch_tells_nobody_sold_out_past_a_restock_that_came_in_between(
+        pool: PgPool,
+    ) {
+        // Arrange: stock 1; a pg-atomic batch of users 1 and 2 reads it (1 sells, 2 would be
+        // sold out) and spends its work inside the transaction...
+        let bounds = SessionBounds {
+            statement_timeout_ms: 10_000,
+            lock_timeout_ms: 10_000,
+            idle_in_transaction_timeout_ms: 30_000,
+        };
+        let id: i64 =
+            sqlx::query_scalar("INSERT INTO products (name, stock) VALUES ('p', 1) RETURNING id")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        let product = ProductId::parse(&id.to_string()).unwrap();
+        let requests = [request(1, 1), request(2, 1)];
+        let batch = {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                sell(
+                    &pool,
+                    bounds,
+                    product,
+                    Step::Atomic,
+                    &requests,
+                    Duration::from_secs(3),
+                )
+                .await
+            })
+        };
+        let reading = "SELECT COUNT(*) FROM pg_stat_activity \
+                       WHERE datname = current_database() AND state = 'idle in transaction'";
+        let started = tokio::time::Instant::now();
+        while sqlx::query_scalar::<_, i64>(reading)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            == 0
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the batch never read"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // ... while a restock of 10 commits.
+        sqlx::query(
+            "UPDATE products SET stock = stock + 10, restock_gen = restock_gen + 1, \
+             version = version + 1 WHERE id = $1",
+        )
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+
+        // Act: the batch, and the retry a conflict asks for.
+        let answers = match batch.await.unwrap() {
+            Ok(answers) => answers,
+            Err(BatchError::Conflict) => sell(
+                &pool,
+                bounds,
+                product,
+                Step::Atomic,
+                &requests,
+                Duration::ZERO,
+            )
+            .await
+            .unwrap(),
+            Err(other) => panic!("the batch failed: {other:?}"),
+        };
+
+        // Assert: with 10 units restocked before the batch wrote, user 2 gets one too.
+        assert!(answers[0].is_ok(), "user 1: {:?}", answers[0]);
+        assert!(
+            answers[1].is_ok(),
+            "user 2 was answered {:?} with 10 units restocked",
             answers[1]
         );
     }

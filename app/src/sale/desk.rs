@@ -17,8 +17,10 @@
 //! not on Redis or on the connection pool: only the leaders contend for the lock.
 //!
 //! A buyer who disconnected before their batch was taken is skipped; one already taken is
-//! decided with the batch (their order, if any, can be looked up afterwards). A buyer still
-//! waiting at their deadline (`LOCK_WAIT_MS` after arriving) gets 503 `busy`.
+//! decided with the batch's attempt under way (their order, if any, can be looked up
+//! afterwards), and left out of any retry. A buyer still waiting at their deadline
+//! (`LOCK_WAIT_MS` after arriving) gets 503 `busy`. A batch, its retries included, takes at
+//! most one batch time-out.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -115,8 +117,9 @@ fn wanted_elsewhere(last_contended: Option<Instant>) -> bool {
     last_contended.is_some_and(|at| at.elapsed() < CONTENTION_MEMORY)
 }
 
-/// A batch that conflicts with a concurrent writer (see `BatchError::Conflict`) is retried
-/// this often before its buyers are told busy.
+/// A batch that conflicts with a concurrent writer (see `BatchError::Conflict`) is tried at
+/// most this often, and only while its one batch time-out lasts, before its buyers are told
+/// busy.
 const MAX_ATTEMPTS: u32 = 20;
 
 impl Desk {
@@ -301,38 +304,59 @@ impl Leader {
             if batch.is_empty() {
                 continue;
             }
-            let requests: Vec<PurchaseRequest> = batch.iter().map(|o| o.request).collect();
-            let answers = self.sell_retrying(step, &requests).await;
+            let mut batch = batch;
+            let answers = self.sell_retrying(step, &mut batch).await;
             self.answer(batch, answers);
         }
     }
 
-    async fn sell_retrying(&self, step: Step, requests: &[PurchaseRequest]) -> Vec<Answer> {
-        let all = |error: PurchaseError| vec![Err(error); requests.len()];
-        for attempt in 0..MAX_ATTEMPTS {
+    /// Sell `batch`, again after each conflict, all attempts within one `batch_timeout` from
+    /// the first: a buyer's answer never waits on more than one batch's worth of time, and
+    /// nothing commits after the buyer was answered. Before each retry, buyers who left are
+    /// taken out of `batch` (nothing is sold to them); the answers are for what is left.
+    async fn sell_retrying(&self, step: Step, batch: &mut Vec<Order>) -> Vec<Answer> {
+        let deadline = Instant::now() + self.shared.batch_timeout;
+        let mut attempt = 0;
+        loop {
+            let requests: Vec<PurchaseRequest> = batch.iter().map(|o| o.request).collect();
+            let all = |error: PurchaseError| vec![Err(error); requests.len()];
             let selling = batch::sell(
                 &self.shared.pool,
                 self.shared.bounds,
                 self.product,
                 step,
-                requests,
+                &requests,
                 self.shared.work,
             );
-            let Ok(sold) = timeout(self.shared.batch_timeout, selling).await else {
+            let Ok(sold) = timeout_at(deadline, selling).await else {
                 return all(PurchaseError::DatabaseTimeout);
             };
             match sold {
                 Ok(answers) => return answers,
-                Err(BatchError::Conflict) => {
-                    // Jittered backoff so two instances do not collide again in lock step.
-                    let cap = 1u64 << attempt.min(6);
-                    let pause = rand::rng().random_range(0..=cap);
-                    sleep(Duration::from_millis(pause)).await;
-                }
                 Err(BatchError::Failed(error)) => return all(error),
+                Err(BatchError::Conflict) => {}
+            }
+            attempt += 1;
+            // Jittered backoff so two instances do not collide again in lock step.
+            let cap = 1u64 << attempt.min(6);
+            let pause = Duration::from_millis(rand::rng().random_range(0..=cap));
+            if attempt == MAX_ATTEMPTS || Instant::now() + pause >= deadline {
+                return all(PurchaseError::Busy);
+            }
+            sleep(pause).await;
+            self.forget_gone(batch);
+            if batch.is_empty() {
+                return Vec::new();
             }
         }
-        all(PurchaseError::Busy)
+    }
+
+    /// Take the buyers who left out of `batch`.
+    fn forget_gone(&self, batch: &mut Vec<Order>) {
+        let before = batch.len();
+        batch.retain(|order| !order.reply.is_closed());
+        let gone = before - batch.len();
+        self.shared.metrics.buyers_gone.inc_by(gone as u64);
     }
 
     /// Wait until there is something to sell. `false` when every handle is gone.

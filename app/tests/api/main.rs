@@ -12,5 +12,6 @@ mod openapi;
 mod products;
 mod purchase;
 mod redis_faults;
+mod retries;
 mod sold_out;
 mod startup;
