@@ -34,8 +34,9 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("sold out")]
     SoldOut,
+    /// With the buyer's order, when it could be looked up.
     #[error("this user already bought this product")]
-    AlreadyPurchased,
+    AlreadyPurchased { order_id: Option<i64> },
     /// An absolute stock write whose precondition failed.
     #[error("the stock is {current}, not the {expected} you expected; nothing changed")]
     StockChanged { current: i64, expected: i64 },
@@ -50,6 +51,11 @@ pub enum ApiError {
     RedisUnavailable,
     #[error("the database is unreachable")]
     DatabaseUnavailable,
+    /// A commit whose answer was lost: the order may exist. Look it up before trying again.
+    #[error(
+        "the purchase may or may not have been recorded; look it up at {order_path} before trying again"
+    )]
+    OutcomeUnknown { order_path: String },
     /// Anything unexpected: logged with its cause, answered as a plain 500.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
@@ -62,11 +68,18 @@ pub struct ErrorBody {
     /// `payload_too_large`, `unauthorized`, `admin_disabled`, `not_found`,
     /// `method_not_allowed`, `sold_out`, `already_purchased`, `stock_changed`,
     /// `stock_too_large`, `busy`, `lock_lost`, `redis_unavailable`, `database_unavailable`,
-    /// `internal`.
+    /// `outcome_unknown`, `internal`.
     #[schema(example = "sold_out")]
     pub error: String,
     /// What happened, for people.
     pub message: String,
+    /// `already_purchased`: the buyer's existing order, when it could be looked up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order_id: Option<i64>,
+    /// `outcome_unknown`: where to look the order up (`GET`) before trying again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "/api/products/1/orders/42")]
+    pub order_path: Option<String>,
 }
 
 impl ApiError {
@@ -81,13 +94,14 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::SoldOut => "sold_out",
-            ApiError::AlreadyPurchased => "already_purchased",
+            ApiError::AlreadyPurchased { .. } => "already_purchased",
             ApiError::StockChanged { .. } => "stock_changed",
             ApiError::StockTooLarge => "stock_too_large",
             ApiError::Busy => "busy",
             ApiError::LockLost => "lock_lost",
             ApiError::RedisUnavailable => "redis_unavailable",
             ApiError::DatabaseUnavailable => "database_unavailable",
+            ApiError::OutcomeUnknown { .. } => "outcome_unknown",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -165,12 +179,38 @@ fn is_unavailable(error: &sqlx::Error) -> bool {
     }
 }
 
+impl ApiError {
+    /// The answer to a purchase of `product` by `user` that failed with `error`;
+    /// `order_id` is the buyer's existing order, for `already_purchased`.
+    pub fn from_purchase(
+        error: PurchaseError,
+        product: i64,
+        user: i64,
+        order_id: Option<i64>,
+    ) -> Self {
+        match error {
+            PurchaseError::AlreadyPurchased(_) => ApiError::AlreadyPurchased { order_id },
+            PurchaseError::OutcomeUnknown => {
+                tracing::warn!(
+                    product_id = product,
+                    user_id = user,
+                    "a purchase's outcome is unknown: its commit's answer was lost"
+                );
+                ApiError::OutcomeUnknown {
+                    order_path: format!("/api/products/{product}/orders/{user}"),
+                }
+            }
+            other => other.into(),
+        }
+    }
+}
+
 impl From<PurchaseError> for ApiError {
     fn from(error: PurchaseError) -> Self {
         match error {
             PurchaseError::NotFound => ApiError::NotFound("no such product".into()),
             PurchaseError::SoldOut(_) => ApiError::SoldOut,
-            PurchaseError::AlreadyPurchased(_) => ApiError::AlreadyPurchased,
+            PurchaseError::AlreadyPurchased(_) => ApiError::AlreadyPurchased { order_id: None },
             PurchaseError::Busy => ApiError::Busy,
             PurchaseError::LockLost => ApiError::LockLost,
             PurchaseError::Redis(error) => {
@@ -182,10 +222,9 @@ impl From<PurchaseError> for ApiError {
                 ApiError::RedisUnavailable
             }
             PurchaseError::Database(error) => ApiError::from_db(&error),
-            PurchaseError::DatabaseTimeout => {
-                tracing::warn!("a batch timed out: PostgreSQL is not answering");
-                ApiError::DatabaseUnavailable
-            }
+            PurchaseError::OutcomeUnknown => ApiError::OutcomeUnknown {
+                order_path: "/api/products/{id}/orders/{user_id}".into(),
+            },
             PurchaseError::Internal(why) => ApiError::Internal(anyhow::anyhow!(why)),
         }
     }
@@ -202,13 +241,14 @@ impl ResponseError for ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::SoldOut
-            | ApiError::AlreadyPurchased
+            | ApiError::AlreadyPurchased { .. }
             | ApiError::StockChanged { .. }
             | ApiError::StockTooLarge => StatusCode::CONFLICT,
             ApiError::Busy
             | ApiError::LockLost
             | ApiError::RedisUnavailable
-            | ApiError::DatabaseUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            | ApiError::DatabaseUnavailable
+            | ApiError::OutcomeUnknown { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -237,7 +277,7 @@ impl ResponseError for ApiError {
             ApiError::SoldOut => response
                 .insert_header(JSON_CONTENT_TYPE)
                 .body(SOLD_OUT_BODY.clone()),
-            ApiError::AlreadyPurchased => response
+            ApiError::AlreadyPurchased { order_id: None } => response
                 .insert_header(JSON_CONTENT_TYPE)
                 .body(ALREADY_PURCHASED_BODY.clone()),
             _ => response.json(self.body()),
@@ -247,9 +287,16 @@ impl ResponseError for ApiError {
 
 impl ApiError {
     fn body(&self) -> ErrorBody {
+        let (order_id, order_path) = match self {
+            ApiError::AlreadyPurchased { order_id } => (*order_id, None),
+            ApiError::OutcomeUnknown { order_path } => (None, Some(order_path.clone())),
+            _ => (None, None),
+        };
         ErrorBody {
             error: self.code().to_owned(),
             message: self.to_string(),
+            order_id,
+            order_path,
         }
     }
 }
@@ -261,7 +308,7 @@ const JSON_CONTENT_TYPE: (header::HeaderName, HeaderValue) = (
 );
 static SOLD_OUT_BODY: LazyLock<Bytes> = LazyLock::new(|| serialized(&ApiError::SoldOut));
 static ALREADY_PURCHASED_BODY: LazyLock<Bytes> =
-    LazyLock::new(|| serialized(&ApiError::AlreadyPurchased));
+    LazyLock::new(|| serialized(&ApiError::AlreadyPurchased { order_id: None }));
 
 /// Serialized once for the life of the process: a static `Bytes` is cloned without touching
 /// a reference count that every worker thread would share.

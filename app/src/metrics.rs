@@ -161,7 +161,7 @@ pub struct PurchaseCounters {
 
 impl PurchaseCounters {
     /// Every outcome a purchase can have (`PurchaseError::outcome`, and `created`).
-    const OUTCOMES: [&'static str; 9] = [
+    const OUTCOMES: [&'static str; 10] = [
         "created",
         "sold_out",
         "already_purchased",
@@ -170,6 +170,7 @@ impl PurchaseCounters {
         "lock_lost",
         "redis_unavailable",
         "database_error",
+        "outcome_unknown",
         "internal",
     ];
 

@@ -587,3 +587,18 @@ pub(crate) fn is_lost_race(error: &sqlx::Error) -> bool {
         .and_then(|e| e.code())
         .is_some_and(|code| matches!(code.as_ref(), "40P01" | "40001"))
 }
+
+/// Whether a statement that commits (a `COMMIT`, or a write outside a transaction) may have
+/// committed although it failed: its answer was lost with the connection (an I/O error, a
+/// protocol error, the session ended by the server: 08xxx, 57P01-03). An error the server
+/// answered for the statement itself (a time-out, a lost race, a constraint) rolled it back;
+/// so did a statement that never got a connection.
+pub(crate) fn may_have_committed(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => false,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08") || matches!(code.as_ref(), "57P01" | "57P02" | "57P03")
+        }),
+        _ => true,
+    }
+}

@@ -5,7 +5,8 @@ use utoipa::ToSchema;
 use super::products::ProductPath;
 use crate::domain::{ProductId, Quantity, UserId};
 use crate::error::{ApiError, ErrorBody};
-use crate::sale::{PurchaseRequest, Sale};
+use crate::repository;
+use crate::sale::{PurchaseError, PurchaseRequest, Sale};
 
 /// A purchase. The buyer is not authenticated in this demo: `user_id` is trusted.
 #[derive(Deserialize, ToSchema)]
@@ -43,10 +44,10 @@ pub struct OrderBody {
         (status = 201, description = "bought: the buyer's own order", body = OrderBody),
         (status = 400, description = "invalid input or malformed body", body = ErrorBody),
         (status = 404, description = "no such product", body = ErrorBody),
-        (status = 409, description = "sold_out (a product this instance knows is sold out is answered before the body is checked, when its id is in plain digits), or already_purchased (one order per buyer)", body = ErrorBody),
+        (status = 409, description = "sold_out (a product this instance knows is sold out is answered before the body is checked, when its id is in plain digits), or already_purchased (one order per buyer; with the buyer's `order_id`)", body = ErrorBody),
         (status = 413, description = "body over 16 KiB", body = ErrorBody),
         (status = 415, description = "not application/json", body = ErrorBody),
-        (status = 503, description = "busy or lock_lost (retry; see Retry-After), redis_unavailable, database_unavailable", body = ErrorBody),
+        (status = 503, description = "busy or lock_lost (retry; see Retry-After), redis_unavailable, database_unavailable (nothing was recorded), or outcome_unknown (the commit's answer was lost: look the order up at `order_path` before trying again)", body = ErrorBody),
     )
 )]
 pub async fn purchase(
@@ -66,7 +67,22 @@ pub async fn purchase(
         quantity: Quantity::parse(body.quantity, sale.max_quantity)
             .map_err(ApiError::InvalidInput)?,
     };
-    let bought = sale.purchase(request).await.map_err(ApiError::from)?;
+    let product = request.product_id.get();
+    let user = request.user_id.get();
+    let bought = match sale.purchase(request).await {
+        Ok(bought) => bought,
+        Err(error @ PurchaseError::AlreadyPurchased(_)) => {
+            // Rare (a retry, a twin request): tell the buyer which order they have. A failed
+            // look-up leaves it out; the answer stands.
+            let order_id = repository::order_of(&sale.pool, request.product_id, user)
+                .await
+                .ok()
+                .flatten()
+                .map(|order| order.id);
+            return Err(ApiError::from_purchase(error, product, user, order_id).into());
+        }
+        Err(error) => return Err(ApiError::from_purchase(error, product, user, None).into()),
+    };
     Ok(HttpResponse::Created().json(OrderBody {
         order_id: bought.order_id,
         product_id: request.product_id.get(),

@@ -161,7 +161,13 @@ pub(crate) async fn sell(
         };
         (left, sold.orders.into_iter().collect())
     };
-    tx.commit().await?;
+    if let Err(error) = tx.commit().await {
+        return Err(if repository::may_have_committed(&error) {
+            BatchError::Failed(PurchaseError::OutcomeUnknown)
+        } else {
+            error.into()
+        });
+    }
     Ok(requests
         .iter()
         .zip(decisions)

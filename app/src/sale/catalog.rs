@@ -71,15 +71,19 @@ impl Catalog {
     }
 
     /// What this instance knows of `id` for a purchase, in one lookup: `None` if it does not
-    /// know the product yet. A product marked sold out (see [`Self::is_sold_out`]) is
-    /// answered without taking a reference to it.
+    /// know the product yet, or if its desk stopped (the purchase then looks the product up
+    /// and [`Self::remember`] opens a new desk: one dead leader costs the purchases it had,
+    /// not the next ones). A product marked sold out (see [`Self::is_sold_out`]) is answered
+    /// without taking a reference to it.
     pub(crate) fn for_purchase(&self, id: ProductId) -> Option<ForPurchase> {
         let products = self.products.read().expect("catalog poisoned");
         let known = products.get(&id)?;
         Some(if self.is_sold_out(known) {
             ForPurchase::SoldOut
-        } else {
+        } else if known.desk.is_open() {
             ForPurchase::Open(Arc::clone(known))
+        } else {
+            return None;
         })
     }
 
@@ -103,7 +107,7 @@ impl Catalog {
     }
 
     /// Remember a product that exists, at restock generation `generation`, with the desk
-    /// `open_desk` makes (called only if it was not known yet).
+    /// `open_desk` makes (called only if it was not known yet, or its desk stopped).
     pub(crate) fn remember(
         &self,
         id: ProductId,
@@ -111,6 +115,9 @@ impl Catalog {
         open_desk: impl FnOnce() -> Desk,
     ) -> Arc<Known> {
         let mut products = self.products.write().expect("catalog poisoned");
+        if products.get(&id).is_some_and(|known| !known.desk.is_open()) {
+            products.remove(&id);
+        }
         let known = products.entry(id).or_insert_with(|| {
             Arc::new(Known {
                 desk: open_desk(),
@@ -220,6 +227,26 @@ mod tests {
         assert!(!catalog.is_sold_out(&known), "a stale mark hid the restock");
         known.mark_sold_out(4);
         assert!(catalog.is_sold_out(&known));
+    }
+
+    #[tokio::test]
+    async fn a_product_whose_desk_stopped_gets_a_new_desk_at_the_next_purchase() {
+        // Arrange: a known product whose desk's leader died.
+        let id = ProductId::parse("1").unwrap();
+        let catalog = Catalog::new(Duration::from_secs(60));
+        catalog.remember(id, 0, Desk::closed);
+
+        // Act: the next purchase finds it.
+        let found = catalog.for_purchase(id);
+
+        // Assert: not handed the dead desk; the look-up that follows gets a live one.
+        assert!(found.is_none(), "a purchase was handed a stopped desk");
+        let known = catalog.remember(id, 0, Desk::parked);
+        assert!(known.desk.is_open());
+        assert!(matches!(
+            catalog.for_purchase(id),
+            Some(ForPurchase::Open(open)) if Arc::ptr_eq(&open, &known)
+        ));
     }
 
     #[tokio::test(start_paused = true)]

@@ -149,6 +149,24 @@ impl Desk {
         }
     }
 
+    /// A desk whose leader never answers but stays, for tests of what holds desks.
+    #[cfg(test)]
+    pub(crate) fn parked() -> Self {
+        let (queue, orders) = mpsc::unbounded_channel();
+        // The receiver lives as long as the test process: the desk stays open.
+        std::mem::forget(orders);
+        Self {
+            queue,
+            depth: Arc::default(),
+        }
+    }
+
+    /// Whether the desk's leader still runs. It ends only by a panic (a bug), and then takes
+    /// the queue with it.
+    pub(crate) fn is_open(&self) -> bool {
+        !self.queue.is_closed()
+    }
+
     /// Queue a purchase; the receiver gets its answer.
     ///
     /// # Errors
@@ -259,7 +277,8 @@ impl Leader {
                 let selling = holder.sell(&requests);
                 let answers = timeout(self.shared.batch_timeout, selling)
                     .await
-                    .unwrap_or_else(|_| vec![Err(PurchaseError::DatabaseTimeout); requests.len()]);
+                    // Cut short with its statement in flight: it may still commit.
+                    .unwrap_or_else(|_| vec![Err(PurchaseError::OutcomeUnknown); requests.len()]);
                 let lost = answers
                     .iter()
                     .any(|a| matches!(a, Err(PurchaseError::LockLost)));
@@ -329,7 +348,8 @@ impl Leader {
                 self.shared.work,
             );
             let Ok(sold) = timeout_at(deadline, selling).await else {
-                return all(PurchaseError::DatabaseTimeout);
+                // Cut short with a statement in flight, which may have been the commit.
+                return all(PurchaseError::OutcomeUnknown);
             };
             match sold {
                 Ok(answers) => return answers,

@@ -197,7 +197,12 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
                 Err(error) => {
                     // The commit may or may not have happened: read the row again next time.
                     self.row = None;
-                    return all(requests, error.into());
+                    let error = if repository::may_have_committed(&error) {
+                        PurchaseError::OutcomeUnknown
+                    } else {
+                        error.into()
+                    };
+                    return all(requests, error);
                 }
             }
         }

@@ -79,9 +79,11 @@ pub enum PurchaseError {
     LockService(Arc<distlock::Error>),
     #[error("database: {0}")]
     Database(Arc<sqlx::Error>),
-    /// A batch, or a buyer's wait for it, took longer than any healthy PostgreSQL could.
-    #[error("the database did not answer in time")]
-    DatabaseTimeout,
+    /// The batch's commit may or may not have happened: its answer was lost with the
+    /// connection, or the batch ran past its time bound while a statement that could commit
+    /// was in flight. The order lookup tells.
+    #[error("the purchase may or may not have been recorded")]
+    OutcomeUnknown,
     #[error("{0}")]
     Internal(String),
 }
@@ -102,7 +104,8 @@ impl PurchaseError {
             PurchaseError::Busy => "busy",
             PurchaseError::LockLost => "lock_lost",
             PurchaseError::Redis(_) | PurchaseError::LockService(_) => "redis_unavailable",
-            PurchaseError::Database(_) | PurchaseError::DatabaseTimeout => "database_error",
+            PurchaseError::Database(_) => "database_error",
+            PurchaseError::OutcomeUnknown => "outcome_unknown",
             PurchaseError::Internal(_) => "internal",
         }
     }
@@ -220,10 +223,10 @@ impl Sale {
     ///
     /// # Errors
     /// Every [`PurchaseError`]. None leaves anything written, with one exception no server can
-    /// rule out: a commit that PostgreSQL carried out but whose answer was lost (with the
-    /// connection, or past the batch's time bound) is reported as a database error or a
-    /// timeout (the orders and their decrement are then all there, never one without the
-    /// other; `GET /api/products/{id}/orders/{user}` tells).
+    /// rule out: a commit that PostgreSQL may have carried out but whose answer was lost (with
+    /// the connection, or past the batch's time bound) is [`PurchaseError::OutcomeUnknown`]
+    /// (the orders and their decrement are then all there or all absent, never one without
+    /// the other; `GET /api/products/{id}/orders/{user}` tells).
     ///
     /// Its span is at `debug` (`RUST_LOG=seckill=debug`): at the default `info` level the
     /// flood does not pay for formatting three fields on every purchase.
@@ -273,10 +276,14 @@ impl Sale {
         // is stuck in a batch PostgreSQL does not answer.
         let outcome = match timeout_at(deadline + self.desks.batch_timeout, answer).await {
             Ok(Ok(outcome)) => outcome,
-            Ok(Err(_)) => Err(PurchaseError::Internal(
-                "the desk dropped a purchase".into(),
-            )),
-            Err(_) => Err(PurchaseError::DatabaseTimeout),
+            Ok(Err(_)) => {
+                // The leader died with the purchase (a bug): its batch may have committed.
+                // The next purchase gets a new desk (`Catalog::for_purchase`).
+                tracing::error!(product_id = %request.product_id, "the desk dropped a purchase");
+                Err(PurchaseError::OutcomeUnknown)
+            }
+            // The leader is stuck in a batch that may still commit.
+            Err(_) => Err(PurchaseError::OutcomeUnknown),
         };
         let seen = match &outcome {
             Ok(bought) => Some(bought.left),
@@ -330,7 +337,7 @@ mod tests {
             PurchaseError::Redis(Arc::new(redis)),
             PurchaseError::LockService(Arc::new(distlock::Error::InvalidOptions("x".into()))),
             PurchaseError::Database(Arc::new(sqlx::Error::PoolTimedOut)),
-            PurchaseError::DatabaseTimeout,
+            PurchaseError::OutcomeUnknown,
             PurchaseError::Internal("bug".into()),
         ];
         for error in &errors {
@@ -344,7 +351,7 @@ mod tests {
                 | PurchaseError::Redis(_)
                 | PurchaseError::LockService(_)
                 | PurchaseError::Database(_)
-                | PurchaseError::DatabaseTimeout
+                | PurchaseError::OutcomeUnknown
                 | PurchaseError::Internal(_) => {}
             }
             counters.outcome(error.outcome()).inc();

@@ -9,6 +9,7 @@ mod fencing;
 mod health;
 mod helpers;
 mod openapi;
+mod outcomes;
 mod products;
 mod purchase;
 mod redis_faults;
