@@ -62,17 +62,17 @@ pub struct Settings {
 
     /// Lease of the lock (redis, redlock, pg-lock), in ms. The watchdog renews it every third
     /// of it while a batch is sold; a crashed holder blocks the product for at most this long.
-    #[arg(long, env = "LOCK_TTL_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    #[arg(long, env = "LOCK_TTL_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(range::LOCK_TTL_MS))]
     pub lock_ttl_ms: u64,
 
     /// How long a purchase may wait in its product's queue (for the lock, and for its turn)
     /// before answering 503 busy, in ms.
-    #[arg(long, env = "LOCK_WAIT_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    #[arg(long, env = "LOCK_WAIT_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(range::LOCK_WAIT_MS))]
     pub lock_wait_ms: u64,
 
     /// Most purchases sold in one transaction. 1 sells one purchase per lock hold and per
     /// transaction: the per-request baseline.
-    #[arg(long, env = "BATCH_MAX", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    #[arg(long, env = "BATCH_MAX", default_value_t = 64, value_parser = clap::value_parser!(u32).range(range::BATCH_MAX))]
     pub batch_max: u32,
 
     /// How long an instance alone keeps a product's lock while buyers keep queueing, in ms,
@@ -81,57 +81,96 @@ pub struct Settings {
     /// held, or timed out, within the last second), a hold sells one batch, whatever this is. Must be below
     /// half of LOCK_WAIT_MS, or the buyers of other instances would give up waiting for
     /// their turn.
-    #[arg(long, env = "HOLD_MS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    #[arg(long, env = "HOLD_MS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(range::HOLD_MS))]
     pub hold_ms: u64,
 
     /// Purchases that may queue for one product in one instance; beyond it, new arrivals get
     /// an immediate 503 busy with Retry-After.
-    #[arg(long, env = "QUEUE_MAX", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(long, env = "QUEUE_MAX", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(range::QUEUE_MAX))]
     pub queue_max: u32,
 
     /// How long an instance trusts its own memory that a product is sold out before it asks
     /// PostgreSQL again, in ms: the bound on how late a restock can reach an instance that
     /// missed the restock message (Redis down).
-    #[arg(long, env = "SOLD_OUT_RECHECK_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    #[arg(long, env = "SOLD_OUT_RECHECK_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(range::SOLD_OUT_RECHECK_MS))]
     pub sold_out_recheck_ms: u64,
 
     /// Extra time spent inside the critical section of every batch, in ms, to show leases,
     /// renewals and races at work. 0 in production. Must stay below
-    /// PG_IDLE_IN_TRANSACTION_TIMEOUT_MS (the pg-* strategies spend it inside a transaction).
-    #[arg(long, env = "WORK_MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    /// PG_IDLE_IN_TRANSACTION_TIMEOUT_MS (the pg-* strategies spend it inside a transaction),
+    /// and under pg-row below PG_LOCK_TIMEOUT_MS (a batch waiting for the row waits it out).
+    #[arg(long, env = "WORK_MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(range::WORK_MS))]
     pub work_ms: u64,
 
     /// The largest quantity one purchase may ask for.
-    #[arg(long, env = "MAX_QUANTITY", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(long, env = "MAX_QUANTITY", default_value_t = 5, value_parser = clap::value_parser!(u32).range(range::MAX_QUANTITY))]
     pub max_quantity: u32,
 
     /// Size of the PostgreSQL connection pool.
-    #[arg(long, env = "DATABASE_MAX_CONNECTIONS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    #[arg(long, env = "DATABASE_MAX_CONNECTIONS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(range::DATABASE_MAX_CONNECTIONS))]
     pub database_max_connections: u32,
 
     /// How long a request waits for a pooled connection before answering 503 busy, in ms.
-    #[arg(long, env = "DATABASE_ACQUIRE_TIMEOUT_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    #[arg(long, env = "DATABASE_ACQUIRE_TIMEOUT_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(range::DATABASE_ACQUIRE_TIMEOUT_MS))]
     pub database_acquire_timeout_ms: u64,
 
     /// PostgreSQL `statement_timeout` of the service's sessions and transactions, in ms: no
     /// statement runs longer (503 busy).
-    #[arg(long, env = "PG_STATEMENT_TIMEOUT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    #[arg(long, env = "PG_STATEMENT_TIMEOUT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(range::PG_STATEMENT_TIMEOUT_MS))]
     pub pg_statement_timeout_ms: u64,
 
     /// PostgreSQL `lock_timeout`, in ms: a purchase waiting for a row that another session
     /// holds gives up after this long (503 busy) instead of hanging behind a hung instance.
-    #[arg(long, env = "PG_LOCK_TIMEOUT_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    #[arg(long, env = "PG_LOCK_TIMEOUT_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(range::PG_LOCK_TIMEOUT_MS))]
     pub pg_lock_timeout_ms: u64,
 
     /// PostgreSQL `idle_in_transaction_session_timeout`, in ms: PostgreSQL ends a session
     /// that sits in an open transaction this long (a hung or paused instance), rolling its
     /// transaction back and freeing its row locks.
-    #[arg(long, env = "PG_IDLE_IN_TRANSACTION_TIMEOUT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    #[arg(long, env = "PG_IDLE_IN_TRANSACTION_TIMEOUT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(range::PG_IDLE_IN_TRANSACTION_TIMEOUT_MS))]
     pub pg_idle_in_transaction_timeout_ms: u64,
 
     /// Log format on stdout. The level comes from RUST_LOG (default `info`).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+/// The accepted values of every numeric setting. clap checks the command line and the
+/// environment against them, and [`Settings::check`] checks settings built in code, so that
+/// both ways in refuse the same values. (clap's parser for `u32` takes its bounds as `i64`.)
+mod range {
+    use std::ops::RangeInclusive;
+
+    pub const LOCK_TTL_MS: RangeInclusive<u64> = 1..=3_600_000;
+    pub const LOCK_WAIT_MS: RangeInclusive<u64> = 1..=600_000;
+    pub const BATCH_MAX: RangeInclusive<i64> = 1..=10_000;
+    pub const HOLD_MS: RangeInclusive<u64> = 1..=60_000;
+    pub const QUEUE_MAX: RangeInclusive<i64> = 1..=1_000_000;
+    pub const SOLD_OUT_RECHECK_MS: RangeInclusive<u64> = 1..=600_000;
+    pub const WORK_MS: RangeInclusive<u64> = 0..=600_000;
+    pub const MAX_QUANTITY: RangeInclusive<i64> = 1..=1_000_000;
+    pub const DATABASE_MAX_CONNECTIONS: RangeInclusive<i64> = 1..=1_000;
+    pub const DATABASE_ACQUIRE_TIMEOUT_MS: RangeInclusive<u64> = 1..=600_000;
+    pub const PG_STATEMENT_TIMEOUT_MS: RangeInclusive<u64> = 1..=3_600_000;
+    pub const PG_LOCK_TIMEOUT_MS: RangeInclusive<u64> = 1..=3_600_000;
+    pub const PG_IDLE_IN_TRANSACTION_TIMEOUT_MS: RangeInclusive<u64> = 1..=3_600_000;
+}
+
+/// `Ok` when `value` of the setting `name` is in `range`.
+fn within<T: PartialOrd + std::fmt::Display>(
+    name: &str,
+    value: T,
+    range: std::ops::RangeInclusive<T>,
+) -> Result<(), String> {
+    if range.contains(&value) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name} is {value}; it must be from {} to {}",
+            range.start(),
+            range.end()
+        ))
+    }
 }
 
 /// The shortest admin token accepted: 16 characters, about 95 bits if random.
@@ -236,6 +275,53 @@ impl Settings {
     /// # Errors
     /// A message naming the settings.
     pub fn check(&self) -> Result<(), String> {
+        within("LOCK_TTL_MS", self.lock_ttl_ms, range::LOCK_TTL_MS)?;
+        within("LOCK_WAIT_MS", self.lock_wait_ms, range::LOCK_WAIT_MS)?;
+        within("BATCH_MAX", i64::from(self.batch_max), range::BATCH_MAX)?;
+        within("HOLD_MS", self.hold_ms, range::HOLD_MS)?;
+        within("QUEUE_MAX", i64::from(self.queue_max), range::QUEUE_MAX)?;
+        within(
+            "SOLD_OUT_RECHECK_MS",
+            self.sold_out_recheck_ms,
+            range::SOLD_OUT_RECHECK_MS,
+        )?;
+        within("WORK_MS", self.work_ms, range::WORK_MS)?;
+        within(
+            "MAX_QUANTITY",
+            i64::from(self.max_quantity),
+            range::MAX_QUANTITY,
+        )?;
+        within(
+            "DATABASE_MAX_CONNECTIONS",
+            i64::from(self.database_max_connections),
+            range::DATABASE_MAX_CONNECTIONS,
+        )?;
+        within(
+            "DATABASE_ACQUIRE_TIMEOUT_MS",
+            self.database_acquire_timeout_ms,
+            range::DATABASE_ACQUIRE_TIMEOUT_MS,
+        )?;
+        within(
+            "PG_STATEMENT_TIMEOUT_MS",
+            self.pg_statement_timeout_ms,
+            range::PG_STATEMENT_TIMEOUT_MS,
+        )?;
+        within(
+            "PG_LOCK_TIMEOUT_MS",
+            self.pg_lock_timeout_ms,
+            range::PG_LOCK_TIMEOUT_MS,
+        )?;
+        within(
+            "PG_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+            self.pg_idle_in_transaction_timeout_ms,
+            range::PG_IDLE_IN_TRANSACTION_TIMEOUT_MS,
+        )?;
+        if self.lock_strategy == LockStrategy::PgRow && self.work_ms >= self.pg_lock_timeout_ms {
+            return Err(format!(
+                "WORK_MS ({}) must be below PG_LOCK_TIMEOUT_MS ({}) under LOCK_STRATEGY=pg-row: a batch that waits for the row waits out another batch's work, and would give up every time",
+                self.work_ms, self.pg_lock_timeout_ms
+            ));
+        }
         if let Some(token) = &self.admin_token {
             check_admin_token(token)?;
         }
@@ -353,6 +439,46 @@ mod tests {
         assert!(!shown.contains("hunter2-password"), "{shown}");
         assert!(!shown.contains("super-secret-admin-token"), "{shown}");
         assert!(!shown.contains("redis-password"), "{shown}");
+    }
+
+    #[test]
+    fn settings_built_in_code_are_held_to_the_ranges_the_command_line_is() {
+        let cases: [(&str, fn(&mut Settings)); 4] = [
+            ("BATCH_MAX", |s| s.batch_max = 0),
+            ("QUEUE_MAX", |s| s.queue_max = 0),
+            ("SOLD_OUT_RECHECK_MS", |s| s.sold_out_recheck_ms = 0),
+            ("DATABASE_MAX_CONNECTIONS", |s| {
+                s.database_max_connections = 0
+            }),
+        ];
+        for (name, spoil) in cases {
+            let mut settings = Settings::new("postgres://x", "redis://r");
+            assert_eq!(settings.check(), Ok(()));
+            spoil(&mut settings);
+            let why = settings.check().expect_err(name);
+            assert!(why.starts_with(name), "{name}: {why}");
+            // The command line refuses the same value.
+            let flag = format!("--{}", name.to_lowercase().replace('_', "-"));
+            let parsed = Settings::try_parse_from([
+                "seckill",
+                "--database-url",
+                "postgres://x",
+                flag.as_str(),
+                "0",
+            ]);
+            assert!(parsed.is_err(), "{flag} 0 was accepted");
+        }
+    }
+
+    #[test]
+    fn under_pg_row_the_work_must_end_before_a_waiting_batch_gives_up() {
+        let mut settings = Settings::new("postgres://x", "redis://r");
+        settings.lock_strategy = LockStrategy::PgRow;
+        settings.work_ms = 2_000;
+        settings.pg_lock_timeout_ms = 2_000;
+        assert!(settings.check().unwrap_err().contains("PG_LOCK_TIMEOUT_MS"));
+        settings.lock_strategy = LockStrategy::Redis;
+        assert_eq!(settings.check(), Ok(()));
     }
 
     #[test]
