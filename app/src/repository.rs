@@ -602,3 +602,11 @@ pub(crate) fn may_have_committed(error: &sqlx::Error) -> bool {
         _ => true,
     }
 }
+
+/// This database's deployment id (made by the migrations, once): what names the restock
+/// channel, so that deployments sharing a Redis keep their news apart.
+pub async fn deployment_id(pool: &PgPool) -> sqlx::Result<String> {
+    sqlx::query_scalar!(r#"SELECT id::TEXT AS "id!" FROM deployment"#)
+        .fetch_one(pool)
+        .await
+}

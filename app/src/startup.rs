@@ -14,7 +14,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use crate::MIGRATOR;
 use crate::metrics::Metrics;
 use crate::redis_link::{self, RedisLink, RedisSource};
-use crate::repository::SessionBounds;
+use crate::repository::{self, SessionBounds};
 use crate::routes::admin::AdminToken;
 use crate::routes::health::Health;
 use crate::routes::sold_out::SoldOutLane;
@@ -91,6 +91,9 @@ impl Application {
         }
         let exclusion = exclusion(&settings, &pool, &redis, &source).await?;
         let metrics = Metrics::new();
+        let deployment = repository::deployment_id(&pool)
+            .await
+            .context("cannot read the deployment id from PostgreSQL")?;
         let sale = Sale::new(SaleParts {
             pool: pool.clone(),
             strategy,
@@ -99,6 +102,7 @@ impl Application {
             redis_source: source,
             redis: redis.clone(),
             key_prefix: settings.redis_key_prefix.clone(),
+            deployment,
             batch_max: settings.batch_max as usize,
             queue_max: settings.queue_max as usize,
             hold: settings.hold(),

@@ -138,6 +138,8 @@ pub struct SaleParts {
     pub redis_source: crate::redis_link::RedisSource,
     pub redis: crate::redis_link::RedisLink,
     pub key_prefix: String,
+    /// The database's deployment id, which names the restock channel.
+    pub deployment: String,
     pub batch_max: usize,
     pub queue_max: usize,
     pub hold: Duration,
@@ -157,6 +159,7 @@ impl Sale {
         let restocks = Restocks::start(
             parts.redis_source,
             &parts.key_prefix,
+            &parts.deployment,
             parts.redis,
             Arc::downgrade(&catalog),
         );

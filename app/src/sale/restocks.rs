@@ -1,6 +1,10 @@
 //! Restock news between instances: a committed restock is published on a Redis channel
-//! (`<REDIS_KEY_PREFIX>seckill:restocks`, message `<product id>:<restock generation>`), and
-//! every instance reopens the product in its [`Catalog`] when the message arrives.
+//! (`<REDIS_KEY_PREFIX>seckill:restocks:<deployment id>`, message
+//! `<product id>:<restock generation>`), and every instance reopens the product in its
+//! [`Catalog`] when the message arrives. The deployment id is the database's own
+//! ([`crate::repository::deployment_id`]): instances of another deployment that share the
+//! Redis, even with the same prefix, publish and listen on another channel, so their news
+//! (a large generation for an id that is also ours) cannot switch our sold-out memory off.
 //!
 //! Messages are a fast path, not the truth: one lost to a reconnect or to Redis being down
 //! costs at most `SOLD_OUT_RECHECK_MS`, after which an instance asks PostgreSQL again anyway.
@@ -34,14 +38,16 @@ pub(crate) struct Restocks {
 
 impl Restocks {
     /// Publish on `publisher`, and listen on a connection of its own to `source`, kept
-    /// up by a task of its own (retrying until Redis answers, and after every outage).
+    /// up by a task of its own (retrying until Redis answers, and after every outage), on
+    /// the channel of `deployment` under `key_prefix`.
     pub(crate) fn start(
         source: RedisSource,
         key_prefix: &str,
+        deployment: &str,
         publisher: RedisLink,
         catalog: Weak<Catalog>,
     ) -> Self {
-        let channel = format!("{key_prefix}seckill:restocks");
+        let channel = format!("{key_prefix}seckill:restocks:{deployment}");
         let listening = Arc::new(AtomicBool::new(false));
         let keeper = Keeper {
             source,

@@ -146,6 +146,69 @@ async fn a_product_with_stock_left_is_not_marked_sold_out(pool: PgPool) {
     assert_eq!(app.metric("seckill_sold_out_fast_path_total").await, 0.0);
 }
 
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn another_deployment_sharing_redis_and_prefix_cannot_switch_our_sold_out_memory_off(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange: two deployments, each with its own database, on one Redis under one key
+    // prefix. In ours, product 1 is sold out and remembered so for a minute.
+    let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("deployments"));
+    settings.sold_out_recheck_ms = 60_000;
+    let ours = spawn_instances(1, &pool_options, &connect, &settings).await;
+    let ours = &ours[0];
+    let theirs_db = format!("seckill_other_deployment_{}", std::process::id());
+    let admin = pool_options
+        .clone()
+        .connect_with(connect.clone())
+        .await
+        .unwrap();
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {theirs_db} WITH (FORCE)"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    sqlx::query(&format!("CREATE DATABASE {theirs_db}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let theirs = spawn_instances(
+        1,
+        &pool_options,
+        &connect.clone().database(&theirs_db),
+        &settings,
+    )
+    .await;
+    let theirs = &theirs[0];
+    let id = ours.create_product("Phone", 1).await;
+    assert_eq!(
+        theirs.create_product("Lamp", 1).await,
+        id,
+        "both are product 1"
+    );
+    assert_eq!(ours.purchase(id, 1, 1).await.status(), 201);
+    assert_eq!(ours.purchase(id, 2, 1).await.status(), 409);
+    wait_until_listening(ours).await;
+    wait_until_listening(theirs).await;
+
+    // Act: the other deployment restocks its product 1; any news of it has time to arrive.
+    assert_eq!(theirs.restock(id, 5).await.status(), 200);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Assert: ours still answers from memory (the news was not ours), and still sold out.
+    let fast_before = ours.metric("seckill_sold_out_fast_path_total").await;
+    assert_eq!(ours.purchase(id, 3, 1).await.status(), 409);
+    assert_eq!(
+        ours.metric("seckill_sold_out_fast_path_total").await,
+        fast_before + 1.0,
+        "another deployment's restock reopened our product"
+    );
+    theirs.pool.close().await;
+    sqlx::query(&format!("DROP DATABASE {theirs_db} WITH (FORCE)"))
+        .execute(&admin)
+        .await
+        .unwrap();
+}
+
 /// Wait until the instance's restock subscription is up (it connects in the background).
 async fn wait_until_listening(app: &TestApp) {
     let started = Instant::now();
