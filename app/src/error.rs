@@ -40,6 +40,9 @@ pub enum ApiError {
     /// An absolute stock write whose precondition failed.
     #[error("the stock is {current}, not the {expected} you expected; nothing changed")]
     StockChanged { current: i64, expected: i64 },
+    /// An `Idempotency-Key` sent before with another request.
+    #[error("this Idempotency-Key was used for another request; nothing changed")]
+    IdempotencyKeyReused,
     /// A restock that would pass the largest stock.
     #[error("the stock would exceed {max}; nothing changed", max = crate::domain::Stock::MAX)]
     StockTooLarge,
@@ -67,8 +70,8 @@ pub struct ErrorBody {
     /// A stable code: `invalid_input`, `malformed_body`, `unsupported_media_type`,
     /// `payload_too_large`, `unauthorized`, `admin_disabled`, `not_found`,
     /// `method_not_allowed`, `sold_out`, `already_purchased`, `stock_changed`,
-    /// `stock_too_large`, `busy`, `lock_lost`, `redis_unavailable`, `database_unavailable`,
-    /// `outcome_unknown`, `internal`.
+    /// `stock_too_large`, `idempotency_key_reused`, `busy`, `lock_lost`, `redis_unavailable`,
+    /// `database_unavailable`, `outcome_unknown`, `internal`.
     #[schema(example = "sold_out")]
     pub error: String,
     /// What happened, for people.
@@ -97,6 +100,7 @@ impl ApiError {
             ApiError::AlreadyPurchased { .. } => "already_purchased",
             ApiError::StockChanged { .. } => "stock_changed",
             ApiError::StockTooLarge => "stock_too_large",
+            ApiError::IdempotencyKeyReused => "idempotency_key_reused",
             ApiError::Busy => "busy",
             ApiError::LockLost => "lock_lost",
             ApiError::RedisUnavailable => "redis_unavailable",
@@ -244,6 +248,7 @@ impl ResponseError for ApiError {
             | ApiError::AlreadyPurchased { .. }
             | ApiError::StockChanged { .. }
             | ApiError::StockTooLarge => StatusCode::CONFLICT,
+            ApiError::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Busy
             | ApiError::LockLost
             | ApiError::RedisUnavailable

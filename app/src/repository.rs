@@ -95,8 +95,12 @@ pub async fn insert_product(
     name: &ProductName,
     stock: Stock,
     actor: &str,
-) -> sqlx::Result<Product> {
+    key: Option<&IdempotencyKey<'_>>,
+) -> sqlx::Result<Keyed<Product>> {
     let mut tx = begin(pool, bounds).await?;
+    if let Some(seen) = answered_before(&mut tx, key).await? {
+        return Ok(seen);
+    }
     let product = sqlx::query_as!(
         Product,
         "INSERT INTO products (name, stock) VALUES ($1, $2) RETURNING id, name, stock",
@@ -106,8 +110,92 @@ pub async fn insert_product(
     .fetch_one(&mut *tx)
     .await?;
     record_change(&mut tx, product.id, stock.get(), "create", actor).await?;
+    if let Some(key) = key
+        && !remember_answer(&mut tx, key, 201, &product).await?
+    {
+        // A twin request with the same key committed first: this one is undone.
+        drop(tx);
+        return answered_before(&mut *begin(pool, bounds).await?, Some(key))
+            .await
+            .map(|seen| seen.unwrap_or(Keyed::Reused));
+    }
     tx.commit().await?;
-    Ok(product)
+    Ok(Keyed::Fresh(product))
+}
+
+/// An admin write's `Idempotency-Key`, with what the request asked (a retry asks the same;
+/// a key sent again with another request is refused).
+#[derive(Debug, Clone, Copy)]
+pub struct IdempotencyKey<'a> {
+    pub key: &'a str,
+    pub request: &'a str,
+}
+
+/// What an admin write sent with a key did.
+#[derive(Debug)]
+pub enum Keyed<T> {
+    /// It ran now.
+    Fresh(T),
+    /// The key was answered before, with this status and product: nothing ran again.
+    Replayed { status: u16, product: Product },
+    /// The key was used before for another request: nothing ran.
+    Reused,
+}
+
+/// The answer already given to `key`, if any: a replay of it, or [`Keyed::Reused`] when the
+/// key came with another request.
+async fn answered_before<T>(
+    conn: &mut PgConnection,
+    key: Option<&IdempotencyKey<'_>>,
+) -> sqlx::Result<Option<Keyed<T>>> {
+    let Some(key) = key else {
+        return Ok(None);
+    };
+    let seen = sqlx::query!(
+        "SELECT request, status, product_id, name, stock FROM admin_requests WHERE key = $1",
+        key.key
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(seen.map(|seen| {
+        if seen.request == key.request {
+            Keyed::Replayed {
+                status: seen.status as u16,
+                product: Product {
+                    id: seen.product_id,
+                    name: seen.name,
+                    stock: seen.stock,
+                },
+            }
+        } else {
+            Keyed::Reused
+        }
+    }))
+}
+
+/// Write down the answer to `key` in the write's own transaction; `false` when a twin
+/// request with the same key got there first (its transaction committed meanwhile).
+async fn remember_answer(
+    conn: &mut PgConnection,
+    key: &IdempotencyKey<'_>,
+    status: u16,
+    product: &Product,
+) -> sqlx::Result<bool> {
+    let written = sqlx::query_scalar!(
+        "INSERT INTO admin_requests (key, request, status, product_id, name, stock)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (key) DO NOTHING
+         RETURNING 1 AS \"one!\"",
+        key.key,
+        key.request,
+        status as i16,
+        product.id,
+        product.name,
+        product.stock,
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(written.is_some())
 }
 
 async fn record_change(
@@ -139,6 +227,10 @@ pub enum Restocked {
     /// The stock was not what the caller expected (an absolute write), or would pass
     /// [`Stock::MAX`] (a relative one); nothing changed.
     Refused { current: i64 },
+    /// Its `Idempotency-Key` was answered before (a retry): that answer, nothing changed.
+    Replayed { product: Product },
+    /// Its `Idempotency-Key` came before with another request: nothing changed.
+    KeyReused,
 }
 
 /// Add `add` units ("restock by N"), start a new restock generation and record the change.
@@ -150,8 +242,9 @@ pub async fn add_stock(
     id: ProductId,
     add: Stock,
     actor: &str,
+    key: Option<&IdempotencyKey<'_>>,
 ) -> sqlx::Result<Restocked> {
-    change_stock(pool, bounds, id, actor, "restock", |current| {
+    change_stock(pool, bounds, id, actor, key, "restock", |current| {
         (current + add.get() <= Stock::MAX).then_some(current + add.get())
     })
     .await
@@ -166,8 +259,9 @@ pub async fn set_stock(
     stock: Stock,
     expected: i64,
     actor: &str,
+    key: Option<&IdempotencyKey<'_>>,
 ) -> sqlx::Result<Restocked> {
-    change_stock(pool, bounds, id, actor, "set", |current| {
+    change_stock(pool, bounds, id, actor, key, "set", |current| {
         (current == expected).then_some(stock.get())
     })
     .await
@@ -179,10 +273,14 @@ async fn change_stock(
     bounds: SessionBounds,
     id: ProductId,
     actor: &str,
+    key: Option<&IdempotencyKey<'_>>,
     reason: &str,
     decide: impl FnOnce(i64) -> Option<i64>,
 ) -> sqlx::Result<Restocked> {
     let mut tx = begin(pool, bounds).await?;
+    if let Some(seen) = answered_before(&mut tx, key).await? {
+        return Ok(replayed(seen));
+    }
     let current = sqlx::query_scalar!(
         "SELECT stock FROM products WHERE id = $1 FOR UPDATE",
         id.get()
@@ -204,13 +302,22 @@ async fn change_stock(
     .fetch_one(&mut *tx)
     .await?;
     record_change(&mut tx, id.get(), stock - current, reason, actor).await?;
+    let product = Product {
+        id: changed.id,
+        name: changed.name,
+        stock: changed.stock,
+    };
+    if let Some(key) = key
+        && !remember_answer(&mut tx, key, 200, &product).await?
+    {
+        // A twin request with the same key committed first: this one is undone.
+        drop(tx);
+        let seen = answered_before(&mut *begin(pool, bounds).await?, Some(key)).await?;
+        return Ok(seen.map_or(Restocked::KeyReused, replayed));
+    }
     tx.commit().await?;
     Ok(Restocked::Done {
-        product: Product {
-            id: changed.id,
-            name: changed.name,
-            stock: changed.stock,
-        },
+        product,
         restock_gen: changed.restock_gen,
     })
 }
@@ -609,4 +716,12 @@ pub async fn deployment_id(pool: &PgPool) -> sqlx::Result<String> {
     sqlx::query_scalar!(r#"SELECT id::TEXT AS "id!" FROM deployment"#)
         .fetch_one(pool)
         .await
+}
+
+fn replayed(seen: Keyed<Restocked>) -> Restocked {
+    match seen {
+        Keyed::Replayed { product, .. } => Restocked::Replayed { product },
+        Keyed::Fresh(done) => done,
+        Keyed::Reused => Restocked::KeyReused,
+    }
 }

@@ -51,3 +51,28 @@ pub fn actor(req: &actix_web::HttpRequest) -> String {
         None => "admin".to_owned(),
     }
 }
+
+/// The longest `Idempotency-Key` accepted.
+pub const MAX_IDEMPOTENCY_KEY: usize = 255;
+
+/// The request's `Idempotency-Key`, if it sent one: 1 to 255 visible ASCII characters (a
+/// UUID is usual). A retry of an admin write with the same key and the same request gets
+/// the first answer and changes nothing again.
+///
+/// # Errors
+/// [`ApiError::InvalidInput`] for a key that is empty, too long or not visible ASCII.
+pub fn idempotency_key(req: &actix_web::HttpRequest) -> Result<Option<String>, ApiError> {
+    let Some(value) = req.headers().get("idempotency-key") else {
+        return Ok(None);
+    };
+    let key = value.as_bytes();
+    if key.is_empty()
+        || key.len() > MAX_IDEMPOTENCY_KEY
+        || !key.iter().all(|b| b.is_ascii_graphic())
+    {
+        return Err(ApiError::InvalidInput(format!(
+            "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters"
+        )));
+    }
+    Ok(Some(String::from_utf8_lossy(key).into_owned()))
+}

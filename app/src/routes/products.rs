@@ -2,10 +2,10 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::admin::actor;
+use super::admin::{actor, idempotency_key};
 use crate::domain::{ProductId, ProductName, Stock};
 use crate::error::{ApiError, ErrorBody};
-use crate::repository::{self, Product, Restocked};
+use crate::repository::{self, IdempotencyKey, Keyed, Product, Restocked};
 use crate::sale::Sale;
 
 /// A product to put on sale.
@@ -66,6 +66,7 @@ pub struct ProductPath {
     post,
     path = "/api/products",
     tag = "admin",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Optional, 1 to 255 visible ASCII characters (a UUID): a retry with the same key and the same request gets the first answer and changes nothing again")),
     request_body = NewProduct,
     security(("admin_token" = [])),
     responses(
@@ -75,6 +76,7 @@ pub struct ProductPath {
         (status = 403, description = "admin routes are disabled (no ADMIN_TOKEN)", body = ErrorBody),
         (status = 413, description = "body over 16 KiB", body = ErrorBody),
         (status = 415, description = "not application/json", body = ErrorBody),
+        (status = 422, description = "idempotency_key_reused: the Idempotency-Key came before with another request; nothing changed", body = ErrorBody),
         (status = 503, description = "busy or database unavailable", body = ErrorBody),
     )
 )]
@@ -83,18 +85,45 @@ pub async fn create(
     sale: web::Data<Sale>,
     body: web::Json<NewProduct>,
 ) -> Result<HttpResponse, ApiError> {
+    let key = idempotency_key(&req)?;
     let NewProduct { name, stock } = body.into_inner();
     let name = ProductName::parse(name).map_err(ApiError::InvalidInput)?;
     let stock = Stock::parse(stock).map_err(ApiError::InvalidInput)?;
-    let product = repository::insert_product(&sale.pool, sale.bounds, &name, stock, &actor(&req))
-        .await
-        .map_err(|e| ApiError::from_db(&e))?;
-    tracing::info!(
-        product_id = product.id,
-        stock = product.stock,
-        "product created"
+    let request = format!(
+        "POST /api/products name={:?} stock={}",
+        name.as_str(),
+        stock.get()
     );
-    Ok(HttpResponse::Created().json(ProductBody::from(product)))
+    let key = key.as_deref().map(|key| IdempotencyKey {
+        key,
+        request: &request,
+    });
+    let created = repository::insert_product(
+        &sale.pool,
+        sale.bounds,
+        &name,
+        stock,
+        &actor(&req),
+        key.as_ref(),
+    )
+    .await
+    .map_err(|e| ApiError::from_db(&e))?;
+    match created {
+        Keyed::Fresh(product) => {
+            tracing::info!(
+                product_id = product.id,
+                stock = product.stock,
+                "product created"
+            );
+            Ok(HttpResponse::Created().json(ProductBody::from(product)))
+        }
+        Keyed::Replayed { status, product } => Ok(HttpResponse::build(
+            actix_web::http::StatusCode::from_u16(status)
+                .unwrap_or(actix_web::http::StatusCode::CREATED),
+        )
+        .json(ProductBody::from(product))),
+        Keyed::Reused => Err(ApiError::IdempotencyKeyReused),
+    }
 }
 
 /// Units to add.
@@ -110,7 +139,7 @@ pub struct AddStock {
     post,
     path = "/api/products/{id}/restock",
     tag = "admin",
-    params(ProductPath),
+    params(ProductPath, ("Idempotency-Key" = Option<String>, Header, description = "Optional, 1 to 255 visible ASCII characters (a UUID): a retry with the same key and the same request gets the first answer and changes nothing again")),
     request_body = AddStock,
     security(("admin_token" = [])),
     responses(
@@ -122,6 +151,7 @@ pub struct AddStock {
         (status = 409, description = "stock_too_large: the stock would pass a billion", body = ErrorBody),
         (status = 413, description = "body over 16 KiB", body = ErrorBody),
         (status = 415, description = "not application/json", body = ErrorBody),
+        (status = 422, description = "idempotency_key_reused: the Idempotency-Key came before with another request; nothing changed", body = ErrorBody),
         (status = 503, description = "busy or database unavailable", body = ErrorBody),
     )
 )]
@@ -142,10 +172,20 @@ pub async fn restock(
                 body.add
             ))
         })?;
-    let outcome = repository::add_stock(&sale.pool, sale.bounds, id, add, &actor(&req))
-        .await
-        .map_err(|e| ApiError::from_db(&e))?;
-    changed(&sale, id, outcome, None)
+    let request = format!("POST /api/products/{id}/restock add={}", add.get());
+    let (key, actor) = (idempotency_key(&req)?, actor(&req));
+    let outcome = carried_through(&sale, id, {
+        let sale = web::Data::clone(&sale);
+        async move {
+            let key = key.as_deref().map(|key| IdempotencyKey {
+                key,
+                request: &request,
+            });
+            repository::add_stock(&sale.pool, sale.bounds, id, add, &actor, key.as_ref()).await
+        }
+    })
+    .await?;
+    answer(id, outcome, None)
 }
 
 /// An absolute stock, with its precondition.
@@ -165,7 +205,7 @@ pub struct SetStock {
     put,
     path = "/api/products/{id}/stock",
     tag = "admin",
-    params(ProductPath),
+    params(ProductPath, ("Idempotency-Key" = Option<String>, Header, description = "Optional, 1 to 255 visible ASCII characters (a UUID): a retry with the same key and the same request gets the first answer and changes nothing again")),
     request_body = SetStock,
     security(("admin_token" = [])),
     responses(
@@ -177,6 +217,7 @@ pub struct SetStock {
         (status = 409, description = "stock_changed: the stock is not expected_stock", body = ErrorBody),
         (status = 413, description = "body over 16 KiB", body = ErrorBody),
         (status = 415, description = "not application/json", body = ErrorBody),
+        (status = 422, description = "idempotency_key_reused: the Idempotency-Key came before with another request; nothing changed", body = ErrorBody),
         (status = 503, description = "busy or database unavailable", body = ErrorBody),
     )
 )]
@@ -188,35 +229,70 @@ pub async fn set_stock(
 ) -> Result<HttpResponse, ApiError> {
     let id = ProductId::parse(&path).map_err(ApiError::InvalidInput)?;
     let stock = Stock::parse(body.stock).map_err(ApiError::InvalidInput)?;
-    let outcome = repository::set_stock(
-        &sale.pool,
-        sale.bounds,
-        id,
-        stock,
-        body.expected_stock,
-        &actor(&req),
-    )
-    .await
-    .map_err(|e| ApiError::from_db(&e))?;
-    changed(&sale, id, outcome, Some(body.expected_stock))
+    let expected = body.expected_stock;
+    let request = format!(
+        "PUT /api/products/{id}/stock stock={} expected_stock={expected}",
+        stock.get()
+    );
+    let (key, actor) = (idempotency_key(&req)?, actor(&req));
+    let outcome = carried_through(&sale, id, {
+        let sale = web::Data::clone(&sale);
+        async move {
+            let key = key.as_deref().map(|key| IdempotencyKey {
+                key,
+                request: &request,
+            });
+            repository::set_stock(
+                &sale.pool,
+                sale.bounds,
+                id,
+                stock,
+                expected,
+                &actor,
+                key.as_ref(),
+            )
+            .await
+        }
+    })
+    .await?;
+    answer(id, outcome, Some(expected))
 }
 
-/// Answer a stock change, and tell every instance about a committed one.
-fn changed(
-    sale: &Sale,
+/// Run a stock change of `id` to the end, and tell every instance about it once committed,
+/// in a task of its own: a client that goes away (the handler is dropped) cannot stop it
+/// between its commit and the news, which would leave every instance answering `sold_out`
+/// from memory until `SOLD_OUT_RECHECK_MS`.
+async fn carried_through(
+    sale: &web::Data<Sale>,
+    id: ProductId,
+    change: impl Future<Output = sqlx::Result<Restocked>> + Send + 'static,
+) -> Result<Restocked, ApiError> {
+    let sale = web::Data::clone(sale);
+    let task = tokio::spawn(async move {
+        let outcome = change.await;
+        if let Ok(Restocked::Done { restock_gen, .. }) = &outcome {
+            sale.restocked(id, *restock_gen);
+        }
+        outcome
+    });
+    task.await
+        .map_err(|e| ApiError::Internal(anyhow::anyhow!("the stock change failed: {e}")))?
+        .map_err(|e| ApiError::from_db(&e))
+}
+
+/// Answer a stock change.
+fn answer(
     id: ProductId,
     outcome: Restocked,
     expected: Option<i64>,
 ) -> Result<HttpResponse, ApiError> {
     match outcome {
-        Restocked::Done {
-            product,
-            restock_gen,
-        } => {
-            sale.restocked(id, restock_gen);
+        Restocked::Done { product, .. } => {
             tracing::info!(product_id = %id, stock = product.stock, "stock changed");
             Ok(HttpResponse::Ok().json(ProductBody::from(product)))
         }
+        Restocked::Replayed { product } => Ok(HttpResponse::Ok().json(ProductBody::from(product))),
+        Restocked::KeyReused => Err(ApiError::IdempotencyKeyReused),
         Restocked::NotFound => Err(ApiError::NotFound("no such product".into())),
         Restocked::Refused { current } => Err(match expected {
             Some(expected) => ApiError::StockChanged { current, expected },

@@ -378,7 +378,7 @@ async fn an_optimistic_batch_that_read_before_a_restock_writes_nothing_and_the_r
         .unwrap();
     // ... and an admin restocks 5 before the batch writes.
     let add = seckill::domain::Stock::parse(5).unwrap();
-    let restocked = repository::add_stock(&pool, BOUNDS, product, add, "test")
+    let restocked = repository::add_stock(&pool, BOUNDS, product, add, "test", None)
         .await
         .unwrap();
     assert!(matches!(restocked, Restocked::Done { .. }));

@@ -90,9 +90,13 @@ async fn holding(
         &seckill::domain::ProductName::parse("Phone".into()).unwrap(),
         seckill::domain::Stock::parse(stock).unwrap(),
         "test",
+        None,
     )
     .await
     .unwrap();
+    let seckill::repository::Keyed::Fresh(product) = product else {
+        panic!("a write without a key runs: {product:?}");
+    };
     let product = ProductId::parse(&product.id.to_string()).unwrap();
     let redis = ConnectionManager::new(redis::Client::open(shared_redis_url()).unwrap())
         .await
@@ -362,6 +366,7 @@ async fn a_holder_that_saw_the_stock_gone_sells_again_after_a_restock(pool: PgPo
         product,
         seckill::domain::Stock::parse(3).unwrap(),
         "test",
+        None,
     )
     .await
     .unwrap();

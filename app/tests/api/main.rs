@@ -2,6 +2,7 @@
 //! and a real Redis (the shared one under a unique key prefix, or a private `redis-server`
 //! for tests that kill it).
 
+mod admin_writes;
 mod batches;
 mod bounds;
 mod concurrency;
