@@ -17,6 +17,7 @@
 pub mod domain;
 mod error;
 pub mod metrics;
+pub mod reads;
 pub mod redis_link;
 pub mod repository;
 mod routes;

@@ -110,6 +110,12 @@ pub struct Settings {
     #[arg(long, env = "DATABASE_MAX_CONNECTIONS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(range::DATABASE_MAX_CONNECTIONS))]
     pub database_max_connections: u32,
 
+    /// Size of a second PostgreSQL pool, for public reads only (a product's books, order
+    /// look-ups, purchases of ids this instance does not know yet): a flood of reads waits
+    /// for these and never takes a connection the sale needs.
+    #[arg(long, env = "DATABASE_READ_CONNECTIONS", default_value_t = 2, value_parser = clap::value_parser!(u32).range(range::DATABASE_READ_CONNECTIONS))]
+    pub database_read_connections: u32,
+
     /// How long a request waits for a pooled connection before answering 503 busy, in ms.
     #[arg(long, env = "DATABASE_ACQUIRE_TIMEOUT_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(range::DATABASE_ACQUIRE_TIMEOUT_MS))]
     pub database_acquire_timeout_ms: u64,
@@ -150,6 +156,7 @@ mod range {
     pub const WORK_MS: RangeInclusive<u64> = 0..=600_000;
     pub const MAX_QUANTITY: RangeInclusive<i64> = 1..=1_000_000;
     pub const DATABASE_MAX_CONNECTIONS: RangeInclusive<i64> = 1..=1_000;
+    pub const DATABASE_READ_CONNECTIONS: RangeInclusive<i64> = 1..=1_000;
     pub const DATABASE_ACQUIRE_TIMEOUT_MS: RangeInclusive<u64> = 1..=600_000;
     pub const PG_STATEMENT_TIMEOUT_MS: RangeInclusive<u64> = 1..=3_600_000;
     pub const PG_LOCK_TIMEOUT_MS: RangeInclusive<u64> = 1..=3_600_000;
@@ -295,6 +302,11 @@ impl Settings {
             "DATABASE_MAX_CONNECTIONS",
             i64::from(self.database_max_connections),
             range::DATABASE_MAX_CONNECTIONS,
+        )?;
+        within(
+            "DATABASE_READ_CONNECTIONS",
+            i64::from(self.database_read_connections),
+            range::DATABASE_READ_CONNECTIONS,
         )?;
         within(
             "DATABASE_ACQUIRE_TIMEOUT_MS",

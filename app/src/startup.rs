@@ -94,8 +94,15 @@ impl Application {
         let deployment = repository::deployment_id(&pool)
             .await
             .context("cannot read the deployment id from PostgreSQL")?;
+        // After `bound_sessions`: its connections carry the session bounds too.
+        let reads_pool = PgPoolOptions::new()
+            .max_connections(settings.database_read_connections)
+            .acquire_timeout(settings.database_acquire_timeout())
+            .test_before_acquire(false)
+            .connect_lazy_with(pool.connect_options().as_ref().clone());
         let sale = Sale::new(SaleParts {
             pool: pool.clone(),
+            reads_pool,
             strategy,
             exclusion,
             metrics,

@@ -4,7 +4,6 @@ use utoipa::IntoParams;
 use super::purchase::OrderBody;
 use crate::domain::{ProductId, UserId};
 use crate::error::{ApiError, ErrorBody};
-use crate::repository;
 use crate::sale::Sale;
 
 /// The product and the buyer in the path, for the OpenAPI document (the handler parses the
@@ -47,7 +46,9 @@ pub async fn show(
         .map_err(|_| format!("user_id must be a positive integer, got {user:.32?}"))
         .and_then(UserId::parse)
         .map_err(ApiError::InvalidInput)?;
-    let order = repository::order_of(&sale.pool, product, user.get())
+    let order = sale
+        .reads
+        .order_of(product, user.get())
         .await
         .map_err(|e| ApiError::from_db(&e))?
         .ok_or_else(|| ApiError::NotFound("this user has no order for this product".into()))?;

@@ -110,6 +110,9 @@ pub async fn create(
     .map_err(|e| ApiError::from_db(&e))?;
     match created {
         Keyed::Fresh(product) => {
+            if let Ok(id) = ProductId::parse(&product.id.to_string()) {
+                sale.created(id);
+            }
             tracing::info!(
                 product_id = product.id,
                 stock = product.stock,
@@ -319,7 +322,9 @@ pub async fn show(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = ProductId::parse(&path).map_err(ApiError::InvalidInput)?;
-    let product = repository::product_sales(&sale.pool, id)
+    let product = sale
+        .reads
+        .books(id)
         .await
         .map_err(|e| ApiError::from_db(&e))?
         .ok_or_else(|| ApiError::NotFound("no such product".into()))?;

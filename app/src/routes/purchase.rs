@@ -5,7 +5,6 @@ use utoipa::ToSchema;
 use super::products::ProductPath;
 use crate::domain::{ProductId, Quantity, UserId};
 use crate::error::{ApiError, ErrorBody};
-use crate::repository;
 use crate::sale::{PurchaseError, PurchaseRequest, Sale};
 
 /// A purchase. The buyer is not authenticated in this demo: `user_id` is trusted.
@@ -74,7 +73,9 @@ pub async fn purchase(
         Err(error @ PurchaseError::AlreadyPurchased(_)) => {
             // Rare (a retry, a twin request): tell the buyer which order they have. A failed
             // look-up leaves it out; the answer stands.
-            let order_id = repository::order_of(&sale.pool, request.product_id, user)
+            let order_id = sale
+                .reads
+                .order_of(request.product_id, user)
                 .await
                 .ok()
                 .flatten()

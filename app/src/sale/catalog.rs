@@ -25,10 +25,19 @@ use tokio::time::Instant;
 use super::desk::Desk;
 use crate::domain::ProductId;
 
+/// How long a purchase's look-up that found no product is remembered: a product created on
+/// another instance is sold here at most this late.
+pub(crate) const MISSING_FOR: Duration = Duration::from_secs(1);
+
+/// The most missing ids remembered; beyond it the memory starts again.
+const MAX_MISSING: usize = 10_000;
+
 /// The products this instance has seen, each with its desk and sold-out mark.
 pub(crate) struct Catalog {
     /// Read on every purchase, written once per product.
     products: RwLock<HashMap<ProductId, Arc<Known>>>,
+    /// Ids a look-up found no product for, and when.
+    missing: Mutex<HashMap<ProductId, Instant>>,
     /// `SOLD_OUT_RECHECK_MS`.
     recheck: Duration,
 }
@@ -66,8 +75,35 @@ impl Catalog {
     pub(crate) fn new(recheck: Duration) -> Self {
         Self {
             products: RwLock::new(HashMap::new()),
+            missing: Mutex::new(HashMap::new()),
             recheck,
         }
+    }
+
+    /// Whether a look-up found no product `id` within [`MISSING_FOR`].
+    pub(crate) fn known_missing(&self, id: ProductId) -> bool {
+        self.missing
+            .lock()
+            .expect("missing poisoned")
+            .get(&id)
+            .is_some_and(|at| at.elapsed() < MISSING_FOR)
+    }
+
+    /// A look-up found no product `id`.
+    pub(crate) fn remember_missing(&self, id: ProductId) {
+        let mut missing = self.missing.lock().expect("missing poisoned");
+        if missing.len() >= MAX_MISSING {
+            missing.retain(|_, at| at.elapsed() < MISSING_FOR);
+            if missing.len() >= MAX_MISSING {
+                missing.clear();
+            }
+        }
+        missing.insert(id, Instant::now());
+    }
+
+    /// Product `id` exists now (it was created here).
+    pub(crate) fn forget_missing(&self, id: ProductId) {
+        self.missing.lock().expect("missing poisoned").remove(&id);
     }
 
     /// What this instance knows of `id` for a purchase, in one lookup: `None` if it does not

@@ -114,6 +114,8 @@ impl PurchaseError {
 /// Everything a purchase needs; built once at start-up and shared by all workers.
 pub struct Sale {
     pub pool: PgPool,
+    /// Public reads, on connections of their own.
+    pub reads: crate::reads::Reads,
     /// `MAX_QUANTITY`: the largest quantity one purchase may ask for.
     pub max_quantity: u32,
     /// Limits on every transaction the service opens.
@@ -132,6 +134,8 @@ pub struct Sale {
 /// How a [`Sale`] is put together (see [`crate::startup`]).
 pub struct SaleParts {
     pub pool: PgPool,
+    /// For public reads (`DATABASE_READ_CONNECTIONS`): never the sale's connections.
+    pub reads_pool: PgPool,
     pub strategy: LockStrategy,
     pub exclusion: Exclusion,
     pub metrics: Metrics,
@@ -180,6 +184,7 @@ impl Sale {
         Self {
             counted,
             max_quantity: parts.max_quantity,
+            reads: crate::reads::Reads::new(parts.reads_pool),
             pool: parts.pool,
             bounds: parts.bounds,
             strategy: parts.strategy,
@@ -299,14 +304,26 @@ impl Sale {
         outcome
     }
 
-    /// A product this instance does not know yet, if it exists: one lookup in PostgreSQL.
+    /// A product this instance does not know yet, if it exists: one lookup in PostgreSQL,
+    /// on the read connections. An id found missing is remembered so for a moment
+    /// ([`catalog::MISSING_FOR`]): a flood of unknown ids costs a look-up per id per moment.
     async fn look_up(&self, id: ProductId) -> Result<Arc<Known>, PurchaseError> {
-        let found = repository::find_product(&self.pool, id)
-            .await?
-            .ok_or(PurchaseError::NotFound)?;
+        if self.catalog.known_missing(id) {
+            return Err(PurchaseError::NotFound);
+        }
+        let Some(found) = repository::find_product(self.reads.pool(), id).await? else {
+            self.catalog.remember_missing(id);
+            return Err(PurchaseError::NotFound);
+        };
         Ok(self.catalog.remember(id, found.restock_gen, || {
             Desk::open(id, Arc::clone(&self.desks))
         }))
+    }
+
+    /// A product was created here: purchases of its id need not wait out a miss remembered
+    /// before.
+    pub fn created(&self, id: ProductId) {
+        self.catalog.forget_missing(id);
     }
 
     /// A restock of `id` committed, starting restock generation `generation`: reopen it here

@@ -13,6 +13,7 @@ mod openapi;
 mod outcomes;
 mod products;
 mod purchase;
+mod reads;
 mod redis_faults;
 mod retries;
 mod sold_out;
