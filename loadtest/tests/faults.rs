@@ -147,29 +147,52 @@ async fn orders_of(pool: &PgPool, product: i64, user: i64) -> i64 {
         .unwrap()
 }
 
-async fn lock_exists(redis_url: &str, key: &str) -> bool {
-    let client = redis::Client::open(redis_url).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    redis::cmd("EXISTS")
-        .arg(key)
-        .query_async::<i64>(&mut conn)
-        .await
-        .unwrap()
-        == 1
+/// Where a test looks to see whether an instance holds a lock: one connection, opened once,
+/// so that each look is a single round trip (a connection per look made the lookers slow
+/// to notice on a busy machine).
+enum LockProbe {
+    /// The lock key in Redis.
+    Redis(redis::aio::MultiplexedConnection),
+    /// The lock table in PostgreSQL.
+    Table(PgPool),
 }
 
-/// Whether the lock table holds a live lock on `key`.
-async fn table_lock_exists(database_url: &str, key: &str) -> bool {
-    let pool = PgPool::connect(database_url).await.unwrap();
-    let held: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM distlock_locks WHERE name = $1 AND expires_at > clock_timestamp())",
-    )
-    .bind(key)
-    .fetch_one(&pool)
-    .await
-    .unwrap_or(false);
-    pool.close().await;
-    held
+impl LockProbe {
+    async fn redis(redis_url: &str) -> Self {
+        let client = redis::Client::open(redis_url).unwrap();
+        Self::Redis(client.get_multiplexed_async_connection().await.unwrap())
+    }
+
+    async fn table(database_url: &str) -> Self {
+        Self::Table(PgPool::connect(database_url).await.unwrap())
+    }
+
+    /// Whether a live lock on `key` exists.
+    async fn held(&mut self, key: &str) -> bool {
+        match self {
+            Self::Redis(conn) => {
+                redis::cmd("EXISTS")
+                    .arg(key)
+                    .query_async::<i64>(conn)
+                    .await
+                    .unwrap()
+                    == 1
+            }
+            Self::Table(pool) => sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM distlock_locks WHERE name = $1 AND expires_at > clock_timestamp())",
+            )
+            .bind(key)
+            .fetch_one(&*pool)
+            .await
+            .unwrap_or(false),
+        }
+    }
+
+    async fn close(self) {
+        if let Self::Table(pool) = self {
+            pool.close().await;
+        }
+    }
 }
 
 /// Instances, a product of 10, and a first purchase on instance 0 that has taken the lock
@@ -206,21 +229,19 @@ async fn hold_the_lock_on_instance_0(
         tokio::spawn(async move { buy(&client, &host, product, 1).await })
     };
     let lock_key = format!("{prefix}lock_sale_{product}");
+    let mut probe = match strategy {
+        LockStrategy::PgLock => LockProbe::table(&url).await,
+        _ => LockProbe::redis(&redis).await,
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let held = match strategy {
-            LockStrategy::PgLock => table_lock_exists(&url, &lock_key).await,
-            _ => lock_exists(&redis, &lock_key).await,
-        };
-        if held {
-            break;
-        }
+    while !probe.held(&lock_key).await {
         assert!(
             Instant::now() < deadline,
             "the first buyer never took the lock"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    probe.close().await;
     LockHeld {
         instances,
         product,
@@ -236,9 +257,12 @@ async fn an_instance_killed_while_holding_the_lock_holds_up_the_others_one_lease
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    // Arrange: three instances, a 2 s lease; a purchase on instance 0 holds the lock for
-    // its 300 ms of work.
-    let mut sale = hold_the_lock_on_instance_0(&connect, LockStrategy::Redis, 3, 300, 2_000).await;
+    // Arrange: three instances, a 4 s lease; a purchase on instance 0 holds the lock for
+    // its 1 s of work.
+    // TIMING: the kill must land within that second of work (else the purchase finishes and
+    // gives the lock back).
+    let mut sale =
+        hold_the_lock_on_instance_0(&connect, LockStrategy::Redis, 3, 1_000, 4_000).await;
     let (client, product) = (sale.client.clone(), sale.product);
 
     // Act: kill it while it holds the lock; another instance sells.
@@ -247,11 +271,11 @@ async fn an_instance_killed_while_holding_the_lock_holds_up_the_others_one_lease
     let (status, code) = buy(&client, &sale.instances[1].url, product, 2).await;
     let waited = killed_at.elapsed();
 
-    // Assert: the next buyer got through once the lease ran out: at most one lease (2 s)
-    // plus its own 300 ms of work, and a margin of 1.2 s for a busy machine. Two leases
-    // (4.3 s) would not fit.
+    // Assert: the next buyer got through once the lease ran out: at most one lease (4 s)
+    // plus its own 1 s of work, and a margin of 3 s for a busy machine. Two leases (9 s
+    // with the work) would not fit.
     assert_eq!((status, code.as_str()), (201, ""), "the next buyer failed");
-    let bound = Duration::from_millis(2_000 + 300 + 1_200);
+    let bound = Duration::from_millis(4_000 + 1_000 + 3_000);
     assert!(waited < bound, "waited {waited:?}, bound {bound:?}");
     let (victim_status, _) = sale.first.await.unwrap();
     assert_eq!(victim_status, 0, "the killed instance cannot have answered");
@@ -261,8 +285,10 @@ async fn an_instance_killed_while_holding_the_lock_holds_up_the_others_one_lease
 }
 
 async fn paused_past_its_lease_is_fenced_off(connect: PgConnectOptions, strategy: LockStrategy) {
-    // Arrange: a purchase on instance 0 is inside its critical section (1 s of work).
-    let sale = hold_the_lock_on_instance_0(&connect, strategy, 2, 1_000, 1_000).await;
+    // Arrange: a purchase on instance 0 is inside its critical section (3 s of work, under a
+    // 1 s lease its watchdog renews).
+    // TIMING: the SIGSTOP below must land within those 3 s, before the purchase finishes.
+    let sale = hold_the_lock_on_instance_0(&connect, strategy, 2, 3_000, 1_000).await;
     let (client, product, pid) = (sale.client.clone(), sale.product, sale.instances[0].pid());
 
     // Act: SIGSTOP it (its watchdog freezes too) for well over the 1 s lease; another
@@ -336,7 +362,8 @@ async fn paused_holder_then_redis_comes_back(connect: PgConnectOptions, comeback
     let redis_url = redis.url();
     let mut setup = Setup::new(&url, &redis_url, "", LockStrategy::Redis);
     setup.lock_ttl_ms = 1_000;
-    setup.work_ms = 1_000;
+    // TIMING: A's SIGSTOP below must land within its 3 s of work, before its batch ends.
+    setup.work_ms = 3_000;
     setup.extra = vec![("BATCH_MAX", "1".into())];
     let instances = start(&setup, 2).await;
     let product = create_product(&instances[1].url, 10).await;
@@ -351,12 +378,14 @@ async fn paused_holder_then_redis_comes_back(connect: PgConnectOptions, comeback
         tokio::spawn(async move { buy(&client, &host, product, 2).await })
     };
     let lock_key = format!("lock_sale_{product}");
+    let mut probe = LockProbe::redis(&redis_url).await;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !lock_exists(&redis_url, &lock_key).await {
+    while !probe.held(&lock_key).await {
         assert!(Instant::now() < deadline, "A never took the lock");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     signal(instances[0].pid(), "-STOP");
+    drop(probe);
     let fence_key = distlock::keys::fence_key(&lock_key).unwrap();
     let a_fence: i64 = {
         let mut conn = redis::Client::open(redis_url.as_str())
@@ -573,7 +602,8 @@ async fn a_sentinel_failover_to_a_replica_that_missed_the_lock_lets_others_sell_
 }
 
 /// Wait until the lock `key` on `redis_url` keeps one value (one holder's token) for
-/// 500 ms: the long batch's holder, not one of the flood's short ones.
+/// 1.5 s: the long batch's holder (3 s of work), not one of the flood's short ones (no
+/// work, though a busy machine can stretch one of them to half a second).
 async fn wait_until_one_holder_keeps(redis_url: &str, key: &str) {
     let mut conn = redis::Client::open(redis_url)
         .unwrap()
@@ -590,7 +620,7 @@ async fn wait_until_one_holder_keeps(redis_url: &str, key: &str) {
             .unwrap();
         match (&seen, value) {
             (Some((held, since)), Some(now)) if *held == now => {
-                if since.elapsed() >= Duration::from_millis(500) {
+                if since.elapsed() >= Duration::from_millis(1_500) {
                     return;
                 }
             }
@@ -610,17 +640,21 @@ async fn an_instance_hung_inside_its_transaction_does_not_freeze_the_product(
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    // Arrange: pg-row instances whose batches work 400 ms inside their transaction (holding
-    // the row); PostgreSQL ends a session idle in a transaction for 1.5 s, and a purchase
+    // Arrange: pg-row instances whose batches work 1 s inside their transaction (holding
+    // the row); PostgreSQL ends a session idle in a transaction for 3 s, and a purchase
     // waits at most 500 ms for the row.
+    // TIMING: the SIGSTOP below must land within the hung purchase's second of work, before
+    // it commits; the probe that saw the row held sends it before anything else.
+    const WORK_MS: u64 = 1_000;
+    const IDLE_MS: u64 = 3_000;
     let url = database_url(&connect);
     let redis = shared_redis_url();
     let prefix = testkit::unique_prefix("hung");
     let _cleanup = testkit::PrefixCleanup::new(&redis, &prefix);
     let mut setup = Setup::new(&url, &redis, &prefix, LockStrategy::PgRow);
-    setup.work_ms = 400;
+    setup.work_ms = WORK_MS;
     setup.extra = vec![
-        ("PG_IDLE_IN_TRANSACTION_TIMEOUT_MS", "1500".into()),
+        ("PG_IDLE_IN_TRANSACTION_TIMEOUT_MS", IDLE_MS.to_string()),
         ("PG_LOCK_TIMEOUT_MS", "500".into()),
     ];
     let instances = start(&setup, 3).await;
@@ -631,11 +665,12 @@ async fn an_instance_hung_inside_its_transaction_does_not_freeze_the_product(
         let (client, host) = (client.clone(), instances[0].url.clone());
         tokio::spawn(async move { buy(&client, &host, product, 1).await })
     };
-    wait_for_a_transaction_holding_the_row(&url, product).await;
+    let probe = wait_for_a_transaction_holding_the_row(&url, product).await;
 
     // Act: SIGSTOP instance 0 inside its transaction; buyers keep coming to the others.
     signal(instances[0].pid(), "-STOP");
     let stopped_at = Instant::now();
+    probe.close().await;
     let mut answers = Vec::new();
     let mut user = 100;
     while answers.iter().filter(|(s, _)| *s == 201).count() < STOCK as usize {
@@ -652,10 +687,11 @@ async fn an_instance_hung_inside_its_transaction_does_not_freeze_the_product(
     let (hung_status, hung_code) = hung.await.unwrap();
 
     // Assert: the others sold it all within the bound (PostgreSQL ends the hung session
-    // 1.5 s after its last statement, plus the batches' own work and a margin), answering
+    // 3 s after its last statement, plus the batches' own work and a margin), answering
     // busy meanwhile rather than hanging; the resumed instance failed cleanly and its
-    // purchase wrote nothing.
-    let bound = Duration::from_millis(1_500 + 6 * 400) + Duration::from_secs(4);
+    // purchase wrote nothing. (Were the hung session never ended, the row would stay
+    // locked and the loop above would give up at 20 s.)
+    let bound = Duration::from_millis(IDLE_MS + STOCK as u64 * WORK_MS) + Duration::from_secs(4);
     assert!(
         sold_out_after < bound,
         "sold out after {sold_out_after:?}, bound {bound:?}"
@@ -675,8 +711,9 @@ async fn an_instance_hung_inside_its_transaction_does_not_freeze_the_product(
     assert_books_balance(books, STOCK);
 }
 
-/// Wait until some session holds the product's row in an open transaction.
-async fn wait_for_a_transaction_holding_the_row(url: &str, product: i64) {
+/// Wait until some session holds the product's row in an open transaction; the probe's pool,
+/// for the caller to close once it has acted on what it saw.
+async fn wait_for_a_transaction_holding_the_row(url: &str, product: i64) -> PgPool {
     let pool = PgPool::connect(url).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -689,7 +726,7 @@ async fn wait_for_a_transaction_holding_the_row(url: &str, product: i64) {
             .is_err();
         tx.rollback().await.ok();
         if locked {
-            break;
+            return pool;
         }
         assert!(
             Instant::now() < deadline,
@@ -697,7 +734,6 @@ async fn wait_for_a_transaction_holding_the_row(url: &str, product: i64) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    pool.close().await;
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]

@@ -77,10 +77,13 @@ async fn mutual_exclusion_keeps_a_racy_counter_exact_under_contention<H: Harness
 
 async fn the_lease_frees_a_lock_whose_holder_vanished<H: Harness>(h: H) {
     // Arrange: a holder that disappears without releasing (no Drop runs, no watchdog).
+    // TIMING: the lease must outlast the second try below, which expects it held: 2 s (and
+    // 5 short leases where a backend needs longer ones for fair answers).
     let key = h.key("vanish");
-    let locker = locker(h.backend().await, short_unwatched(500));
+    let lease = ms((5 * h.short_ms()).max(2_000));
+    let locker = locker(h.backend().await, short_unwatched(lease.as_millis() as u64));
     // Measured before the command is sent: the backend starts the lease later, so the lock
-    // cannot be free less than 500 ms after this instant.
+    // cannot be free less than a lease after this instant.
     let taken_at = Instant::now();
     std::mem::forget(locker.try_acquire(&key).await.unwrap());
     assert!(matches!(
@@ -93,16 +96,17 @@ async fn the_lease_frees_a_lock_whose_holder_vanished<H: Harness>(h: H) {
 
     // Assert: only the lease could have freed it, so not before it ran out.
     let waited = taken_at.elapsed();
-    assert!(waited >= ms(500), "freed after {waited:?}");
+    assert!(waited >= lease, "freed after {waited:?}");
     assert!(next.release().await.unwrap().was_held());
 }
 
 async fn a_stale_guards_release_does_not_delete_the_next_holders_lock<H: Harness>(h: H) {
     // Arrange: A's lease (no watchdog) runs out and B takes the lock.
     let key = h.key("stale");
-    let locker = locker(h.backend().await, short_unwatched(200));
+    let short = h.short_ms();
+    let locker = locker(h.backend().await, short_unwatched(short));
     let a = locker.try_acquire(&key).await.unwrap();
-    sleep(ms(400)).await;
+    sleep(ms(2 * short)).await;
     assert!(!a.is_held());
     // B's lease is long: the steps below must not outlast it on a busy machine.
     let b = locker
@@ -375,15 +379,18 @@ async fn an_endless_wait_gets_the_lock_once_the_holder_releases_it<H: Harness>(h
 async fn the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_release<H: Harness>(
     h: H,
 ) {
-    // Arrange: ttl 1.5 s, renewed every 500 ms.
+    // Arrange: ttl 3 s, renewed every second.
+    // TIMING: a renewal may come a second late (a busy machine, a backend's slow answer)
+    // and still land within the lease; without a watchdog the lock would go at 3 s, a third
+    // of the way through the loop below.
     let key = h.key("watchdog");
-    let options = LockOptions::builder().ttl(ms(1_500)).build().unwrap();
+    let options = LockOptions::builder().ttl(ms(3_000)).build().unwrap();
     let locker = locker(h.backend().await, options);
     let guard = locker.acquire(&key).await.unwrap();
     let token = guard.token().expose().to_owned();
 
     // Act: work for three ttls, checking as we go.
-    for _ in 0..15 {
+    for _ in 0..30 {
         sleep(ms(300)).await;
         assert!(guard.is_held());
         assert_eq!(h.holder(&key).await.as_deref(), Some(token.as_str()));
@@ -396,7 +403,7 @@ async fn the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_releas
     assert!(guard.release().await.unwrap().was_held());
 
     // Assert: a lock with the old token, put back, is left to expire.
-    assert_nothing_renews(&h, &key, &token, ms(500)).await;
+    assert_nothing_renews(&h, &key, &token, ms(1_000)).await;
 }
 
 async fn a_dropped_guard_releases_the_lock<H: Harness>(h: H) {
@@ -415,9 +422,9 @@ async fn a_dropped_guard_releases_the_lock<H: Harness>(h: H) {
     let dropped = Instant::now();
     drop(guard);
 
-    // Assert
+    // Assert: freed in the background, long before the 30 s lease could have done it.
     wait_until_free(&h, &key, "the drop fallback did not release").await;
-    assert!(dropped.elapsed() < Duration::from_secs(3));
+    assert!(dropped.elapsed() < Duration::from_secs(10));
 }
 
 async fn a_dropped_guard_stops_its_watchdog<H: Harness>(h: H) {
@@ -439,8 +446,13 @@ async fn a_dropped_guard_stops_its_watchdog<H: Harness>(h: H) {
 }
 
 async fn a_dropped_reentrant_guard_counts_down_and_the_last_one_releases<H: Harness>(h: H) {
+    // A 30 s lease, so only the last drop's release can free the lock within the wait below.
     let key = h.key("drop-reentrant");
-    let locker = locker(h.backend().await, patient());
+    let options = LockOptions::builder()
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let locker = locker(h.backend().await, options);
     let owner = locker.owner();
     let outer = owner.try_acquire(&key).await.unwrap();
     let inner = owner.try_acquire(&key).await.unwrap();
@@ -454,10 +466,13 @@ async fn a_dropped_reentrant_guard_counts_down_and_the_last_one_releases<H: Harn
 }
 
 async fn the_lost_signal_fires_when_the_lock_is_deleted_behind_the_holder<H: Harness>(h: H) {
+    // TIMING: a 3 s lease renewed every second: the renewal that finds the lock gone comes
+    // long before the holder's own view of its lease runs out (which would say Expired or
+    // Unreachable for the wrong reason), even a second late.
     let key = h.key("lost-deleted");
     let guard = locker(
         h.backend().await,
-        LockOptions::builder().ttl(ms(600)).build().unwrap(),
+        LockOptions::builder().ttl(ms(3_000)).build().unwrap(),
     )
     .acquire(&key)
     .await
@@ -475,10 +490,11 @@ async fn the_lost_signal_fires_when_the_lock_is_deleted_behind_the_holder<H: Har
 }
 
 async fn the_lost_signal_fires_when_the_lock_is_taken_behind_the_holder<H: Harness>(h: H) {
+    // TIMING: as above, the renewal that finds the intruder comes well within the lease.
     let key = h.key("lost-taken");
     let guard = locker(
         h.backend().await,
-        LockOptions::builder().ttl(ms(600)).build().unwrap(),
+        LockOptions::builder().ttl(ms(3_000)).build().unwrap(),
     )
     .acquire(&key)
     .await
@@ -517,10 +533,11 @@ async fn the_holder_can_advance_its_fence_above_what_a_store_has_seen<H: Harness
 
 async fn a_stale_holder_cannot_advance_its_fence<H: Harness>(h: H) {
     let key = h.key("advance-stale");
-    let locker = locker(h.backend().await, short_unwatched(200));
+    let short = h.short_ms();
+    let locker = locker(h.backend().await, short_unwatched(short));
     let stale = locker.try_acquire(&key).await.unwrap();
-    sleep(ms(400)).await;
-    // The newer lease is long: a 200 ms one could run out before its release below when
+    sleep(ms(2 * short)).await;
+    // The newer lease is long: a short one could run out before its release below when
     // the machine is busy (it did, in CI, against PostgreSQL).
     let newer = locker
         .try_acquire_with(&key, &short_unwatched(30_000))
@@ -573,10 +590,12 @@ async fn a_retried_acquire_finds_its_own_token_and_succeeds<H: Harness>(h: H) {
 }
 
 async fn a_retried_release_still_reports_the_lock_as_ours<H: Harness>(h: H) {
-    // Arrange: a release's first try deleted the lock, but its answer was lost.
+    // Arrange: a release's first try deleted the lock, but its answer was lost. No watchdog:
+    // a renewal between the delete and the release would find the lock gone and mark it
+    // lost; and a lease of 30 s that cannot run out before the release.
     let key = h.key("retried-release");
     let backend = h.backend().await;
-    let guard = locker(backend.clone(), patient())
+    let guard = locker(backend.clone(), short_unwatched(30_000))
         .try_acquire(&key)
         .await
         .unwrap();
@@ -713,13 +732,14 @@ async fn extend_by_hand_sets_a_longer_lease_that_others_must_wait_out<H: Harness
 }
 
 async fn extend_after_the_lease_ran_out_says_not_held<H: Harness>(h: H) {
-    // Arrange: a lease of 200 ms, left to run out.
+    // Arrange: a short lease, left to run out.
     let key = h.key("extend-late");
-    let guard = locker(h.backend().await, short_unwatched(200))
+    let short = h.short_ms();
+    let guard = locker(h.backend().await, short_unwatched(short))
         .try_acquire(&key)
         .await
         .unwrap();
-    sleep(ms(1_000)).await;
+    sleep(ms(2 * short + 600)).await;
 
     // Act
     let extended = guard.extend(ms(30_000)).await;
@@ -849,7 +869,7 @@ async fn run_locked_drops_the_work_when_the_lock_is_lost<H: Harness>(h: H) {
 
 async fn acquire_with_takes_the_lease_and_wait_of_the_call_not_the_lockers<H: Harness>(h: H) {
     // Arrange: a locker whose own lease is long and whose own wait is zero (one attempt);
-    // one call asks for a lease of 300 ms with no watchdog.
+    // one call asks for a short lease with no watchdog.
     let key = h.key("per-call");
     let lockers_own = LockOptions::builder()
         .ttl(ms(60_000))
@@ -859,7 +879,7 @@ async fn acquire_with_takes_the_lease_and_wait_of_the_call_not_the_lockers<H: Ha
         .unwrap();
     let locker = locker(h.backend().await, lockers_own);
     let first = locker
-        .try_acquire_with(&key, &short_unwatched(300))
+        .try_acquire_with(&key, &short_unwatched(h.short_ms()))
         .await
         .unwrap();
 

@@ -182,11 +182,13 @@ async fn fences_keep_growing_when_the_majority_changes() {
 
 #[tokio::test]
 async fn the_watchdog_keeps_the_majority_through_several_ttls() {
+    // TIMING: a 3 s lease renewed every second (node timeouts of 300 ms) keeps the majority
+    // through a late renewal on a busy machine; without renewals it would be gone at 3 s.
     let cluster = RedlockHarness::start(3).await;
-    let redlock = redlock(&cluster, ms(900));
+    let redlock = redlock(&cluster, ms(3_000));
     let guard = redlock.acquire("k").await.unwrap();
 
-    tokio::time::sleep(ms(3_000)).await;
+    tokio::time::sleep(ms(7_000)).await;
 
     assert!(guard.is_held());
     assert!(guard.renewals() >= 5, "renewed {} times", guard.renewals());
@@ -219,13 +221,22 @@ async fn losing_the_majority_while_holding_is_signalled() {
 
 #[tokio::test]
 async fn a_majority_holder_can_advance_its_fence_and_a_stale_one_cannot() {
+    // TIMING: Redlock gives each node a tenth of the lease to answer: the holder's 1.5 s lease
+    // leaves 150 ms per node (a 300 ms one left 30 ms, too little on a busy machine), and the
+    // newer holder's 30 s lease cannot run out before the steps after it.
     let cluster = RedlockHarness::start(3).await;
-    let short = LockOptions::builder()
-        .ttl(ms(300))
-        .without_watchdog()
-        .build()
-        .unwrap();
-    let redlock = Locker::new(Redlock::new(cluster.conns().to_vec()).unwrap(), short).unwrap();
+    let unwatched = |ttl| {
+        LockOptions::builder()
+            .ttl(ttl)
+            .without_watchdog()
+            .build()
+            .unwrap()
+    };
+    let redlock = Locker::new(
+        Redlock::new(cluster.conns().to_vec()).unwrap(),
+        unwatched(ms(1_500)),
+    )
+    .unwrap();
     let holder = redlock.try_acquire("k").await.unwrap();
     let seen = Fence::new(holder.fence().get() + 1_000_000);
 
@@ -233,8 +244,11 @@ async fn a_majority_holder_can_advance_its_fence_and_a_stale_one_cannot() {
     assert!(advanced > seen);
     assert_eq!(holder.fence(), advanced);
 
-    tokio::time::sleep(ms(600)).await;
-    let newer = redlock.try_acquire("k").await.unwrap();
+    tokio::time::sleep(ms(2_000)).await;
+    let newer = redlock
+        .try_acquire_with("k", &unwatched(Duration::from_secs(30)))
+        .await
+        .unwrap();
     assert!(newer.fence() > advanced);
     assert!(matches!(
         holder.advance_fence(newer.fence()).await,

@@ -43,7 +43,7 @@ async fn fenced_table(pool: &PgPool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_the_primary_dies_the_connection_reaches_the_new_primary_by_itself() {
     // Arrange: a locker through the Sentinels, and a first lock taken and given back.
-    let mut h = SentinelHarness::start().await;
+    let mut h = SentinelHarness::start_for_failover().await;
     let locker = Locker::connect(h.sentinel_connection().await, LockOptions::default())
         .await
         .unwrap();
@@ -89,7 +89,7 @@ async fn a_failover_to_a_replica_that_missed_the_lock_lets_a_second_holder_in_an
     // through the Sentinels. A warm-up acquisition gives the fence counter a value that
     // the replica has too, so the replica's counter will be behind, not empty.
     fenced_table(&pool).await;
-    let mut h = SentinelHarness::start().await;
+    let mut h = SentinelHarness::start_for_failover().await;
     let patient_unwatched = LockOptions::builder()
         .ttl(Duration::from_secs(60))
         .without_watchdog()
@@ -149,11 +149,15 @@ async fn a_failover_to_a_replica_that_missed_the_lock_lets_a_second_holder_in_an
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_replica_wait_the_guard_says_whether_the_lock_reached_the_replica() {
-    // Arrange: locks that wait up to 200 ms for one replica.
+    // Arrange: locks that wait up to 1.5 s for one replica.
+    // TIMING: a running replica acknowledges within 1.5 s even on a busy machine (200 ms
+    // did not always do); the wait stays below the Sentinel connection's 2 s response
+    // timeout, and the lease is above the 4x the wait the builder asks for.
     let h = SentinelHarness::start().await;
+    let wait = ms(1_500);
     let options = LockOptions::builder()
-        .ttl(Duration::from_secs(5))
-        .wait_for_replicas(1, ms(200))
+        .ttl(Duration::from_secs(8))
+        .wait_for_replicas(1, wait)
         .build()
         .unwrap();
     let locker = Locker::connect(h.sentinel_connection().await, options)
@@ -165,7 +169,7 @@ async fn with_a_replica_wait_the_guard_says_whether_the_lock_reached_the_replica
     assert_eq!(reached.replicas(), Some(1));
     assert!(reached.release().await.unwrap().was_held());
 
-    // With the replica stopped, the acquisition waits out its 200 ms and says none did;
+    // With the replica stopped, the acquisition waits out its 1.5 s and says none did;
     // the lock is still held on the primary.
     let replica = 1 - h.set.primary();
     h.set.stall_replication(replica);
@@ -174,7 +178,7 @@ async fn with_a_replica_wait_the_guard_says_whether_the_lock_reached_the_replica
     let took = started.elapsed();
     h.set.resume(replica);
     assert_eq!(alone.replicas(), Some(0));
-    assert!(took >= ms(200), "did not wait for the replica: {took:?}");
+    assert!(took >= wait, "did not wait for the replica: {took:?}");
     assert!(alone.is_held());
     assert!(alone.release().await.unwrap().was_held());
 }

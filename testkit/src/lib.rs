@@ -264,7 +264,8 @@ impl Drop for RedisCluster {
 /// free ports, killed by their pids when dropped.
 ///
 /// The Sentinels are quick to act, for tests: a primary that does not answer for
-/// [`RedisSentinels::DOWN_AFTER`] is failed over.
+/// [`RedisSentinels::DOWN_AFTER`] (or the time given to
+/// [`start_with_down_after`](RedisSentinels::start_with_down_after)) is failed over.
 pub struct RedisSentinels {
     /// The data nodes; which one is the primary changes with failovers ([`Self::primary`]).
     nodes: Vec<RedisServer>,
@@ -275,12 +276,24 @@ pub struct RedisSentinels {
 impl RedisSentinels {
     /// The name the Sentinels monitor the primary under.
     pub const MASTER: &'static str = "seckill-test";
-    /// How long a primary may not answer before the Sentinels fail it over.
+    /// How long a primary may not answer before the Sentinels fail it over, with
+    /// [`start`](Self::start): short, for tests of failovers.
     pub const DOWN_AFTER: Duration = Duration::from_millis(1_000);
 
     /// Start a primary, `replicas` replicas (synchronised before this returns) and three
-    /// Sentinels (each aware of every node before this returns).
+    /// Sentinels (each aware of every node before this returns), which fail a primary over
+    /// once it has not answered for [`DOWN_AFTER`](Self::DOWN_AFTER).
     pub fn start(replicas: usize) -> Self {
+        Self::start_with_down_after(replicas, Self::DOWN_AFTER)
+    }
+
+    /// [`start`](Self::start), with Sentinels that fail a primary over once it has not
+    /// answered for `down_after`.
+    ///
+    /// TIMING: a primary on a busy machine can miss the Sentinels' pings for a second; tests
+    /// that want no failover use a longer `down_after` than [`DOWN_AFTER`](Self::DOWN_AFTER),
+    /// so that a slow moment is not taken for a dead primary.
+    pub fn start_with_down_after(replicas: usize, down_after: Duration) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "redis-sentinels-{}",
             unique_prefix("s").replace(':', "-")
@@ -315,7 +328,8 @@ impl RedisSentinels {
             let child = (0..ATTEMPTS)
                 .find_map(|_| {
                     let port = free_port();
-                    spawn_sentinel(&set.dir, i, port, set.nodes[0].port()).map(|c| (c, port))
+                    spawn_sentinel(&set.dir, i, port, set.nodes[0].port(), down_after)
+                        .map(|c| (c, port))
                 })
                 .expect("a Sentinel on a free port");
             set.sentinels.push(child);
@@ -496,12 +510,19 @@ impl Drop for RedisSentinels {
     }
 }
 
-/// Start Sentinel number `i` on `port`, watching the primary on `primary`, with its
-/// (rewritable) configuration in `dir`; `None` if it did not come up.
-fn spawn_sentinel(dir: &std::path::Path, i: usize, port: u16, primary: u16) -> Option<Child> {
+/// Start Sentinel number `i` on `port`, watching the primary on `primary` and failing it over
+/// after `down_after` without an answer, with its (rewritable) configuration in `dir`; `None`
+/// if it did not come up.
+fn spawn_sentinel(
+    dir: &std::path::Path,
+    i: usize,
+    port: u16,
+    primary: u16,
+    down_after: Duration,
+) -> Option<Child> {
     let conf = dir.join(format!("sentinel-{i}.conf"));
     let name = RedisSentinels::MASTER;
-    let down = RedisSentinels::DOWN_AFTER.as_millis();
+    let down = down_after.as_millis();
     std::fs::write(
         &conf,
         format!(

@@ -12,7 +12,8 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::helpers::{
-    BOUNDS, books, observed_session, orders_reads, settings, shared_redis_url, spawn_with,
+    BOUNDS, books, observed_session, orders_reads, redis_connection, settings, shared_redis_url,
+    spawn_with,
 };
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -22,9 +23,7 @@ async fn a_stale_leaders_whole_batch_is_fenced_off_and_writes_nothing(pool: PgPo
     let prefix = testkit::unique_prefix("stale");
     let app = spawn_with(settings(&shared_redis_url(), &prefix), pool.clone()).await;
     let id = app.create_product("Phone", 10).await;
-    let redis = ConnectionManager::new(redis::Client::open(shared_redis_url()).unwrap())
-        .await
-        .unwrap();
+    let redis = redis_connection(&shared_redis_url()).await;
     let short_lease = LockOptions::builder()
         .ttl(Duration::from_millis(300))
         .without_watchdog()
@@ -98,9 +97,7 @@ async fn holding(
         panic!("a write without a key runs: {product:?}");
     };
     let product = ProductId::parse(&product.id.to_string()).unwrap();
-    let redis = ConnectionManager::new(redis::Client::open(shared_redis_url()).unwrap())
-        .await
-        .unwrap();
+    let redis = redis_connection(&shared_redis_url()).await;
     let locker = Locker::new(redis, LockOptions::default()).unwrap();
     let prefix = testkit::unique_prefix("holder");
     let cleanup = testkit::PrefixCleanup::new(&shared_redis_url(), &prefix);

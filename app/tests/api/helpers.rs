@@ -34,6 +34,20 @@ pub fn shared_redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
+/// A connection to the Redis at `url` for what a test does beside the service (a lock held
+/// from outside): it waits up to 10 s for an answer, and for a connection.
+///
+/// TIMING: redis-rs's own default response timeout, 500 ms, is within reach of a busy CI
+/// machine; no test relies on these connections timing out.
+pub async fn redis_connection(url: &str) -> redis::aio::ConnectionManager {
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(10)))
+        .set_connection_timeout(Some(Duration::from_secs(10)));
+    redis::aio::ConnectionManager::new_with_config(redis::Client::open(url).unwrap(), config)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach redis at {url}: {e}"))
+}
+
 /// One running instance of the service.
 pub struct TestApp {
     pub address: String,

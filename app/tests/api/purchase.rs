@@ -244,11 +244,7 @@ async fn a_purchase_waiting_too_long_for_the_lock_is_told_busy(pool: PgPool) {
     settings.lock_wait_ms = 300;
     let app = crate::helpers::spawn_with(settings, pool.clone()).await;
     let id = app.create_product("Phone", 10).await;
-    let conn = redis::aio::ConnectionManager::new(
-        redis::Client::open(crate::helpers::shared_redis_url()).unwrap(),
-    )
-    .await
-    .unwrap();
+    let conn = crate::helpers::redis_connection(&crate::helpers::shared_redis_url()).await;
     let holder = distlock::Locker::new(conn, distlock::LockOptions::default())
         .unwrap()
         .try_acquire(&format!("{prefix}lock_sale_{id}"))

@@ -152,9 +152,11 @@ async fn the_pg_strategies_start_and_sell_without_redis(pool: PgPool) {
         let (ready, body) = app.get_json("/readyz").await;
 
         // Assert: sold, with no Redis timeout in the way, and ready though degraded.
+        // TIMING: 4 s is room for a busy machine and still below five of the 1 s Redis
+        // connect timeouts that one wait on Redis per purchase would add up to.
         assert_eq!(statuses, [201; 5], "{strategy:?}");
         assert!(
-            took < Duration::from_secs(2),
+            took < Duration::from_secs(4),
             "{strategy:?}: five purchases took {took:?}"
         );
         assert_eq!(
@@ -198,11 +200,12 @@ async fn the_pg_strategies_keep_selling_at_full_speed_when_redis_dies(pool: PgPo
         }
 
         // Assert: none waited on the dead Redis (a call to it takes 1 to 2 s to fail); the
-        // median, so that one hiccup of a busy machine does not decide.
+        // median, so that one hiccup of a busy machine does not decide, and below 900 ms
+        // for a machine that is busy throughout.
         took.sort_unstable();
         let median = took[took.len() / 2];
         assert!(
-            median < Duration::from_millis(500),
+            median < Duration::from_millis(900),
             "{strategy:?}: {took:?}"
         );
         let (ready, body) = app.get_json("/readyz").await;

@@ -98,8 +98,9 @@ async fn a_restock_reaches_another_instance_by_message_at_once(
     // Act: restock through A.
     assert_eq!(a.restock(id, 2).await.status(), 200);
 
-    // Assert: B sells at once (well inside the 60 s its memory would last).
-    let took = buys_within(b, id, 3, Duration::from_secs(2)).await;
+    // Assert: B sells at once (well inside the 60 s its memory would last; 10 s is room
+    // for a busy machine).
+    let took = buys_within(b, id, 3, Duration::from_secs(10)).await;
     assert!(took.is_some(), "the restock did not reach B by message");
     let books = books(&a.pool, id).await;
     assert_eq!((books.stock, books.orders), (1, 2));
@@ -127,10 +128,10 @@ async fn without_redis_a_restock_reaches_another_instance_within_the_recheck(
     assert_eq!(a.restock(id, 2).await.status(), 200);
 
     // Assert: B sells once its memory is due for a recheck: within the 500 ms bound, plus
-    // room for a busy machine.
-    let took = buys_within(b, id, 3, Duration::from_secs(5)).await;
+    // room for a busy machine (without the recheck, B would answer sold out for ever).
+    let took = buys_within(b, id, 3, Duration::from_secs(8)).await;
     let took = took.expect("the restock never reached B");
-    assert!(took < Duration::from_millis(500 + 1_500), "took {took:?}");
+    assert!(took < Duration::from_millis(500 + 3_500), "took {took:?}");
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -249,7 +250,7 @@ async fn after_redis_restarts_restock_news_is_heard_again(
     assert_eq!(a.restock(id, 2).await.status(), 200);
 
     // Assert: the news reached B by message, not by its minute-long recheck.
-    let took = buys_within(b, id, 3, Duration::from_secs(3)).await;
+    let took = buys_within(b, id, 3, Duration::from_secs(10)).await;
     assert!(
         took.is_some(),
         "the restock news was not heard after the restart"

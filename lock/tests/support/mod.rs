@@ -6,15 +6,23 @@
 use std::time::Duration;
 
 use distlock::{Backend, LockOptions, Locker, Redlock};
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
+/// A connection to the Redis at `url` that waits up to 10 s for an answer (or a connection).
+///
+/// TIMING: redis-rs's own default response timeout is 500 ms, which a busy CI machine
+/// spawning servers can exceed; no test here relies on a test-side connection timing out
+/// (the Redlock tests bound each node with the backend's own node timeout).
 pub async fn connect(url: &str) -> ConnectionManager {
     let client = redis::Client::open(url).expect("valid redis url");
-    ConnectionManager::new(client)
+    let config = ConnectionManagerConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(10)))
+        .set_connection_timeout(Some(Duration::from_secs(10)));
+    ConnectionManager::new_with_config(client, config)
         .await
         .unwrap_or_else(|e| panic!("cannot reach redis at {url}: {e}"))
 }
@@ -78,16 +86,24 @@ pub trait Harness {
     fn delete(&self, key: &str) -> impl Future<Output = ()>;
     /// Put `token` in the lock on `key` for `ttl`, as if its holder had just taken it.
     fn put(&self, key: &str, token: &str, ttl: Duration) -> impl Future<Output = ()>;
+    /// A lease (ms) for tests that let a lock run out: short, but long enough that every
+    /// call made on it gets a fair answer from this backend on a busy machine.
+    fn short_ms(&self) -> u64 {
+        200
+    }
 }
 
-/// Wait (up to 3 s) until `key` has no live lock; `why` names what should have freed it.
+/// Wait (up to 10 s) until `key` has no live lock; `why` names what should have freed it.
+///
+/// TIMING: 10 s covers a background release on a busy machine; the leases of the locks
+/// waited for are longer (30 s or more), so only that release can free them in time.
 pub async fn wait_until_free<H: Harness>(h: &H, key: &str, why: &str) {
     let free = async {
         while h.holder(key).await.is_some() {
             tokio::time::sleep(ms(10)).await;
         }
     };
-    tokio::time::timeout(Duration::from_secs(3), free)
+    tokio::time::timeout(Duration::from_secs(10), free)
         .await
         .unwrap_or_else(|_| panic!("{why}"));
 }
@@ -226,6 +242,13 @@ impl Harness for RedlockHarness {
                 .unwrap();
         }
     }
+
+    /// TIMING: Redlock bounds each node's answer by a tenth of the lease (at least 5 ms,
+    /// `Redlock::node_timeout`): 200 ms of a 2 s lease, where a 200 ms lease would leave
+    /// 20 ms, and a busy machine makes that a `NoQuorum` or a wrong `Held`.
+    fn short_ms(&self) -> u64 {
+        2_000
+    }
 }
 
 /// Redis behind three Sentinels (a primary and one replica, private processes), locked
@@ -239,8 +262,23 @@ pub struct SentinelHarness {
 
 #[cfg(feature = "sentinel")]
 impl SentinelHarness {
+    /// For tests in which the primary stays up.
+    ///
+    /// TIMING: Sentinels that wait 5 s before they call a primary down, so that a primary
+    /// slow to answer their pings on a busy machine is not failed over in the middle of a
+    /// test that expects none.
     pub async fn start() -> Self {
-        let mut set = testkit::RedisSentinels::start(1);
+        Self::start_with_down_after(Duration::from_secs(5)).await
+    }
+
+    /// For failover tests: Sentinels that fail the primary over after
+    /// [`testkit::RedisSentinels::DOWN_AFTER`] (1 s) without an answer.
+    pub async fn start_for_failover() -> Self {
+        Self::start_with_down_after(testkit::RedisSentinels::DOWN_AFTER).await
+    }
+
+    async fn start_with_down_after(down_after: Duration) -> Self {
+        let mut set = testkit::RedisSentinels::start_with_down_after(1, down_after);
         let index = set.primary();
         let primary = connect(&set.nodes()[index].url()).await;
         Self { set, primary }
