@@ -455,7 +455,8 @@ mod tests {
 
     #[test]
     fn settings_built_in_code_are_held_to_the_ranges_the_command_line_is() {
-        let cases: [(&str, fn(&mut Settings)); 4] = [
+        type Spoil = fn(&mut Settings);
+        let cases: [(&str, Spoil); 4] = [
             ("BATCH_MAX", |s| s.batch_max = 0),
             ("QUEUE_MAX", |s| s.queue_max = 0),
             ("SOLD_OUT_RECHECK_MS", |s| s.sold_out_recheck_ms = 0),
