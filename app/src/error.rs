@@ -193,28 +193,9 @@ impl ApiError {
         order_id: Option<i64>,
     ) -> Self {
         match error {
-            PurchaseError::AlreadyPurchased(_) => ApiError::AlreadyPurchased { order_id },
-            PurchaseError::OutcomeUnknown => {
-                tracing::warn!(
-                    product_id = product,
-                    user_id = user,
-                    "a purchase's outcome is unknown: its commit's answer was lost"
-                );
-                ApiError::OutcomeUnknown {
-                    order_path: format!("/api/products/{product}/orders/{user}"),
-                }
-            }
-            other => other.into(),
-        }
-    }
-}
-
-impl From<PurchaseError> for ApiError {
-    fn from(error: PurchaseError) -> Self {
-        match error {
             PurchaseError::NotFound => ApiError::NotFound("no such product".into()),
             PurchaseError::SoldOut(_) => ApiError::SoldOut,
-            PurchaseError::AlreadyPurchased(_) => ApiError::AlreadyPurchased { order_id: None },
+            PurchaseError::AlreadyPurchased(_) => ApiError::AlreadyPurchased { order_id },
             PurchaseError::Busy => ApiError::Busy,
             PurchaseError::LockLost => ApiError::LockLost,
             PurchaseError::Redis(error) => {
@@ -226,9 +207,16 @@ impl From<PurchaseError> for ApiError {
                 ApiError::RedisUnavailable
             }
             PurchaseError::Database(error) => ApiError::from_db(&error),
-            PurchaseError::OutcomeUnknown => ApiError::OutcomeUnknown {
-                order_path: "/api/products/{id}/orders/{user_id}".into(),
-            },
+            PurchaseError::OutcomeUnknown => {
+                tracing::warn!(
+                    product_id = product,
+                    user_id = user,
+                    "a purchase's outcome is unknown: its commit's answer was lost"
+                );
+                ApiError::OutcomeUnknown {
+                    order_path: format!("/api/products/{product}/orders/{user}"),
+                }
+            }
             PurchaseError::Internal(why) => ApiError::Internal(anyhow::anyhow!(why)),
         }
     }

@@ -265,6 +265,25 @@ mod tests {
         assert_eq!(decisions, [SoldOut, Sell, AlreadyPurchased]);
     }
 
+    /// Wait (up to 10 s) until a session of this test's database matches `condition`, a
+    /// predicate on `pg_stat_activity`.
+    async fn wait_for_a_session(pool: &PgPool, condition: &str, never: &str) {
+        let query = format!(
+            "SELECT COUNT(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND {condition}"
+        );
+        let started = tokio::time::Instant::now();
+        while sqlx::query_scalar::<_, i64>(&query)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+            == 0
+        {
+            assert!(started.elapsed() < Duration::from_secs(10), "{never}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     #[sqlx::test(migrator = "crate::MIGRATOR")]
     async fn a_batch_that_waited_for_the_row_sees_the_orders_committed_meanwhile(pool: PgPool) {
         // Arrange: stock 2; another session holds the row, sells one unit to user 7...
@@ -311,21 +330,7 @@ mod tests {
                 .await
             })
         };
-        let waiting = "SELECT COUNT(*) FROM pg_stat_activity \
-                       WHERE datname = current_database() AND wait_event_type = 'Lock'";
-        let started = tokio::time::Instant::now();
-        while sqlx::query_scalar::<_, i64>(waiting)
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-            == 0
-        {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "the batch never waited"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_for_a_session(&pool, "wait_event_type = 'Lock'", "the batch never waited").await;
         other.commit().await.unwrap();
 
         // Act: the batch, and the retry a conflict asks for.
@@ -388,21 +393,12 @@ mod tests {
                 .await
             })
         };
-        let reading = "SELECT COUNT(*) FROM pg_stat_activity \
-                       WHERE datname = current_database() AND state = 'idle in transaction'";
-        let started = tokio::time::Instant::now();
-        while sqlx::query_scalar::<_, i64>(reading)
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-            == 0
-        {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "the batch never read"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_for_a_session(
+            &pool,
+            "state = 'idle in transaction'",
+            "the batch never read",
+        )
+        .await;
         // ... while a restock of 10 commits.
         sqlx::query(
             "UPDATE products SET stock = stock + 10, restock_gen = restock_gen + 1, \

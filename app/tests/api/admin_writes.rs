@@ -8,7 +8,9 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::time::Instant;
 
-use crate::helpers::{ADMIN_TOKEN, TestApp, books, settings, shared_redis_url, spawn_instances};
+use crate::helpers::{
+    ADMIN_TOKEN, TestApp, books, hold_row, settings, shared_redis_url, spawn_instances,
+};
 
 fn restock_with_key(app: &TestApp, id: i64, add: i64, key: &str) -> reqwest::RequestBuilder {
     app.client
@@ -82,12 +84,7 @@ async fn a_restock_whose_client_went_away_still_commits_and_reaches_every_instan
     assert_eq!(b.purchase(id, 1, 1).await.status(), 201);
     assert_eq!(b.purchase(id, 2, 1).await.status(), 409);
     let pool: &PgPool = &a.pool;
-    let mut row = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM products WHERE id = $1 FOR UPDATE")
-        .bind(id)
-        .execute(&mut *row)
-        .await
-        .unwrap();
+    let row = hold_row(pool, id).await;
 
     // Act: the admin's client gives up while the restock waits; then the row is let go.
     let gone = a

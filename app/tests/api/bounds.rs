@@ -8,7 +8,7 @@ use seckill::LockStrategy;
 use sqlx::PgPool;
 use tokio::time::Instant;
 
-use crate::helpers::{error_code, settings, shared_redis_url, spawn_with};
+use crate::helpers::{error_code, hold_row, settings, shared_redis_url, spawn_with};
 
 /// Every strategy that takes the product row in its transaction.
 const STRATEGIES: [LockStrategy; 5] = [
@@ -29,12 +29,7 @@ async fn a_purchase_behind_a_hung_session_answers_busy_within_the_lock_timeout(p
         settings.pg_lock_timeout_ms = 500;
         let app = spawn_with(settings, pool.clone()).await;
         let id = app.create_product("Phone", 10).await;
-        let mut hung = pool.begin().await.unwrap();
-        sqlx::query("SELECT stock FROM products WHERE id = $1 FOR UPDATE")
-            .bind(id)
-            .execute(&mut *hung)
-            .await
-            .unwrap();
+        let hung = hold_row(&pool, id).await;
 
         // Act
         let started = Instant::now();

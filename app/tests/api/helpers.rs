@@ -349,3 +349,15 @@ pub async fn orders_reads(pool: &PgPool, observer: &PgPool) -> OrdersReads {
         inserted,
     }
 }
+
+/// Take product `id`'s row in a transaction of the test's own, as a hung or slow writer
+/// would: whoever writes the row waits until the transaction ends.
+pub async fn hold_row(pool: &PgPool, id: i64) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut row = pool.begin().await.unwrap();
+    sqlx::query("SELECT stock FROM products WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .execute(&mut *row)
+        .await
+        .unwrap();
+    row
+}

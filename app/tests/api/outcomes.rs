@@ -7,7 +7,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 use tokio::time::Instant;
 
-use crate::helpers::spawn_app;
+use crate::helpers::{hold_row, spawn_app};
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn a_buyer_who_bought_already_is_told_their_order(pool: PgPool) {
@@ -37,12 +37,7 @@ async fn a_write_whose_connection_was_cut_is_answered_outcome_unknown_with_the_o
     // operator would. The client cannot tell whether such a write committed.
     let app = spawn_app(pool.clone()).await;
     let id = app.create_product("Phone", 10).await;
-    let mut row = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM products WHERE id = $1 FOR UPDATE")
-        .bind(id)
-        .execute(&mut *row)
-        .await
-        .unwrap();
+    let row = hold_row(&pool, id).await;
     let buying = {
         let request = app
             .client
