@@ -642,7 +642,8 @@ async fn an_instance_hung_inside_its_transaction_does_not_freeze_the_product(
 ) {
     // Arrange: pg-row instances whose batches work 1 s inside their transaction (holding
     // the row); PostgreSQL ends a session idle in a transaction for 3 s, and a purchase
-    // waits at most 500 ms for the row.
+    // waits at most 1.5 s for the row (the service refuses a wait shorter than the work:
+    // every batch that met another would give up).
     // TIMING: the SIGSTOP below must land within the hung purchase's second of work, before
     // it commits; the probe that saw the row held sends it before anything else.
     const WORK_MS: u64 = 1_000;
@@ -655,7 +656,7 @@ async fn an_instance_hung_inside_its_transaction_does_not_freeze_the_product(
     setup.work_ms = WORK_MS;
     setup.extra = vec![
         ("PG_IDLE_IN_TRANSACTION_TIMEOUT_MS", IDLE_MS.to_string()),
-        ("PG_LOCK_TIMEOUT_MS", "500".into()),
+        ("PG_LOCK_TIMEOUT_MS", "1500".into()),
     ];
     let instances = start(&setup, 3).await;
     const STOCK: i64 = 6;
