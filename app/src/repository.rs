@@ -95,7 +95,7 @@ pub async fn insert_product(
     name: &ProductName,
     stock: Stock,
     actor: &str,
-    key: Option<&IdempotencyKey<'_>>,
+    key: Option<&IdempotencyKey>,
 ) -> sqlx::Result<Keyed<Product>> {
     let mut tx = begin(pool, bounds).await?;
     if let Some(seen) = answered_before(&mut tx, key).await? {
@@ -113,11 +113,8 @@ pub async fn insert_product(
     if let Some(key) = key
         && !remember_answer(&mut tx, key, 201, &product).await?
     {
-        // A twin request with the same key committed first: this one is undone.
         drop(tx);
-        return answered_before(&mut *begin(pool, bounds).await?, Some(key))
-            .await
-            .map(|seen| seen.unwrap_or(Keyed::Reused));
+        return twin_answer(pool, bounds, key).await;
     }
     tx.commit().await?;
     Ok(Keyed::Fresh(product))
@@ -125,10 +122,18 @@ pub async fn insert_product(
 
 /// An admin write's `Idempotency-Key`, with what the request asked (a retry asks the same;
 /// a key sent again with another request is refused).
-#[derive(Debug, Clone, Copy)]
-pub struct IdempotencyKey<'a> {
-    pub key: &'a str,
-    pub request: &'a str,
+#[derive(Debug, Clone)]
+pub struct IdempotencyKey {
+    pub key: String,
+    pub request: String,
+}
+
+impl IdempotencyKey {
+    /// The key a request came with, if any, tied to what it asked (`request`: its method,
+    /// path and parameters, written out).
+    pub fn of_request(key: Option<String>, request: String) -> Option<Self> {
+        key.map(|key| Self { key, request })
+    }
 }
 
 /// What an admin write sent with a key did.
@@ -146,7 +151,7 @@ pub enum Keyed<T> {
 /// key came with another request.
 async fn answered_before<T>(
     conn: &mut PgConnection,
-    key: Option<&IdempotencyKey<'_>>,
+    key: Option<&IdempotencyKey>,
 ) -> sqlx::Result<Option<Keyed<T>>> {
     let Some(key) = key else {
         return Ok(None);
@@ -173,11 +178,22 @@ async fn answered_before<T>(
     }))
 }
 
+/// The answer of a twin request that came with the same `key` and committed first, once
+/// this request's own transaction (which [`remember_answer`] found beaten) is undone.
+async fn twin_answer<T>(
+    pool: &PgPool,
+    bounds: SessionBounds,
+    key: &IdempotencyKey,
+) -> sqlx::Result<Keyed<T>> {
+    let seen = answered_before(&mut *begin(pool, bounds).await?, Some(key)).await?;
+    Ok(seen.unwrap_or(Keyed::Reused))
+}
+
 /// Write down the answer to `key` in the write's own transaction; `false` when a twin
 /// request with the same key got there first (its transaction committed meanwhile).
 async fn remember_answer(
     conn: &mut PgConnection,
-    key: &IdempotencyKey<'_>,
+    key: &IdempotencyKey,
     status: u16,
     product: &Product,
 ) -> sqlx::Result<bool> {
@@ -242,7 +258,7 @@ pub async fn add_stock(
     id: ProductId,
     add: Stock,
     actor: &str,
-    key: Option<&IdempotencyKey<'_>>,
+    key: Option<&IdempotencyKey>,
 ) -> sqlx::Result<Restocked> {
     change_stock(pool, bounds, id, actor, key, "restock", |current| {
         (current + add.get() <= Stock::MAX).then_some(current + add.get())
@@ -259,7 +275,7 @@ pub async fn set_stock(
     stock: Stock,
     expected: i64,
     actor: &str,
-    key: Option<&IdempotencyKey<'_>>,
+    key: Option<&IdempotencyKey>,
 ) -> sqlx::Result<Restocked> {
     change_stock(pool, bounds, id, actor, key, "set", |current| {
         (current == expected).then_some(stock.get())
@@ -273,7 +289,7 @@ async fn change_stock(
     bounds: SessionBounds,
     id: ProductId,
     actor: &str,
-    key: Option<&IdempotencyKey<'_>>,
+    key: Option<&IdempotencyKey>,
     reason: &str,
     decide: impl FnOnce(i64) -> Option<i64>,
 ) -> sqlx::Result<Restocked> {
@@ -310,10 +326,8 @@ async fn change_stock(
     if let Some(key) = key
         && !remember_answer(&mut tx, key, 200, &product).await?
     {
-        // A twin request with the same key committed first: this one is undone.
         drop(tx);
-        let seen = answered_before(&mut *begin(pool, bounds).await?, Some(key)).await?;
-        return Ok(seen.map_or(Restocked::KeyReused, replayed));
+        return twin_answer(pool, bounds, key).await.map(replayed);
     }
     tx.commit().await?;
     Ok(Restocked::Done {

@@ -285,8 +285,11 @@ async fn exclusion(
                 nodes.push(node);
             }
             let redlock = Redlock::new(nodes).context("invalid REDLOCK_URLS")?;
+            // `connect` checks every master runs Redis 7.0 or later, naming its version.
             Exclusion::Redlock(
-                Locker::new(redlock, options()?).context("invalid Redlock settings")?,
+                Locker::connect(redlock, options()?)
+                    .await
+                    .context("cannot lock on these Redis masters (REDLOCK_URLS)")?,
             )
         }
         LockStrategy::PgLock => {

@@ -29,6 +29,8 @@ struct Setup<'a> {
     strategy: LockStrategy,
     work_ms: u64,
     lock_ttl_ms: u64,
+    /// `REDLOCK_URLS`, under `LockStrategy::Redlock`.
+    redlock_urls: &'a str,
     extra: Vec<(&'static str, String)>,
 }
 
@@ -46,6 +48,7 @@ impl<'a> Setup<'a> {
             strategy,
             work_ms: 0,
             lock_ttl_ms: 5_000,
+            redlock_urls: "",
             extra: Vec::new(),
         }
     }
@@ -66,7 +69,7 @@ async fn start_named(setup: &Setup<'_>, n: usize, label: &str) -> Vec<Instance> 
         work_ms: setup.work_ms,
         lock_wait_ms: 30_000,
         lock_ttl_ms: setup.lock_ttl_ms,
-        redlock_urls: "",
+        redlock_urls: setup.redlock_urls,
         extra: setup.extra.clone(),
     };
     let mut instances = Vec::new();
@@ -337,12 +340,21 @@ enum Comeback {
     Behind,
 }
 
+/// Where the lock lives while its holder is paused and Redis comes back.
+#[derive(Debug, Clone, Copy)]
+enum LockOn {
+    /// One Redis (`LOCK_STRATEGY=redis`).
+    OneRedis,
+    /// Redlock over three masters, every one of which comes back.
+    Redlock,
+}
+
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn a_paused_holder_is_refused_even_after_redis_restarts_and_loses_the_fence_counter(
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    paused_holder_then_redis_comes_back(connect, Comeback::Empty).await;
+    paused_holder_then_redis_comes_back(connect, Comeback::Empty, LockOn::OneRedis).await;
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -350,17 +362,42 @@ async fn a_paused_holder_is_refused_after_redis_comes_back_with_its_fence_counte
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    paused_holder_then_redis_comes_back(connect, Comeback::Behind).await;
+    paused_holder_then_redis_comes_back(connect, Comeback::Behind, LockOn::OneRedis).await;
 }
 
-async fn paused_holder_then_redis_comes_back(connect: PgConnectOptions, comeback: Comeback) {
-    // Arrange: instances on a private Redis. Buyers who already bought push the counter
-    // past the fence stored in PostgreSQL (they take the lock and write nothing); then A
-    // takes the next fence and is paused inside its critical section.
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn under_redlock_a_paused_holder_is_refused_after_every_master_comes_back_with_its_counter_behind(
+    _pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    paused_holder_then_redis_comes_back(connect, Comeback::Behind, LockOn::Redlock).await;
+}
+
+async fn paused_holder_then_redis_comes_back(
+    connect: PgConnectOptions,
+    comeback: Comeback,
+    on: LockOn,
+) {
+    // Arrange: instances on private Redis servers (one, or three Redlock masters beside
+    // one for the restock messages). Buyers who already bought push the counters past the
+    // fence stored in PostgreSQL (they take the lock and write nothing); then A takes the
+    // next fence and is paused inside its critical section.
     let url = database_url(&connect);
-    let mut redis = RedisServer::start();
-    let redis_url = redis.url();
-    let mut setup = Setup::new(&url, &redis_url, "", LockStrategy::Redis);
+    let (masters, strategy) = match on {
+        LockOn::OneRedis => (1, LockStrategy::Redis),
+        LockOn::Redlock => (3, LockStrategy::Redlock),
+    };
+    let mut nodes: Vec<RedisServer> = (0..masters).map(|_| RedisServer::start()).collect();
+    let node_urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let messages = matches!(on, LockOn::Redlock).then(RedisServer::start);
+    let redis_url = messages
+        .as_ref()
+        .map_or_else(|| node_urls[0].clone(), RedisServer::url);
+    let redlock_urls = node_urls.join(",");
+    let mut setup = Setup::new(&url, &redis_url, "", strategy);
+    if let LockOn::Redlock = on {
+        setup.redlock_urls = &redlock_urls;
+    }
     setup.lock_ttl_ms = 1_000;
     // TIMING: A's SIGSTOP below must land within its 3 s of work, before its batch ends.
     setup.work_ms = 3_000;
@@ -378,43 +415,50 @@ async fn paused_holder_then_redis_comes_back(connect: PgConnectOptions, comeback
         tokio::spawn(async move { buy(&client, &host, product, 2).await })
     };
     let lock_key = format!("lock_sale_{product}");
-    let mut probe = LockProbe::redis(&redis_url).await;
+    let mut probes = Vec::new();
+    for node in &node_urls {
+        probes.push(LockProbe::redis(node).await);
+    }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !probe.held(&lock_key).await {
+    loop {
+        let mut holding = 0;
+        for probe in &mut probes {
+            holding += usize::from(probe.held(&lock_key).await);
+        }
+        // Held: on the one Redis, or on a majority of the masters.
+        if holding > masters / 2 {
+            break;
+        }
         assert!(Instant::now() < deadline, "A never took the lock");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     signal(instances[0].pid(), "-STOP");
-    drop(probe);
+    drop(probes);
     let fence_key = distlock::keys::fence_key(&lock_key).unwrap();
-    let a_fence: i64 = {
-        let mut conn = redis::Client::open(redis_url.as_str())
-            .unwrap()
-            .get_multiplexed_async_connection()
+    // A's fence: under Redlock, the largest counter of the majority that granted it (the
+    // others were raised to it).
+    let mut a_fence = 0_i64;
+    for node in &node_urls {
+        let counter: Option<i64> = redis::cmd("GET")
+            .arg(&fence_key)
+            .query_async(&mut redis_connection(node).await)
             .await
             .unwrap();
-        redis::cmd("GET")
-            .arg(&fence_key)
-            .query_async(&mut conn)
-            .await
-            .unwrap()
-    };
+        a_fence = a_fence.max(counter.unwrap_or(0));
+    }
 
-    // Act: Redis comes back (empty, or with the counter behind A's fence); B buys under
-    // that counter; A wakes up and writes.
-    redis.restart_empty();
-    if let Comeback::Behind = comeback {
-        let mut conn = redis::Client::open(redis_url.as_str())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        redis::cmd("SET")
-            .arg(&fence_key)
-            .arg(a_fence - 1)
-            .exec_async(&mut conn)
-            .await
-            .unwrap();
+    // Act: Redis comes back (empty, or with every counter one behind A's fence); B buys
+    // under those counters; A wakes up and writes.
+    for (node, node_url) in nodes.iter_mut().zip(&node_urls) {
+        node.restart_empty();
+        if let Comeback::Behind = comeback {
+            redis::cmd("SET")
+                .arg(&fence_key)
+                .arg(a_fence - 1)
+                .exec_async(&mut redis_connection(node_url).await)
+                .await
+                .unwrap();
+        }
     }
     let resumed_by = Instant::now() + Duration::from_secs(20);
     let (status, code) = loop {
@@ -431,13 +475,13 @@ async fn paused_holder_then_redis_comes_back(connect: PgConnectOptions, comeback
     assert_eq!(
         (status, code.as_str()),
         (201, ""),
-        "B could not buy after the restart ({comeback:?})"
+        "B could not buy after the restart ({comeback:?}, {on:?})"
     );
     // Its claim is refused by the fence; asking Redis whether it still holds the lock then
     // finds either the key gone (lock_lost) or, first, its old connection broken.
     assert_eq!(
         a_status, 503,
-        "the stale holder wrote ({comeback:?}): {a_code}"
+        "the stale holder wrote ({comeback:?}, {on:?}): {a_code}"
     );
     assert!(
         matches!(a_code.as_str(), "lock_lost" | "redis_unavailable"),
@@ -449,6 +493,14 @@ async fn paused_holder_then_redis_comes_back(connect: PgConnectOptions, comeback
     let books = books::read(&url, product).await.unwrap();
     assert_eq!((books.orders, books.stock), (2, 8), "{books:?}");
     assert_books_balance(books, 2);
+}
+
+async fn redis_connection(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
 }
 
 /// Buy as users `first..` on `hosts` in turn until `stop` is set, retrying a user whose

@@ -94,10 +94,7 @@ pub async fn create(
         name.as_str(),
         stock.get()
     );
-    let key = key.as_deref().map(|key| IdempotencyKey {
-        key,
-        request: &request,
-    });
+    let key = IdempotencyKey::of_request(key, request);
     let created = repository::insert_product(
         &sale.pool,
         sale.bounds,
@@ -177,13 +174,10 @@ pub async fn restock(
         })?;
     let request = format!("POST /api/products/{id}/restock add={}", add.get());
     let (key, actor) = (idempotency_key(&req)?, actor(&req));
+    let key = IdempotencyKey::of_request(key, request);
     let outcome = carried_through(&sale, id, {
         let sale = web::Data::clone(&sale);
         async move {
-            let key = key.as_deref().map(|key| IdempotencyKey {
-                key,
-                request: &request,
-            });
             repository::add_stock(&sale.pool, sale.bounds, id, add, &actor, key.as_ref()).await
         }
     })
@@ -238,13 +232,10 @@ pub async fn set_stock(
         stock.get()
     );
     let (key, actor) = (idempotency_key(&req)?, actor(&req));
+    let key = IdempotencyKey::of_request(key, request);
     let outcome = carried_through(&sale, id, {
         let sale = web::Data::clone(&sale);
         async move {
-            let key = key.as_deref().map(|key| IdempotencyKey {
-                key,
-                request: &request,
-            });
             repository::set_stock(
                 &sale.pool,
                 sale.bounds,

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 
 use crate::helpers::{settings, shared_redis_url, spawn_with};
 
@@ -23,19 +24,23 @@ async fn a_flood_of_reads_and_unknown_ids_does_not_make_the_sale_busy(
     let pool = PgPoolOptions::new()
         .max_connections(2)
         .acquire_timeout(Duration::from_millis(100))
-        .connect_with(connect)
+        .connect_with(connect.clone())
         .await
         .unwrap();
-    let app = Arc::new(spawn_with(settings, pool.clone()).await);
+    let app = Arc::new(spawn_with(settings, pool).await);
     let id = app.create_product("Phone", 1_000).await;
+    // On a connection of the test's own: the instance's sessions have its statement
+    // timeout, which half a million rows can outlast on a busy machine.
+    let mut own = PgConnection::connect_with(&connect).await.unwrap();
     sqlx::query(
         "INSERT INTO orders (product_id, user_id, quantity) \
          SELECT $1, 1000000 + u, 1 FROM generate_series(1, 500000) AS u",
     )
     .bind(id)
-    .execute(&pool)
+    .execute(&mut own)
     .await
     .unwrap();
+    own.close().await.unwrap();
     let flooding = Arc::new(AtomicBool::new(true));
     let reads = Arc::new(AtomicU64::new(0));
     let mut flood = Vec::new();
