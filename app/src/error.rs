@@ -59,6 +59,13 @@ pub enum ApiError {
         "the purchase may or may not have been recorded; look it up at {order_path} before trying again"
     )]
     OutcomeUnknown { order_path: String },
+    /// An admin write (a product created, a stock change) whose answer was lost: its
+    /// connection was cut, maybe after its commit. Sent again with the same
+    /// `Idempotency-Key`, it is made at most once.
+    #[error(
+        "the write may or may not have been made; send it again with the same Idempotency-Key, or read the product first"
+    )]
+    AdminOutcomeUnknown,
     /// Anything unexpected: logged with its cause, answered as a plain 500.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
@@ -105,7 +112,7 @@ impl ApiError {
             ApiError::LockLost => "lock_lost",
             ApiError::RedisUnavailable => "redis_unavailable",
             ApiError::DatabaseUnavailable => "database_unavailable",
-            ApiError::OutcomeUnknown { .. } => "outcome_unknown",
+            ApiError::OutcomeUnknown { .. } | ApiError::AdminOutcomeUnknown => "outcome_unknown",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -241,7 +248,8 @@ impl ResponseError for ApiError {
             | ApiError::LockLost
             | ApiError::RedisUnavailable
             | ApiError::DatabaseUnavailable
-            | ApiError::OutcomeUnknown { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            | ApiError::OutcomeUnknown { .. }
+            | ApiError::AdminOutcomeUnknown => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

@@ -110,11 +110,8 @@ pub async fn insert_product(
     .fetch_one(&mut *tx)
     .await?;
     record_change(&mut tx, product.id, stock.get(), "create", actor).await?;
-    if let Some(key) = key
-        && !remember_answer(&mut tx, key, 201, &product).await?
-    {
-        drop(tx);
-        return twin_answer(pool, bounds, key).await;
+    if let Some(key) = key {
+        remember_answer(&mut tx, key, 201, &product).await?;
     }
     tx.commit().await?;
     Ok(Keyed::Fresh(product))
@@ -147,8 +144,12 @@ pub enum Keyed<T> {
     Reused,
 }
 
-/// The answer already given to `key`, if any: a replay of it, or [`Keyed::Reused`] when the
-/// key came with another request.
+/// Take `key` for the rest of the transaction, then the answer already given to it, if any:
+/// a replay of it, or [`Keyed::Reused`] when the key came with another request.
+///
+/// A twin request sent with the same key at the same time waits here until this one's
+/// transaction ends, and then finds its answer: twins never both decide (the second would
+/// find the stock it expected changed, by its own twin).
 async fn answered_before<T>(
     conn: &mut PgConnection,
     key: Option<&IdempotencyKey>,
@@ -156,6 +157,12 @@ async fn answered_before<T>(
     let Some(key) = key else {
         return Ok(None);
     };
+    sqlx::query!(
+        "SELECT 1 AS \"held!\" FROM pg_advisory_xact_lock(hashtextextended($1, 0))",
+        key.key
+    )
+    .fetch_one(&mut *conn)
+    .await?;
     let seen = sqlx::query!(
         "SELECT request, status, product_id, name, stock FROM admin_requests WHERE key = $1",
         key.key
@@ -178,30 +185,17 @@ async fn answered_before<T>(
     }))
 }
 
-/// The answer of a twin request that came with the same `key` and committed first, once
-/// this request's own transaction (which [`remember_answer`] found beaten) is undone.
-async fn twin_answer<T>(
-    pool: &PgPool,
-    bounds: SessionBounds,
-    key: &IdempotencyKey,
-) -> sqlx::Result<Keyed<T>> {
-    let seen = answered_before(&mut *begin(pool, bounds).await?, Some(key)).await?;
-    Ok(seen.unwrap_or(Keyed::Reused))
-}
-
-/// Write down the answer to `key` in the write's own transaction; `false` when a twin
-/// request with the same key got there first (its transaction committed meanwhile).
+/// Write down the answer to `key` in the write's own transaction (which holds the key: see
+/// [`answered_before`]).
 async fn remember_answer(
     conn: &mut PgConnection,
     key: &IdempotencyKey,
     status: u16,
     product: &Product,
-) -> sqlx::Result<bool> {
-    let written = sqlx::query_scalar!(
+) -> sqlx::Result<()> {
+    sqlx::query!(
         "INSERT INTO admin_requests (key, request, status, product_id, name, stock)
-         VALUES ($1, $2, $3, $4, $5, $6)
-         ON CONFLICT (key) DO NOTHING
-         RETURNING 1 AS \"one!\"",
+         VALUES ($1, $2, $3, $4, $5, $6)",
         key.key,
         key.request,
         status as i16,
@@ -209,9 +203,9 @@ async fn remember_answer(
         product.name,
         product.stock,
     )
-    .fetch_optional(conn)
+    .execute(conn)
     .await?;
-    Ok(written.is_some())
+    Ok(())
 }
 
 async fn record_change(
@@ -243,8 +237,12 @@ pub enum Restocked {
     /// The stock was not what the caller expected (an absolute write), or would pass
     /// [`Stock::MAX`] (a relative one); nothing changed.
     Refused { current: i64 },
-    /// Its `Idempotency-Key` was answered before (a retry): that answer, nothing changed.
-    Replayed { product: Product },
+    /// Its `Idempotency-Key` was answered before (a retry): that answer, nothing changed;
+    /// and the product's restock generation now, to announce again (`None`: it is gone).
+    Replayed {
+        product: Product,
+        restock_gen: Option<i64>,
+    },
     /// Its `Idempotency-Key` came before with another request: nothing changed.
     KeyReused,
 }
@@ -295,7 +293,10 @@ async fn change_stock(
 ) -> sqlx::Result<Restocked> {
     let mut tx = begin(pool, bounds).await?;
     if let Some(seen) = answered_before(&mut tx, key).await? {
-        return Ok(replayed(seen));
+        // A retry: the first answer, with the generation now, to announce again (the first
+        // request's news may have been lost with its answer).
+        let restock_gen = restock_gen(&mut tx, id).await?;
+        return Ok(replayed(seen, restock_gen));
     }
     let current = sqlx::query_scalar!(
         "SELECT stock FROM products WHERE id = $1 FOR UPDATE",
@@ -323,11 +324,8 @@ async fn change_stock(
         name: changed.name,
         stock: changed.stock,
     };
-    if let Some(key) = key
-        && !remember_answer(&mut tx, key, 200, &product).await?
-    {
-        drop(tx);
-        return twin_answer(pool, bounds, key).await.map(replayed);
+    if let Some(key) = key {
+        remember_answer(&mut tx, key, 200, &product).await?;
     }
     tx.commit().await?;
     Ok(Restocked::Done {
@@ -392,6 +390,17 @@ impl BatchSnapshot {
             restock_gen: self.restock_gen,
         }
     }
+}
+
+/// The product's restock generation now (`None`: no such product): what a batch that read
+/// without a lock and writes nothing checks before it tells anyone `sold_out`.
+pub async fn restock_gen(conn: &mut PgConnection, product: ProductId) -> sqlx::Result<Option<i64>> {
+    sqlx::query_scalar!(
+        "SELECT restock_gen FROM products WHERE id = $1",
+        product.get()
+    )
+    .fetch_optional(conn)
+    .await
 }
 
 /// Read the product's row for a batch, with the batch's `users` who already have an order.
@@ -732,9 +741,12 @@ pub async fn deployment_id(pool: &PgPool) -> sqlx::Result<String> {
         .await
 }
 
-fn replayed(seen: Keyed<Restocked>) -> Restocked {
+fn replayed(seen: Keyed<Restocked>, restock_gen: Option<i64>) -> Restocked {
     match seen {
-        Keyed::Replayed { product, .. } => Restocked::Replayed { product },
+        Keyed::Replayed { product, .. } => Restocked::Replayed {
+            product,
+            restock_gen,
+        },
         Keyed::Fresh(done) => done,
         Keyed::Reused => Restocked::KeyReused,
     }

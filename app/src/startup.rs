@@ -230,8 +230,9 @@ fn batch_timeout(settings: &Settings) -> Duration {
 
 /// No ping before a pooled connection is handed out (sqlx pings by default): it would be one
 /// more round trip on every batch. A connection that died while idle fails its batch
-/// instead, which answers 503 `database_unavailable` like any lost connection (the buyers
-/// may retry at once), and is dropped from the pool.
+/// instead, and is dropped from the pool: its buyers are answered as for any lost
+/// connection (503 `database_unavailable`, or `outcome_unknown` where the write may have been
+/// sent: they look their order up, then retry).
 fn pool_options(settings: &Settings) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(settings.database_max_connections)

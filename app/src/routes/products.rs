@@ -77,7 +77,7 @@ pub struct ProductPath {
         (status = 413, description = "body over 16 KiB", body = ErrorBody),
         (status = 415, description = "not application/json", body = ErrorBody),
         (status = 422, description = "idempotency_key_reused: the Idempotency-Key came before with another request; nothing changed", body = ErrorBody),
-        (status = 503, description = "busy or database unavailable", body = ErrorBody),
+        (status = 503, description = "busy, database unavailable, or outcome_unknown (the connection was cut: send it again with the same Idempotency-Key)", body = ErrorBody),
     )
 )]
 pub async fn create(
@@ -104,7 +104,7 @@ pub async fn create(
         key.as_ref(),
     )
     .await
-    .map_err(|e| ApiError::from_db(&e))?;
+    .map_err(|e| admin_write_failed(&e))?;
     match created {
         Keyed::Fresh(product) => {
             if let Ok(id) = ProductId::parse(&product.id.to_string()) {
@@ -152,7 +152,7 @@ pub struct AddStock {
         (status = 413, description = "body over 16 KiB", body = ErrorBody),
         (status = 415, description = "not application/json", body = ErrorBody),
         (status = 422, description = "idempotency_key_reused: the Idempotency-Key came before with another request; nothing changed", body = ErrorBody),
-        (status = 503, description = "busy or database unavailable", body = ErrorBody),
+        (status = 503, description = "busy, database unavailable, or outcome_unknown (the connection was cut: send it again with the same Idempotency-Key)", body = ErrorBody),
     )
 )]
 pub async fn restock(
@@ -215,7 +215,7 @@ pub struct SetStock {
         (status = 413, description = "body over 16 KiB", body = ErrorBody),
         (status = 415, description = "not application/json", body = ErrorBody),
         (status = 422, description = "idempotency_key_reused: the Idempotency-Key came before with another request; nothing changed", body = ErrorBody),
-        (status = 503, description = "busy or database unavailable", body = ErrorBody),
+        (status = 503, description = "busy, database unavailable, or outcome_unknown (the connection was cut: send it again with the same Idempotency-Key)", body = ErrorBody),
     )
 )]
 pub async fn set_stock(
@@ -264,14 +264,32 @@ async fn carried_through(
     let sale = web::Data::clone(sale);
     let task = tokio::spawn(async move {
         let outcome = change.await;
-        if let Ok(Restocked::Done { restock_gen, .. }) = &outcome {
-            sale.restocked(id, *restock_gen);
+        match &outcome {
+            Ok(Restocked::Done { restock_gen, .. }) => sale.restocked(id, *restock_gen),
+            // A retry is told again: the news of the first request may have been lost with
+            // its answer (a cut connection), and hearing it twice changes nothing.
+            Ok(Restocked::Replayed {
+                restock_gen: Some(restock_gen),
+                ..
+            }) => sale.restocked(id, *restock_gen),
+            _ => {}
         }
         outcome
     });
     task.await
         .map_err(|e| ApiError::Internal(anyhow::anyhow!("the stock change failed: {e}")))?
-        .map_err(|e| ApiError::from_db(&e))
+        .map_err(|e| admin_write_failed(&e))
+}
+
+/// The answer to an admin write that failed: its outcome is unknown when its connection
+/// was cut (it may have committed), as [`ApiError::from_db`] says otherwise.
+fn admin_write_failed(error: &sqlx::Error) -> ApiError {
+    if repository::may_have_committed(error) {
+        tracing::warn!(%error, "an admin write's outcome is unknown");
+        ApiError::AdminOutcomeUnknown
+    } else {
+        ApiError::from_db(error)
+    }
 }
 
 /// Answer a stock change.
@@ -285,7 +303,9 @@ fn answer(
             tracing::info!(product_id = %id, stock = product.stock, "stock changed");
             Ok(HttpResponse::Ok().json(ProductBody::from(product)))
         }
-        Restocked::Replayed { product } => Ok(HttpResponse::Ok().json(ProductBody::from(product))),
+        Restocked::Replayed { product, .. } => {
+            Ok(HttpResponse::Ok().json(ProductBody::from(product)))
+        }
         Restocked::KeyReused => Err(ApiError::IdempotencyKeyReused),
         Restocked::NotFound => Err(ApiError::NotFound("no such product".into())),
         Restocked::Refused { current } => Err(match expected {

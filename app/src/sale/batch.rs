@@ -137,6 +137,14 @@ pub(crate) async fn sell(
     // strategies; or, under a row lock, while we waited for it: the row is read again then,
     // the orders are not): the insert skips them, and takes nothing for them.
     let (left, order_ids) = if selling.is_empty() {
+        if decisions.contains(&Decision::SoldOut) && step.reads_unlocked() {
+            // No write, so nothing noticed a restock since the read (a row lock would have
+            // kept it out; a write checks the version or the generation): look, or a buyer
+            // is told sold_out with units there.
+            if repository::restock_gen(&mut tx, product).await? != Some(seen.restock_gen) {
+                return Err(BatchError::Conflict);
+            }
+        }
         (seen, HashMap::new())
     } else {
         let sold = repository::sell_orders(
@@ -186,6 +194,12 @@ impl Step {
     /// Whether this strategy reads the row locked (until the transaction ends).
     fn locks(self) -> bool {
         matches!(self, Step::RowLock)
+    }
+
+    /// Whether this is a safe strategy that reads without locking the row, so a restock can
+    /// commit between its read and its answers (`none` promises nothing).
+    fn reads_unlocked(self) -> bool {
+        matches!(self, Step::Optimistic | Step::Atomic)
     }
 
     /// How this strategy writes the stock after reading `snapshot`, for a batch that told
@@ -365,65 +379,10 @@ mod tests {
     async fn a_pg_atomic_batch_tells_nobody_sold_out_past_a_restock_that_came_in_between(
         pool: PgPool,
     ) {
-        // Arrange: stock 1; a pg-atomic batch of users 1 and 2 reads it (1 sells, 2 would be
-        // sold out) and spends its work inside the transaction...
-        let bounds = SessionBounds {
-            statement_timeout_ms: 10_000,
-            lock_timeout_ms: 10_000,
-            idle_in_transaction_timeout_ms: 30_000,
-        };
-        let id: i64 =
-            sqlx::query_scalar("INSERT INTO products (name, stock) VALUES ('p', 1) RETURNING id")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-        let product = ProductId::parse(&id.to_string()).unwrap();
-        let requests = [request(1, 1), request(2, 1)];
-        let batch = {
-            let pool = pool.clone();
-            tokio::spawn(async move {
-                sell(
-                    &pool,
-                    bounds,
-                    product,
-                    Step::Atomic,
-                    &requests,
-                    Duration::from_secs(3),
-                )
-                .await
-            })
-        };
-        wait_for_a_session(
-            &pool,
-            "state = 'idle in transaction'",
-            "the batch never read",
-        )
-        .await;
-        // ... while a restock of 10 commits.
-        sqlx::query(
-            "UPDATE products SET stock = stock + 10, restock_gen = restock_gen + 1, \
-             version = version + 1 WHERE id = $1",
-        )
-        .bind(id)
-        .execute(&pool)
-        .await
-        .unwrap();
-
-        // Act: the batch, and the retry a conflict asks for.
-        let answers = match batch.await.unwrap() {
-            Ok(answers) => answers,
-            Err(BatchError::Conflict) => sell(
-                &pool,
-                bounds,
-                product,
-                Step::Atomic,
-                &requests,
-                Duration::ZERO,
-            )
-            .await
-            .unwrap(),
-            Err(other) => panic!("the batch failed: {other:?}"),
-        };
+        // Arrange, act: stock 1; users 1 and 2 (1 sells, 2 would be sold out); a restock of
+        // 10 commits between the batch's read and its write.
+        let answers =
+            answers_past_a_restock(&pool, Step::Atomic, 1, &[request(1, 1), request(2, 1)]).await;
 
         // Assert: with 10 units restocked before the batch wrote, user 2 gets one too.
         assert!(answers[0].is_ok(), "user 1: {:?}", answers[0]);
@@ -432,6 +391,91 @@ mod tests {
             "user 2 was answered {:?} with 10 units restocked",
             answers[1]
         );
+    }
+
+    #[sqlx::test(migrator = "crate::MIGRATOR")]
+    async fn a_lock_free_batch_that_sells_nothing_tells_nobody_sold_out_past_a_restock_that_came_in_between(
+        pool: PgPool,
+    ) {
+        for step in [Step::Atomic, Step::Optimistic] {
+            // Arrange, act: stock 0, one buyer (the batch writes nothing); a restock of 10
+            // commits between its read and its answer.
+            let answers = answers_past_a_restock(&pool, step, 0, &[request(1, 1)]).await;
+
+            // Assert: the buyer gets one of the 10.
+            assert!(
+                answers[0].is_ok(),
+                "{step:?}: user 1 was answered {:?} with 10 units restocked",
+                answers[0]
+            );
+        }
+    }
+
+    /// A new product of `stock`; a batch of `requests` under the lock-free `step` reads it and
+    /// spends 3 s of work inside its transaction, while a restock of 10 commits. Its answers,
+    /// after the one retry a conflict asks for.
+    async fn answers_past_a_restock(
+        pool: &PgPool,
+        step: Step,
+        stock: i64,
+        requests: &[PurchaseRequest],
+    ) -> Vec<Result<Bought, PurchaseError>> {
+        let bounds = SessionBounds {
+            statement_timeout_ms: 10_000,
+            lock_timeout_ms: 10_000,
+            idle_in_transaction_timeout_ms: 30_000,
+        };
+        let id: i64 =
+            sqlx::query_scalar("INSERT INTO products (name, stock) VALUES ('p', $1) RETURNING id")
+                .bind(stock)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        let product = ProductId::parse(&id.to_string()).unwrap();
+        let requests: Vec<PurchaseRequest> = requests
+            .iter()
+            .map(|r| PurchaseRequest {
+                product_id: product,
+                ..*r
+            })
+            .collect();
+        let batch = {
+            let (pool, requests) = (pool.clone(), requests.clone());
+            tokio::spawn(async move {
+                sell(
+                    &pool,
+                    bounds,
+                    product,
+                    step,
+                    &requests,
+                    Duration::from_secs(3),
+                )
+                .await
+            })
+        };
+        wait_for_a_session(
+            pool,
+            "state = 'idle in transaction'",
+            "the batch never read",
+        )
+        .await;
+        sqlx::query(
+            "UPDATE products SET stock = stock + 10, restock_gen = restock_gen + 1, \
+             version = version + 1 WHERE id = $1",
+        )
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+        match batch.await.unwrap() {
+            Ok(answers) => answers,
+            Err(BatchError::Conflict) => {
+                sell(pool, bounds, product, step, &requests, Duration::ZERO)
+                    .await
+                    .unwrap()
+            }
+            Err(other) => panic!("{step:?}: the batch failed: {other:?}"),
+        }
     }
 
     #[test]

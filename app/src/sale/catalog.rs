@@ -169,9 +169,17 @@ impl Catalog {
         Arc::clone(known)
     }
 
-    /// Forget a product (its desk stopped): the next purchase looks it up again.
-    pub(crate) fn forget(&self, id: ProductId) {
-        self.products.write().expect("catalog poisoned").remove(&id);
+    /// Forget `stopped`, a product whose desk stopped: the next purchase looks it up again.
+    /// Only that entry goes: one a concurrent look-up put in its place stays (two desks of
+    /// one product in one instance would be two leaders).
+    pub(crate) fn forget(&self, id: ProductId, stopped: &Arc<Known>) {
+        let mut products = self.products.write().expect("catalog poisoned");
+        if products
+            .get(&id)
+            .is_some_and(|known| Arc::ptr_eq(known, stopped))
+        {
+            products.remove(&id);
+        }
     }
 
     /// A restock started `generation` (heard from this instance or from a message).

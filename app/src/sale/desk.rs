@@ -18,9 +18,11 @@
 //!
 //! A buyer who disconnected before their batch was taken is skipped; one already taken is
 //! decided with the batch's attempt under way (their order, if any, can be looked up
-//! afterwards), and left out of any retry. A buyer still waiting at their deadline
-//! (`LOCK_WAIT_MS` after arriving) gets 503 `busy`. A batch, its retries included, takes at
-//! most one batch time-out.
+//! afterwards); the transactional strategies leave them out of a retry (under a lock, the
+//! holder retries its one statement as it was). A buyer still waiting at their deadline
+//! (`LOCK_WAIT_MS` after arriving) gets 503 `busy`. A transactional batch, its retries
+//! included, takes at most one batch time-out (`WORK_MS`, a demonstration setting, comes on
+//! top).
 
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -275,7 +275,7 @@ impl Sale {
             Err(PurchaseError::Internal(why)) => {
                 // The desk's leader is gone (it should never end): open a new desk next time.
                 tracing::error!(product_id = %request.product_id, %why, "reopening the product's desk");
-                self.catalog.forget(request.product_id);
+                self.catalog.forget(request.product_id, &product);
                 return Err(PurchaseError::Internal(why));
             }
             other => other?,
@@ -320,10 +320,11 @@ impl Sale {
         }))
     }
 
-    /// A product was created here: purchases of its id need not wait out a miss remembered
-    /// before.
+    /// A product was created here: purchases and reads of its id here need not wait out a
+    /// miss remembered before (other instances may, for up to a second).
     pub fn created(&self, id: ProductId) {
         self.catalog.forget_missing(id);
+        self.reads.forget(id);
     }
 
     /// A restock of `id` committed, starting restock generation `generation`: reopen it here

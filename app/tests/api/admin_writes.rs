@@ -118,3 +118,186 @@ async fn a_restock_whose_client_went_away_still_commits_and_reaches_every_instan
     assert_eq!((books.stock, books.supplied), (4, 6));
     assert!(books.balance(), "{books:?}");
 }
+
+/// The pids of sessions of this database waiting for a lock, once there are `n` of them.
+async fn lock_waiters(pool: &PgPool, n: usize) -> Vec<i32> {
+    let started = Instant::now();
+    loop {
+        let waiting: Vec<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        if waiting.len() >= n {
+            return waiting;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{} sessions waited for a lock, not {n}",
+            waiting.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn set_stock_with_key(
+    app: &TestApp,
+    id: i64,
+    stock: i64,
+    expected: i64,
+) -> reqwest::RequestBuilder {
+    app.client
+        .put(app.url(&format!("/api/products/{id}/stock")))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("Idempotency-Key", "set-9c1d")
+        .json(&json!({"stock": stock, "expected_stock": expected}))
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn twin_stock_writes_sent_at_once_with_one_key_both_get_the_first_answer(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange: the test holds the product's row, so the twins both wait, whatever for.
+    let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("twins"));
+    settings.pg_lock_timeout_ms = 20_000;
+    settings.pg_statement_timeout_ms = 20_000;
+    let apps = spawn_instances(1, &pool_options, &connect, &settings).await;
+    let app = &apps[0];
+    let id = app.create_product("Phone", 1).await;
+    let row = hold_row(&app.pool, id).await;
+
+    // Act: a client that timed out sends the same write again while the first still waits.
+    let first = tokio::spawn(set_stock_with_key(app, id, 5, 1).send());
+    lock_waiters(&app.pool, 1).await;
+    let second = tokio::spawn(set_stock_with_key(app, id, 5, 1).send());
+    lock_waiters(&app.pool, 2).await;
+    row.commit().await.unwrap();
+    let mut answers = Vec::new();
+    for twin in [first, second] {
+        let answer = twin.await.unwrap().unwrap();
+        answers.push((
+            answer.status().as_u16(),
+            answer.json::<Value>().await.unwrap(),
+        ));
+    }
+
+    // Assert: one write; both were told it was made (the second did not see its twin's stock
+    // as someone else's change).
+    assert_eq!(answers[0].0, 200, "{answers:?}");
+    assert_eq!(answers[1], answers[0], "the twin was answered otherwise");
+    assert_eq!(answers[0].1["stock"], 5);
+    let books = books(&app.pool, id).await;
+    assert_eq!((books.stock, books.supplied), (5, 5));
+    assert!(books.balance(), "{books:?}");
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_restock_whose_connection_was_cut_is_answered_outcome_unknown_and_its_retry_adds_it_once(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange: the restock waits for the product's row, which the test holds.
+    let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("restock-cut"));
+    settings.pg_lock_timeout_ms = 20_000;
+    settings.pg_statement_timeout_ms = 20_000;
+    let apps = spawn_instances(1, &pool_options, &connect, &settings).await;
+    let app = &apps[0];
+    let id = app.create_product("Phone", 1).await;
+    let row = hold_row(&app.pool, id).await;
+
+    // Act: its session is ended while it waits; then the row is let go, and the admin sends
+    // the restock again with its key.
+    let cut = tokio::spawn(restock_with_key(app, id, 10, "restock-cut-1").send());
+    let waiting = lock_waiters(&app.pool, 1).await;
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(waiting[0])
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let cut = cut.await.unwrap().unwrap();
+    let cut = (cut.status().as_u16(), cut.json::<Value>().await.unwrap());
+    row.commit().await.unwrap();
+    let retried = restock_with_key(app, id, 10, "restock-cut-1")
+        .send()
+        .await
+        .unwrap();
+
+    // Assert: the cut write was not said to have written nothing; its retry made it, once.
+    assert_eq!(cut.0, 503, "{}", cut.1);
+    assert_eq!(cut.1["error"], "outcome_unknown", "{}", cut.1);
+    assert_eq!(retried.status(), 200);
+    let books = books(&app.pool, id).await;
+    assert_eq!((books.stock, books.supplied), (11, 11));
+    assert!(books.balance(), "{books:?}");
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_restock_retried_after_its_answer_was_lost_is_announced_again(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange: B remembers the product as sold out, and would for a minute without news. A
+    // restock committed and its answer and news were lost (what a connection cut right after
+    // the commit leaves): its row, its key and its new generation are in the database.
+    let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("restock-lost"));
+    settings.sold_out_recheck_ms = 60_000;
+    let apps = spawn_instances(2, &pool_options, &connect, &settings).await;
+    let (a, b) = (&apps[0], &apps[1]);
+    let id = a.create_product("Phone", 1).await;
+    assert_eq!(b.purchase(id, 1, 1).await.status(), 201);
+    assert_eq!(b.purchase(id, 2, 1).await.status(), 409);
+    let mut tx = a.pool.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE products SET stock = stock + 5, restock_gen = restock_gen + 1, \
+         version = version + 1 WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO stock_changes (product_id, delta, reason, actor) VALUES ($1, 5, 'restock', 'admin')",
+    )
+    .bind(id)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO admin_requests (key, request, status, product_id, name, stock) \
+         VALUES ('restock-lost-1', $2, 200, $1, 'Phone', 5)",
+    )
+    .bind(id)
+    .bind(format!("POST /api/products/{id}/restock add=5"))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+
+    // Act: the admin, who got no answer, sends the restock again with its key.
+    let retried = restock_with_key(a, id, 5, "restock-lost-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(retried.status(), 200);
+
+    // Assert: nothing was added again, and B heard of the restock (well inside its minute).
+    let started = Instant::now();
+    loop {
+        let response = b.purchase(id, 3, 1).await;
+        if response.status() == 201 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "B never heard of the restock: {}",
+            response.status()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let books = books(&a.pool, id).await;
+    assert_eq!((books.stock, books.supplied), (4, 6));
+    assert!(books.balance(), "{books:?}");
+}
