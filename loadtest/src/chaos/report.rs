@@ -114,6 +114,19 @@ impl Report<'_> {
         answers
     }
 
+    /// The answers to the purchases sent during `[from, to)`, by status and code.
+    fn answers_sent(&self, from: Micros, to: Micros) -> BTreeMap<String, usize> {
+        let mut by_label = BTreeMap::new();
+        for a in self
+            .attempts
+            .iter()
+            .filter(|a| (from..to).contains(&a.sent_us))
+        {
+            *by_label.entry(a.answer.label()).or_default() += 1;
+        }
+        by_label
+    }
+
     pub fn render(&self) -> String {
         let h = self.header;
         let v = self.verdict;
@@ -232,6 +245,7 @@ impl Report<'_> {
                 "detail": f.detail,
                 "injected_s": (f.injected_us - self.header.started_us) as f64 / 1e6,
                 "healed_s": (f.healed_us - self.header.started_us) as f64 / 1e6,
+                "answers_sent_until_1s_after_the_heal": self.answers_sent(f.injected_us, f.healed_us + 1_000_000),
             })).collect::<Vec<_>>(),
             "buyers": self.buyers,
             "answers": self.answers().into_iter().collect::<BTreeMap<_, _>>(),
