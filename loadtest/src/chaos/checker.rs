@@ -110,8 +110,9 @@ pub struct Verdict {
     pub sold_out_answers: usize,
     /// `sold_out` answers given while the stock was above zero all along from the send to
     /// the answer, but within `SOLD_OUT_RECHECK_MS` of it being zero: what the service's
-    /// bound allows (an instance that missed a restock's message), not a violation.
-    pub sold_out_within_the_bound: usize,
+    /// bound allows (an instance that missed a restock's message), not a violation. When
+    /// each was sent.
+    pub sold_out_within_the_bound: Vec<Micros>,
     /// Buyers whose outcome was unknown, and of them those the lookup found an order for.
     pub unknown_buyers: usize,
     pub unknown_found: usize,
@@ -341,7 +342,7 @@ pub fn check(e: &Evidence<'_>) -> Verdict {
 
     let history = StockHistory::of(db);
     let mut wrong_sold_out = Vec::new();
-    let (mut sold_out_answers, mut within_bound) = (0, 0);
+    let (mut sold_out_answers, mut within_bound) = (0, Vec::new());
     for a in e.attempts.iter().filter(|a| a.is_sold_out()) {
         sold_out_answers += 1;
         let to = a.answered_us + SLACK_US;
@@ -359,7 +360,7 @@ pub fn check(e: &Evidence<'_>) -> Verdict {
                 SLACK_US / 1000
             ));
         } else {
-            within_bound += 1;
+            within_bound.push(a.sent_us);
         }
     }
 
@@ -673,10 +674,8 @@ mod tests {
         let verdict = Soak::clean().check();
         assert!(verdict.passed(), "{:?}", broken(&verdict));
         assert_eq!((verdict.supplied, verdict.sold, verdict.stock), (4, 4, 0));
-        assert_eq!(
-            (verdict.sold_out_answers, verdict.sold_out_within_the_bound),
-            (2, 1)
-        );
+        assert_eq!(verdict.sold_out_answers, 2);
+        assert_eq!(verdict.sold_out_within_the_bound, [at(10.3)]);
         assert_eq!((verdict.unknown_buyers, verdict.unknown_found), (1, 1));
     }
 

@@ -40,9 +40,9 @@ pub struct ClusterConfig {
 /// another port).
 pub type Urls = Arc<RwLock<Vec<String>>>;
 
+/// Fields drop in order: the instances and their proxies first, the servers last.
 pub struct Cluster {
     config: ClusterConfig,
-    /// Dropped after the instances and proxies (fields drop in order).
     slots: Vec<Slot>,
     /// Instances killed by the nemesis, kept until the end so that their logs can be kept
     /// when the soak fails.

@@ -14,9 +14,11 @@
 //! - `checker`: the rules and their violations (pure).
 //! - `report`: the table and the JSON summary.
 //!
-//! Dependencies point one way: `mod` uses all; `nemesis` uses `cluster`, `proxy`,
-//! `schedule` and `history`; `checker` and `report` know only `history` (and `report` the
-//! checker's verdict); nothing below `mod` uses `mod`.
+//! Dependencies point one way, with no cycle: `schedule` and `history` are the vocabulary;
+//! `checker` knows only `history`; `report` knows `history`, `schedule` and the checker's
+//! verdict; `proxy` knows nothing of the soak; `cluster` uses `proxy` (and the crate's
+//! `servers` and `instances`); `nemesis` uses `cluster`; `load` and `evidence` use the
+//! cluster's addresses; only this module uses them all.
 
 pub mod checker;
 pub mod cluster;
@@ -167,6 +169,7 @@ async fn soak(
         settings,
         started_us,
         ended_us,
+        sold_out_recheck_us: (args.sold_out_recheck_ms * 1000) as i64,
     };
     let report = report::Report {
         header: &header,

@@ -20,6 +20,8 @@ pub struct Header {
     pub started_us: Micros,
     /// When the load stopped.
     pub ended_us: Micros,
+    /// The instances' `SOLD_OUT_RECHECK_MS`, in µs.
+    pub sold_out_recheck_us: Micros,
 }
 
 /// Everything the table shows.
@@ -114,6 +116,23 @@ impl Report<'_> {
         answers
     }
 
+    /// The `sold_out` answers the service's bound allowed, by the fault they came during or
+    /// within `SOLD_OUT_RECHECK_MS` after (`None`: no fault near).
+    fn stale_sold_out_by_fault(&self) -> BTreeMap<Option<FaultKind>, usize> {
+        let mut by_fault = BTreeMap::new();
+        for sent in &self.verdict.sold_out_within_the_bound {
+            let near = self
+                .faults
+                .iter()
+                .rev()
+                .find(|f| f.injected_us <= *sent)
+                .filter(|f| *sent <= f.healed_us + self.header.sold_out_recheck_us)
+                .map(|f| f.kind);
+            *by_fault.entry(near).or_default() += 1;
+        }
+        by_fault
+    }
+
     /// The answers to the purchases sent during `[from, to)`, by status and code.
     fn answers_sent(&self, from: Micros, to: Micros) -> BTreeMap<String, usize> {
         let mut by_label = BTreeMap::new();
@@ -185,10 +204,23 @@ impl Report<'_> {
             "books: supplied {} (initial + {} restocks of {} units), sold {} in {} orders, stock {}",
             v.supplied, v.restocks_applied, v.restocked_units, v.sold, v.orders, v.stock
         );
+        let near: Vec<String> = self
+            .stale_sold_out_by_fault()
+            .into_iter()
+            .map(|(kind, n)| format!("{n} {}", kind.map_or("with no fault near", FaultKind::name)))
+            .collect();
         let _ = writeln!(
             out,
-            "unknown outcomes: {} buyers, of whom the lookup found {} with an order; sold_out answers: {}, of which {} came within SOLD_OUT_RECHECK_MS of the stock being zero while units were there (the bound the service promises; not violations)\n",
-            v.unknown_buyers, v.unknown_found, v.sold_out_answers, v.sold_out_within_the_bound
+            "unknown outcomes: {} buyers, of whom the lookup found {} with an order; sold_out answers: {}, of which {} came while units were there but within SOLD_OUT_RECHECK_MS of the stock being zero (the bound the service promises, so not violations; by the fault they came during or within SOLD_OUT_RECHECK_MS after: {})\n",
+            v.unknown_buyers,
+            v.unknown_found,
+            v.sold_out_answers,
+            v.sold_out_within_the_bound.len(),
+            if near.is_empty() {
+                "none".to_owned()
+            } else {
+                near.join(", ")
+            }
         );
         let _ = writeln!(out, "| check | rule | violations |");
         let _ = writeln!(out, "|---|---|---:|");
@@ -257,7 +289,12 @@ impl Report<'_> {
             "orders": v.orders,
             "restocks_applied": v.restocks_applied,
             "sold_out_answers": v.sold_out_answers,
-            "sold_out_within_the_bound": v.sold_out_within_the_bound,
+            "sold_out_within_the_bound": v.sold_out_within_the_bound.len(),
+            "sold_out_within_the_bound_by_fault": self
+                .stale_sold_out_by_fault()
+                .into_iter()
+                .map(|(kind, n)| (kind.map_or("none", FaultKind::name), n))
+                .collect::<BTreeMap<_, _>>(),
             "unknown_buyers": v.unknown_buyers,
             "unknown_found": v.unknown_found,
             "checks": v.checks.iter().map(|c| json!({
