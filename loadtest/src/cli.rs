@@ -1,4 +1,5 @@
-//! The command line: an attack (the default), `demo`, `bench-http`, and the hidden `serve`.
+//! The command line: an attack (the default), `demo`, `bench-http`, `chaos`, and the hidden
+//! `serve`.
 
 use std::path::PathBuf;
 
@@ -37,6 +38,11 @@ pub enum Command {
     /// batched and per request, the sold-out path against `/healthz`, and 1,000 buyers
     /// against 64.
     BenchHttp(BenchArgs),
+    /// A fault soak: a sale with restocks on instances of its own while a nemesis injects
+    /// faults drawn from a seed (kills, pauses past the lease, Redis and PostgreSQL
+    /// restarts, fence counters set back, terminated sessions, slow and cut links); then
+    /// every answer is checked against PostgreSQL. Exits 0 only with no violation.
+    Chaos(ChaosArgs),
     /// Run one seckill instance (what `demo` starts, as a child process).
     #[command(hide = true)]
     Serve(seckill::Settings),
@@ -173,6 +179,96 @@ pub struct BenchArgs {
     /// Rounds; the runs alternate and each figure is the median of its rounds.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=50))]
     pub rounds: u64,
+}
+
+/// How `chaos` runs. It starts everything it uses itself (a private PostgreSQL and Redis on
+/// free ports, the instances, a proxy per instance and server) and removes it all when it
+/// ends, whether it passed, failed, hit an error or was stopped by Ctrl-C.
+#[derive(Debug, Clone, Args)]
+pub struct ChaosArgs {
+    /// How long the faults go on, in minutes (decimals allowed: 0.5 is 30 s); then the load
+    /// stops, the books settle and everything is checked.
+    #[arg(long, default_value_t = 1.0, value_parser = minutes)]
+    pub minutes: f64,
+
+    /// The seed of the fault schedule: the same seed injects the same faults, in the same
+    /// order, with the same parameters. Without it, a random one (printed at the start).
+    #[arg(long)]
+    pub seed: Option<u64>,
+
+    /// seckill instances, each a separate process with links of its own.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=9))]
+    pub instances: u16,
+
+    /// The lock strategy of the instances (any but redlock, which needs several Redis
+    /// masters; `none` is the negative control: it must fail).
+    #[arg(long, default_value = "redis", value_parser = chaos_strategy)]
+    pub strategy: seckill::LockStrategy,
+
+    /// The quiet spell before each fault, in ms (each fault is healed before it starts).
+    #[arg(long, default_value_t = 3_000, value_parser = clap::value_parser!(u64).range(500..=600_000))]
+    pub fault_every_ms: u64,
+
+    /// Units of the product at the start.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
+    pub stock: i64,
+
+    /// A restock (through the admin API, with an Idempotency-Key) every this many ms.
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub restock_every_ms: u64,
+
+    /// Units each restock adds. With the defaults the supply (250 units/s) is below the
+    /// demand (300 buyers/s), so the product sells out between restocks.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
+    pub restock_units: i64,
+
+    /// New buyers per second, each with a user id of their own, each at a random instance.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub buyers_per_sec: u32,
+
+    /// Purchase requests open at once at most (a new buyer waits for a free one). Enough
+    /// that the requests stuck at a paused instance leave the others busy.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=5_000))]
+    pub concurrency: u64,
+
+    /// LOCK_TTL_MS of the instances: the lease a paused instance outlives.
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(500..=60_000))]
+    pub lock_ttl_ms: u64,
+
+    /// SOLD_OUT_RECHECK_MS of the instances: how long one may answer sold_out from memory
+    /// after missing a restock's message; the checker allows exactly that.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub sold_out_recheck_ms: u64,
+
+    /// Also write the figures, the fault log, every check and every violation as JSON to
+    /// this file.
+    #[arg(long)]
+    pub summary: Option<PathBuf>,
+}
+
+/// `--minutes`: a positive number of minutes, at most a day.
+fn minutes(raw: &str) -> Result<f64, String> {
+    match raw.trim().parse::<f64>() {
+        Ok(m) if m.is_finite() && m > 0.0 && m <= 1_440.0 => Ok(m),
+        _ => Err(format!(
+            "{raw:?} is not a number of minutes above 0 and at most 1440 (decimals allowed: 0.5 is 30 s)"
+        )),
+    }
+}
+
+/// `--strategy` of `chaos`: a strategy, but not redlock.
+fn chaos_strategy(raw: &str) -> Result<seckill::LockStrategy, String> {
+    use clap::ValueEnum;
+    match seckill::LockStrategy::from_str(raw, true) {
+        Ok(seckill::LockStrategy::Redlock) => Err(
+            "redlock is not supported by chaos: it needs several Redis masters, and chaos runs one"
+                .to_owned(),
+        ),
+        Ok(strategy) => Ok(strategy),
+        Err(_) => Err(format!(
+            "{raw:?} is not a strategy (redis, pg-lock, pg-row, pg-optimistic, pg-atomic, none)"
+        )),
+    }
 }
 
 /// A strategy name, or nothing for an empty value (`--per-request ""`).

@@ -44,6 +44,8 @@ pub struct Instance {
     pub log: PathBuf,
     /// Keep the log when the instance is dropped (it failed, or someone wants to read it).
     keep_log: bool,
+    /// Killed by [`kill`](Self::kill): its exit is no failure of its own.
+    killed: bool,
 }
 
 impl Instance {
@@ -90,6 +92,7 @@ impl Instance {
             url: String::new(),
             log,
             keep_log: true,
+            killed: false,
         };
         let address = match read_address(stdout, log_file).await {
             Ok(address) => address,
@@ -113,8 +116,17 @@ impl Instance {
 
     /// SIGKILL the instance now and reap it.
     pub fn kill(&mut self) {
+        self.killed = true;
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// How the instance ended, if it exited by itself (not by [`kill`](Self::kill)).
+    pub fn exited_by_itself(&mut self) -> Option<std::process::ExitStatus> {
+        match self.child.try_wait() {
+            Ok(Some(status)) if !self.killed => Some(status),
+            _ => None,
+        }
     }
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
@@ -141,8 +153,9 @@ impl Instance {
 
 impl Drop for Instance {
     fn drop(&mut self) {
-        // An instance that had already exited when it was dropped failed: keep its log.
-        if let Ok(Some(status)) = self.child.try_wait() {
+        // An instance that had already exited by itself when it was dropped failed: keep its
+        // log.
+        if let Some(status) = self.exited_by_itself() {
             eprintln!(
                 "the instance at {} had exited ({status}); its log is kept: {}",
                 self.url,

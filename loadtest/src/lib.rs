@@ -8,12 +8,15 @@
 //! - `servers`: the demo's PostgreSQL and Redis, private ones on a bare machine.
 //! - `demo`: every strategy, one comparison table, `chart`: its SVG.
 //! - `bench`: one instance per configuration, measured with wrk.
+//! - `chaos`: a fault soak: a seeded nemesis, every answer recorded, a checker of the whole
+//!   history against PostgreSQL.
 //!
 //! It depends on `seckill` only to run instances (`serve`) and to name strategies.
 
 pub mod attack;
 pub mod bench;
 pub mod books;
+pub mod chaos;
 pub mod chart;
 pub mod cli;
 pub mod demo;

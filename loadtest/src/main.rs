@@ -17,6 +17,10 @@ async fn main() -> ExitCode {
             Ok(cancel) => demo::run(args, cancel).await,
             Err(error) => Err(error),
         },
+        Some(Command::Chaos(args)) => match Cancel::on_ctrl_c() {
+            Ok(cancel) => loadtest::chaos::run(args, cancel).await,
+            Err(error) => Err(error),
+        },
         Some(Command::BenchHttp(args)) => loadtest::bench::run(args).await.map(|()| true),
         None => attack(cli.attack, cli.goose).await,
     };

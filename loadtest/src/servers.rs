@@ -41,11 +41,36 @@ struct Private {
     child: Child,
     /// Removed when the server is stopped.
     dir: Option<PathBuf>,
+    /// How it was started: [`Server::restart`] starts it again the same way.
+    launch: Launch,
 }
 
-impl Drop for Private {
-    fn drop(&mut self) {
-        // SIGINT is PostgreSQL's "fast shutdown" and stops Redis too; then make sure.
+/// A private server's command line and the account it runs as.
+struct Launch {
+    program: PathBuf,
+    args: Vec<std::ffi::OsString>,
+    account: Option<(u32, u32)>,
+    /// The port it listens on, which a restart keeps (clients and proxies point at it).
+    port: u16,
+}
+
+impl Launch {
+    fn spawn(&self) -> std::io::Result<Child> {
+        let mut command = as_account(Command::new(&self.program), self.account);
+        command
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        own_process_group_and_die_with_parent(&mut command);
+        command.spawn()
+    }
+}
+
+impl Private {
+    /// SIGINT (PostgreSQL's fast shutdown; Redis stops, keeping nothing), then SIGKILL after
+    /// 5 s; the child is reaped.
+    fn stop(&mut self) {
         let pid = self.child.id() as i32;
         // SAFETY: sending a signal to our own child by its pid.
         unsafe {
@@ -59,9 +84,51 @@ impl Drop for Private {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Private {
+    fn drop(&mut self) {
+        self.stop();
         if let Some(dir) = &self.dir {
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+}
+
+impl Server {
+    /// Stop a private server and start it again on the same port, PostgreSQL on the same
+    /// data directory: what `pg_ctl restart -m fast` does (SIGINT is its fast shutdown), but
+    /// the server stays a child of this process, in its own process group and with a
+    /// parent-death signal. A private Redis comes back empty: it keeps nothing on disk.
+    /// Blocks until the port accepts connections again (PostgreSQL may still be starting
+    /// up behind it for a moment: connect with retries).
+    ///
+    /// # Errors
+    /// A server the demo did not start; or it does not come back within 30 s.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        let Some(private) = &mut self.private else {
+            bail!("only a private server can be restarted");
+        };
+        private.stop();
+        let port = private.launch.port;
+        // The old server's socket may linger a moment after it exited: try a few times.
+        for _ in 0..5 {
+            private.child = private
+                .launch
+                .spawn()
+                .context("starting the private server again")?;
+            if wait_for_port(port, &mut private.child, Duration::from_secs(30)) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        bail!("the private server did not come back on port {port}")
+    }
+
+    /// The process id of a private server now (a restart changes it).
+    pub fn pid(&self) -> Option<u32> {
+        self.private.as_ref().map(|p| p.child.id())
     }
 }
 
@@ -119,15 +186,22 @@ pub fn start_redis() -> anyhow::Result<Server> {
     )?;
     for _ in 0..5 {
         let port = free_port()?;
-        let mut command = Command::new(&binary);
-        command
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        own_process_group_and_die_with_parent(&mut command);
-        let child = command.spawn().context("starting redis-server")?;
-        let mut private = Private { child, dir: None };
+        let launch = Launch {
+            program: binary.clone(),
+            args: ["--port", &port.to_string(), "--bind", "127.0.0.1"]
+                .into_iter()
+                .chain(["--save", "", "--appendonly", "no"])
+                .map(Into::into)
+                .collect(),
+            account: None,
+            port,
+        };
+        let child = launch.spawn().context("starting redis-server")?;
+        let mut private = Private {
+            child,
+            dir: None,
+            launch,
+        };
         let url = format!("redis://127.0.0.1:{port}");
         if wait_for_port(port, &mut private.child, Duration::from_secs(10))
             && redis_pid(&url) == Some(private.child.id())
@@ -144,6 +218,16 @@ pub fn start_redis() -> anyhow::Result<Server> {
 }
 
 async fn start_postgres() -> anyhow::Result<Server> {
+    start_postgres_with(&[]).await
+}
+
+/// A private PostgreSQL (`initdb` into a temporary directory, removed when the server is
+/// dropped), with these settings besides the usual ones (`("track_commit_timestamp",
+/// "on")`, say).
+///
+/// # Errors
+/// PostgreSQL not installed, `initdb` fails, or the server does not start.
+pub async fn start_postgres_with(settings: &[(&str, &str)]) -> anyhow::Result<Server> {
     let bin = postgres_bin_dir().context(
         "nothing answers at 127.0.0.1:5432 and PostgreSQL is not installed (no initdb on the \
          PATH or in /usr/lib/postgresql/*/bin): install PostgreSQL (Debian: apt-get install \
@@ -171,21 +255,32 @@ async fn start_postgres() -> anyhow::Result<Server> {
     }
     for _ in 0..5 {
         let port = free_port()?;
-        let mut command = as_account(Command::new(bin.join("postgres")), account);
-        command
-            .arg("-D")
-            .arg(&data)
-            .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1"])
-            .arg("-c")
-            .arg(format!("unix_socket_directories={}", dir.display()))
-            .args(["-c", "max_connections=200"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        own_process_group_and_die_with_parent(&mut command);
-        let child = command.spawn().context("starting postgres")?;
+        let mut args: Vec<std::ffi::OsString> = vec!["-D".into(), data.clone().into()];
+        for setting in [
+            format!("port={port}"),
+            "listen_addresses=127.0.0.1".to_owned(),
+            format!("unix_socket_directories={}", dir.display()),
+            "max_connections=200".to_owned(),
+        ]
+        .into_iter()
+        .chain(
+            settings
+                .iter()
+                .map(|(name, value)| format!("{name}={value}")),
+        ) {
+            args.extend(["-c".into(), setting.into()]);
+        }
+        let launch = Launch {
+            program: bin.join("postgres"),
+            args,
+            account,
+            port,
+        };
+        let child = launch.spawn().context("starting postgres")?;
         let mut private = Private {
             child,
             dir: Some(dir.clone()),
+            launch,
         };
         if wait_for_port(port, &mut private.child, Duration::from_secs(30)) {
             let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");

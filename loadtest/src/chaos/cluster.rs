@@ -1,0 +1,302 @@
+//! The soak's cluster: a private PostgreSQL and a private Redis, and N seckill instances,
+//! each reaching both servers through proxies of its own ([`super::proxy`]). Everything is
+//! stopped when the cluster is dropped: the instances (by pid), the proxies, the servers
+//! (and the PostgreSQL data directory).
+//!
+//! The private PostgreSQL keeps commit timestamps (`track_commit_timestamp`), so that the
+//! checker can rebuild the stock's history from the rows themselves.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use reqwest::Url;
+use sqlx::{Connection, PgConnection};
+use tokio::time::Instant;
+
+use super::proxy::{Mode, Proxy};
+use super::schedule::Links;
+use crate::instances::{Instance, InstanceConfig};
+use crate::servers::{self, Server, ThrowawayDatabase};
+
+/// The admin token of the soak's instances.
+pub const ADMIN_TOKEN: &str = "chaos-admin-token-0123456789";
+
+/// The Redis key prefix of the soak's instances.
+pub const KEY_PREFIX: &str = "chaos:";
+
+/// How the instances run.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    pub instances: usize,
+    pub strategy: seckill::LockStrategy,
+    pub lock_ttl_ms: u64,
+    pub sold_out_recheck_ms: u64,
+}
+
+/// The instances' addresses, by slot, shared with the load (a restarted instance listens on
+/// another port).
+pub type Urls = Arc<RwLock<Vec<String>>>;
+
+/// Fields drop in order: the instances and their proxies first, the servers last.
+pub struct Cluster {
+    config: ClusterConfig,
+    slots: Vec<Slot>,
+    /// Instances killed by the nemesis, kept until the end so that their logs can be kept
+    /// when the soak fails.
+    retired: Vec<Instance>,
+    urls: Urls,
+    /// The app's database, reached directly (not through a proxy).
+    pub database_url: String,
+    /// The `postgres` database of the private server, for the nemesis's own sessions.
+    admin_url: String,
+    database: String,
+    redis_url: String,
+    loadtest: PathBuf,
+    redis: Server,
+    postgres: Server,
+}
+
+struct Slot {
+    name: String,
+    postgres: Proxy,
+    redis: Proxy,
+    instance: Instance,
+    /// How many times it was started (its logs are named after it).
+    starts: u32,
+}
+
+impl Cluster {
+    /// Start the servers, the proxies and the instances (one after the other: the first runs
+    /// the migrations).
+    ///
+    /// # Errors
+    /// When a server or an instance does not start.
+    pub async fn start(config: ClusterConfig) -> anyhow::Result<Self> {
+        let postgres = servers::start_postgres_with(&[("track_commit_timestamp", "on")])
+            .await
+            .context("starting the soak's own PostgreSQL")?;
+        let redis = servers::start_redis().context("starting the soak's own Redis")?;
+        let admin_url = postgres.url.clone();
+        let database = "seckill_chaos".to_owned();
+        let database_url = ThrowawayDatabase::create(&admin_url, database.clone())
+            .await?
+            .url;
+        let loadtest = std::env::current_exe().context("finding this binary to start instances")?;
+        let postgres_at = socket_addr(&admin_url)?;
+        let redis_at = socket_addr(&redis.url)?;
+        let mut cluster = Self {
+            config: config.clone(),
+            slots: Vec::new(),
+            retired: Vec::new(),
+            urls: Arc::new(RwLock::new(Vec::new())),
+            database_url,
+            admin_url,
+            database,
+            redis_url: redis.url.clone(),
+            loadtest,
+            redis,
+            postgres,
+        };
+        for i in 0..config.instances {
+            let postgres = Proxy::start(postgres_at).await?;
+            let redis = Proxy::start(redis_at).await?;
+            let name = format!("chaos-{i}-start1");
+            let instance = cluster.start_instance(&postgres, &redis, &name).await?;
+            cluster.urls.write().unwrap().push(instance.url.clone());
+            cluster.slots.push(Slot {
+                name: format!("chaos-{i}"),
+                postgres,
+                redis,
+                instance,
+                starts: 1,
+            });
+        }
+        Ok(cluster)
+    }
+
+    async fn start_instance(
+        &self,
+        postgres: &Proxy,
+        redis: &Proxy,
+        name: &str,
+    ) -> anyhow::Result<Instance> {
+        let mut database_url = Url::parse(&self.database_url)?;
+        database_url
+            .set_port(Some(postgres.port()))
+            .map_err(|()| anyhow::anyhow!("cannot set the port of {database_url}"))?;
+        let redis_url = format!("redis://127.0.0.1:{}", redis.port());
+        let config = InstanceConfig {
+            database_url: database_url.as_str(),
+            redis_url: &redis_url,
+            redis_key_prefix: KEY_PREFIX,
+            admin_token: ADMIN_TOKEN,
+            strategy: self.config.strategy,
+            work_ms: 0,
+            lock_wait_ms: 2_000,
+            lock_ttl_ms: self.config.lock_ttl_ms,
+            redlock_urls: "",
+            extra: vec![
+                (
+                    "SOLD_OUT_RECHECK_MS",
+                    self.config.sold_out_recheck_ms.to_string(),
+                ),
+                ("DATABASE_MAX_CONNECTIONS", "10".into()),
+            ],
+        };
+        Instance::start(&self.loadtest, &config, name).await
+    }
+
+    pub fn urls(&self) -> Urls {
+        Arc::clone(&self.urls)
+    }
+
+    pub fn instances(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn pid(&self, slot: usize) -> u32 {
+        self.slots[slot].instance.pid()
+    }
+
+    /// SIGKILL the instance in `slot` and reap it.
+    pub fn kill(&mut self, slot: usize) {
+        self.slots[slot].instance.kill();
+    }
+
+    /// Start the instance in `slot` again (after [`kill`](Self::kill)), with the same
+    /// proxies; it listens on a new port, which [`urls`](Self::urls) then gives.
+    ///
+    /// # Errors
+    /// When it does not start.
+    pub async fn restart(&mut self, slot: usize) -> anyhow::Result<()> {
+        let starts = self.slots[slot].starts + 1;
+        let name = format!("{}-start{starts}", self.slots[slot].name);
+        let instance = {
+            let s = &self.slots[slot];
+            self.start_instance(&s.postgres, &s.redis, &name).await?
+        };
+        self.urls.write().unwrap()[slot] = instance.url.clone();
+        let old = std::mem::replace(&mut self.slots[slot].instance, instance);
+        self.slots[slot].starts = starts;
+        self.retired.push(old);
+        Ok(())
+    }
+
+    /// Send `signal` (SIGSTOP, SIGCONT) to the instance in `slot`, by its pid.
+    pub fn signal(&self, slot: usize, signal: libc::c_int) {
+        // SAFETY: a signal to our own child, by the pid it was started with (reaped only by
+        // `kill`, which the nemesis never calls on a paused instance before SIGCONT).
+        unsafe {
+            libc::kill(self.pid(slot) as libc::pid_t, signal);
+        }
+    }
+
+    /// Put `slot`'s links in `mode`.
+    pub fn set_links(&self, slot: usize, links: Links, mode: Mode) {
+        let s = &self.slots[slot];
+        if links.postgres() {
+            s.postgres.set(mode);
+        }
+        if links.redis() {
+            s.redis.set(mode);
+        }
+    }
+
+    /// Restart Redis empty, on the same port.
+    ///
+    /// # Errors
+    /// When it does not come back.
+    pub fn restart_redis(&mut self) -> anyhow::Result<()> {
+        // The restart blocks (it waits for the port); the load goes on on the other worker.
+        tokio::task::block_in_place(|| self.redis.restart())
+    }
+
+    /// Restart PostgreSQL (fast shutdown, then start), and wait until it accepts sessions.
+    ///
+    /// # Errors
+    /// When it does not come back within 60 s.
+    pub async fn restart_postgres(&mut self) -> anyhow::Result<()> {
+        tokio::task::block_in_place(|| self.postgres.restart())?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match PgConnection::connect(&self.admin_url).await {
+                Ok(conn) => {
+                    let _ = conn.close().await;
+                    return Ok(());
+                }
+                Err(error) if Instant::now() > deadline => {
+                    bail!("PostgreSQL did not accept sessions after its restart: {error}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    /// `pg_terminate_backend` every session of the app's database; how many were ended.
+    ///
+    /// # Errors
+    /// When PostgreSQL cannot be asked.
+    pub async fn terminate_backends(&self) -> anyhow::Result<i64> {
+        let mut admin = PgConnection::connect(&self.admin_url).await?;
+        let ended: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE datname = $1 AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
+        )
+        .bind(&self.database)
+        .fetch_one(&mut admin)
+        .await?;
+        let _ = admin.close().await;
+        Ok(ended)
+    }
+
+    /// A connection to the soak's Redis, directly (not through a proxy).
+    ///
+    /// # Errors
+    /// When Redis cannot be reached.
+    pub async fn redis(&self) -> anyhow::Result<redis::aio::MultiplexedConnection> {
+        Ok(redis::Client::open(self.redis_url.as_str())?
+            .get_multiplexed_async_connection()
+            .await?)
+    }
+
+    /// The instances that exited by themselves (not killed by the nemesis), with how.
+    pub fn exited_by_themselves(&mut self) -> Vec<String> {
+        let mut exits = Vec::new();
+        for (slot, s) in self.slots.iter_mut().enumerate() {
+            if let Some(status) = s.instance.exited_by_itself() {
+                exits.push(format!(
+                    "instance {slot} exited by itself ({status}); log: {}",
+                    s.instance.log.display()
+                ));
+            }
+        }
+        exits
+    }
+
+    /// Keep every instance's log (the soak failed); their paths.
+    pub fn keep_logs(&mut self) -> Vec<PathBuf> {
+        let mut logs = Vec::new();
+        for instance in self
+            .retired
+            .iter_mut()
+            .chain(self.slots.iter_mut().map(|s| &mut s.instance))
+        {
+            instance.keep_log();
+            logs.push(instance.log.clone());
+        }
+        logs
+    }
+}
+
+/// The host and port of a server's URL.
+fn socket_addr(url: &str) -> anyhow::Result<SocketAddr> {
+    let url = Url::parse(url)?;
+    let host = url.host_str().context("a server URL without a host")?;
+    let port = url.port().context("a server URL without a port")?;
+    format!("{host}:{port}")
+        .parse()
+        .with_context(|| format!("{host}:{port} is not an address"))
+}

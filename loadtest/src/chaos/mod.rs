@@ -1,0 +1,188 @@
+//! `loadtest chaos`: a fault soak in the manner of Jepsen. A sale with restocks runs on
+//! instances of its own while a nemesis injects a fault every few seconds, drawn from a
+//! seeded schedule; every answer is recorded; at the end the load stops, the books settle,
+//! every unknown outcome is looked up, and a checker judges the whole history against
+//! PostgreSQL.
+//!
+//! - `schedule`: the seeded fault sequence (pure).
+//! - `history`: what was recorded: attempts, restocks, faults.
+//! - `proxy`: the TCP proxy in front of each instance's PostgreSQL and Redis links.
+//! - `cluster`: the private servers, the proxies and the instances.
+//! - `nemesis`: injects and heals each fault.
+//! - `load`: the buyers and the restocks.
+//! - `evidence`: the rows and the lookups gathered after the load.
+//! - `checker`: the rules and their violations (pure).
+//! - `report`: the table and the JSON summary.
+//!
+//! Dependencies point one way, with no cycle: `schedule` and `history` are the vocabulary;
+//! `checker` knows only `history`; `report` knows `history`, `schedule` and the checker's
+//! verdict; `proxy` knows nothing of the soak; `cluster` uses `proxy` (and the crate's
+//! `servers` and `instances`); `nemesis` uses `cluster`; `load` and `evidence` use the
+//! cluster's addresses; only this module uses them all.
+
+pub mod checker;
+pub mod cluster;
+pub mod evidence;
+pub mod history;
+pub mod load;
+pub mod nemesis;
+pub mod proxy;
+pub mod report;
+pub mod schedule;
+
+use std::time::Duration;
+
+use anyhow::Context;
+use sqlx::postgres::PgPoolOptions;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::attack::{self, Cancel};
+use crate::cli::ChaosArgs;
+use cluster::{ADMIN_TOKEN, Cluster, ClusterConfig};
+use history::now_us;
+use schedule::Schedule;
+
+/// Run the soak; `Ok(true)` when it ran to its end with no violation.
+///
+/// # Errors
+/// When the cluster cannot be started, a fault cannot be healed (an instance that does not
+/// start again), or PostgreSQL cannot be read at the end. Everything started is removed
+/// before this returns, whatever happened.
+pub async fn run(args: ChaosArgs, cancel: Cancel) -> anyhow::Result<bool> {
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let settings = format!(
+        "--minutes {} --seed {seed} --instances {} --strategy {} --fault-every-ms {} --stock {} --restock-every-ms {} --restock-units {} --buyers-per-sec {} --concurrency {} --lock-ttl-ms {} --sold-out-recheck-ms {}",
+        args.minutes,
+        args.instances,
+        args.strategy.name(),
+        args.fault_every_ms,
+        args.stock,
+        args.restock_every_ms,
+        args.restock_units,
+        args.buyers_per_sec,
+        args.concurrency,
+        args.lock_ttl_ms,
+        args.sold_out_recheck_ms,
+    );
+    println!("chaos: seed {seed} (the same --seed replays the same faults)");
+    println!("chaos: {settings}");
+    let mut cluster = Cluster::start(ClusterConfig {
+        instances: usize::from(args.instances),
+        strategy: args.strategy,
+        lock_ttl_ms: args.lock_ttl_ms,
+        sold_out_recheck_ms: args.sold_out_recheck_ms,
+    })
+    .await?;
+    println!(
+        "chaos: a private PostgreSQL and Redis, {} instances: {}",
+        cluster.instances(),
+        cluster.urls().read().unwrap().join(" ")
+    );
+    let outcome = soak(&args, seed, settings, &mut cluster, &cancel).await;
+    match &outcome {
+        Ok(true) => {}
+        Ok(false) | Err(_) => {
+            let logs: Vec<String> = cluster
+                .keep_logs()
+                .iter()
+                .map(|log| log.display().to_string())
+                .collect();
+            println!("the instances' logs are kept: {}", logs.join(" "));
+        }
+    }
+    // The instances, the proxies and the servers go here.
+    drop(cluster);
+    println!("chaos: everything it started is stopped and removed");
+    if cancel.is_set() {
+        println!("stopped early by Ctrl-C: the soak did not run its full length");
+        return outcome.map(|_| false);
+    }
+    outcome
+}
+
+async fn soak(
+    args: &ChaosArgs,
+    seed: u64,
+    settings: String,
+    cluster: &mut Cluster,
+    cancel: &Cancel,
+) -> anyhow::Result<bool> {
+    let urls = cluster.urls();
+    let first = urls.read().unwrap()[0].clone();
+    let product_id = attack::create_product(&first, ADMIN_TOKEN, args.stock).await?;
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&cluster.database_url)
+        .await
+        .context("connecting to the soak's PostgreSQL")?;
+
+    let (stop, stopped) = watch::channel(false);
+    let started_us = now_us();
+    let load = tokio::spawn(load::run(
+        load::LoadConfig {
+            product_id,
+            buyers_per_sec: args.buyers_per_sec,
+            concurrency: args.concurrency as usize,
+            restock_every: Duration::from_millis(args.restock_every_ms),
+            restock_units: args.restock_units,
+            seed,
+        },
+        cluster.urls(),
+        stopped,
+    ));
+    let plan = nemesis::Plan {
+        until: Instant::now() + Duration::from_secs_f64(args.minutes * 60.0),
+        fault_every: Duration::from_millis(args.fault_every_ms),
+        lock_ttl: Duration::from_millis(args.lock_ttl_ms),
+        product_id,
+        started_us,
+    };
+    let schedule = Schedule::new(seed, cluster.instances());
+    let faults = nemesis::run(cluster, schedule, &plan, cancel).await;
+    // Every fault is healed by now (or the nemesis failed): stop the load either way.
+    let ended_us = now_us();
+    let _ = stop.send(true);
+    println!("chaos: load stopped; waiting for the last answers and restocks");
+    let recorded = load.await.context("the load task failed")??;
+    let faults = faults?;
+
+    // TIMING: a batch in flight when the load stopped ends within the service's own bounds
+    // (LOCK_WAIT_MS, the statement time-out): 60 s is only the upper bound.
+    evidence::settle(&pool, product_id, Duration::from_secs(60)).await?;
+    let lookups = evidence::lookups(&urls, product_id, &recorded.attempts).await?;
+    let database = evidence::database(&pool, product_id).await?;
+    pool.close().await;
+    let exits = cluster.exited_by_themselves();
+    let verdict = checker::check(&checker::Evidence {
+        initial_stock: args.stock,
+        attempts: &recorded.attempts,
+        restocks: &recorded.restocks,
+        lookups: &lookups,
+        database: &database,
+        instance_exits: &exits,
+        sold_out_recheck_us: (args.sold_out_recheck_ms * 1000) as i64,
+        started_us,
+    });
+    let header = report::Header {
+        seed,
+        settings,
+        started_us,
+        ended_us,
+        sold_out_recheck_us: (args.sold_out_recheck_ms * 1000) as i64,
+    };
+    let report = report::Report {
+        header: &header,
+        faults: &faults,
+        attempts: &recorded.attempts,
+        restocks: &recorded.restocks,
+        buyers: recorded.buyers,
+        verdict: &verdict,
+    };
+    print!("{}", report.render());
+    if let Some(path) = &args.summary {
+        std::fs::write(path, serde_json::to_string_pretty(&report.json())?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(verdict.passed())
+}

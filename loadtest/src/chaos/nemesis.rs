@@ -1,0 +1,255 @@
+//! The nemesis: injects the schedule's faults one at a time, each healed before the next,
+//! with a quiet spell of `--fault-every-ms` before each, until the soak's time is up.
+//!
+//! How long each kind lasts, from the fault's drawn `lasts` (1 to 3 s):
+//!
+//! | kind | what is done | healed when |
+//! |---|---|---|
+//! | kill-instance | SIGKILL, down for `lasts / 4` | started again and ready |
+//! | pause-instance | SIGSTOP for `LOCK_TTL_MS + lasts / 2` (past its lease) | SIGCONT |
+//! | restart-redis | stopped and started empty on the same port | it accepts connections |
+//! | fence-back | the lock's keys read, and written back `lasts` later | written back |
+//! | terminate-backends | the app's sessions ended every 100 ms for `lasts / 2` | the last round |
+//! | restart-postgres | fast shutdown, then started on the same data | it accepts sessions |
+//! | delay-network | `delay` added each way to the instance's links for `lasts` | passing again |
+//! | cut-network | the instance's links dropped and refused for `lasts` | passing again |
+
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::time::Instant;
+
+use super::cluster::{Cluster, KEY_PREFIX};
+use super::history::{FaultRecord, Micros, now_us};
+use super::proxy::Mode;
+use super::schedule::{Fault, FaultKind, Schedule};
+use crate::attack::Cancel;
+
+/// What the nemesis needs to know besides the cluster.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// No fault starts after this.
+    pub until: Instant,
+    /// The quiet spell before each fault.
+    pub fault_every: Duration,
+    /// The instances' lease: a pause outlasts it.
+    pub lock_ttl: Duration,
+    /// The product on sale (its lock's keys are set back).
+    pub product_id: i64,
+    /// When the soak started, for the times printed.
+    pub started_us: Micros,
+}
+
+/// Inject faults from `schedule` until `plan.until` or Ctrl-C; every fault is healed before
+/// this returns.
+///
+/// # Errors
+/// When a fault cannot be injected or healed (an instance that does not start again, a
+/// server that does not come back): the soak cannot go on.
+pub async fn run(
+    cluster: &mut Cluster,
+    schedule: Schedule,
+    plan: &Plan,
+    cancel: &Cancel,
+) -> anyhow::Result<Vec<FaultRecord>> {
+    let mut records = Vec::new();
+    for fault in schedule {
+        let left = plan.until.saturating_duration_since(Instant::now());
+        hold(plan.fault_every.min(left), cancel).await;
+        if Instant::now() >= plan.until || cancel.is_set() {
+            break;
+        }
+        let injected_us = now_us();
+        let detail = inject(cluster, &fault, plan, cancel)
+            .await
+            .with_context(|| format!("fault {} ({})", fault.index, fault.kind.name()))?;
+        let healed_us = now_us();
+        println!(
+            "[{:>7.1} s] fault {}: {} {detail}; healed after {:.1} s",
+            (injected_us - plan.started_us) as f64 / 1e6,
+            fault.index,
+            fault.kind.name(),
+            (healed_us - injected_us) as f64 / 1e6,
+        );
+        records.push(FaultRecord {
+            index: fault.index,
+            kind: fault.kind,
+            detail,
+            injected_us,
+            healed_us,
+        });
+    }
+    Ok(records)
+}
+
+/// Sleep `duration`, or less if Ctrl-C comes.
+async fn hold(duration: Duration, cancel: &Cancel) {
+    let until = Instant::now() + duration;
+    while Instant::now() < until && !cancel.is_set() {
+        tokio::time::sleep((until - Instant::now()).min(Duration::from_millis(50))).await;
+    }
+}
+
+/// Inject one fault and heal it; what was done.
+async fn inject(
+    cluster: &mut Cluster,
+    fault: &Fault,
+    plan: &Plan,
+    cancel: &Cancel,
+) -> anyhow::Result<String> {
+    let slot = fault.instance % cluster.instances();
+    Ok(match fault.kind {
+        FaultKind::KillInstance => {
+            let pid = cluster.pid(slot);
+            let down = fault.lasts / 4;
+            cluster.kill(slot);
+            hold(down, cancel).await;
+            let started = Instant::now();
+            cluster.restart(slot).await?;
+            format!(
+                "instance {slot} (pid {pid}) SIGKILLed, down {} ms, ready again {} ms after its start",
+                down.as_millis(),
+                started.elapsed().as_millis()
+            )
+        }
+        FaultKind::PauseInstance => {
+            let paused = plan.lock_ttl + fault.lasts / 2;
+            cluster.signal(slot, libc::SIGSTOP);
+            // TIMING: the pause outlasts the lease (LOCK_TTL_MS) by at least 500 ms, so
+            // another instance can take the lock while this one still thinks it holds it.
+            hold(paused, cancel).await;
+            cluster.signal(slot, libc::SIGCONT);
+            format!(
+                "instance {slot} (pid {}) SIGSTOPped for {} ms (LOCK_TTL_MS {})",
+                cluster.pid(slot),
+                paused.as_millis(),
+                plan.lock_ttl.as_millis()
+            )
+        }
+        FaultKind::RestartRedis => {
+            cluster.restart_redis()?;
+            "Redis restarted empty".to_owned()
+        }
+        FaultKind::FenceBack => {
+            let keys = LockKeys::of(plan.product_id)?;
+            let mut conn = cluster.redis().await?;
+            let then = keys.read(&mut conn).await?;
+            hold(fault.lasts, cancel).await;
+            let now = keys.read(&mut conn).await?;
+            keys.write(&mut conn, &then).await?;
+            format!(
+                "fence {} set back to {} and lock {} to {} ({} ms old)",
+                now.fence.as_deref().unwrap_or("(none)"),
+                then.fence.as_deref().unwrap_or("(none)"),
+                now.holder_label(),
+                then.holder_label(),
+                fault.lasts.as_millis()
+            )
+        }
+        FaultKind::TerminateBackends => {
+            let until = Instant::now() + fault.lasts / 2;
+            let (mut ended, mut rounds) = (0, 0);
+            loop {
+                ended += cluster.terminate_backends().await?;
+                rounds += 1;
+                if Instant::now() >= until || cancel.is_set() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            format!("{ended} sessions of the app ended in {rounds} rounds")
+        }
+        FaultKind::RestartPostgres => {
+            cluster.restart_postgres().await?;
+            "PostgreSQL restarted (fast shutdown)".to_owned()
+        }
+        FaultKind::DelayNetwork => {
+            cluster.set_links(slot, fault.links, Mode::Delay(fault.delay));
+            hold(fault.lasts, cancel).await;
+            cluster.set_links(slot, fault.links, Mode::Pass);
+            format!(
+                "instance {slot}'s {} link(s) delayed {} ms each way for {} ms",
+                fault.links.name(),
+                fault.delay.as_millis(),
+                fault.lasts.as_millis()
+            )
+        }
+        FaultKind::CutNetwork => {
+            cluster.set_links(slot, fault.links, Mode::Cut);
+            hold(fault.lasts, cancel).await;
+            cluster.set_links(slot, fault.links, Mode::Pass);
+            format!(
+                "instance {slot}'s {} link(s) cut for {} ms",
+                fault.links.name(),
+                fault.lasts.as_millis()
+            )
+        }
+    })
+}
+
+/// The Redis keys of the product's lock: the lock and its fence counter
+/// (`distlock::keys`).
+struct LockKeys {
+    lock: String,
+    fence: String,
+}
+
+/// What the lock's keys held at one moment.
+struct LockState {
+    /// The holder's token and the lease left, in ms.
+    holder: Option<(String, i64)>,
+    fence: Option<String>,
+}
+
+impl LockState {
+    fn holder_label(&self) -> String {
+        match &self.holder {
+            Some((_, ttl)) => format!("held ({ttl} ms left)"),
+            None => "free".to_owned(),
+        }
+    }
+}
+
+impl LockKeys {
+    fn of(product_id: i64) -> anyhow::Result<Self> {
+        // The service's lock key: `<REDIS_KEY_PREFIX>lock_sale_<id>`.
+        let lock = format!("{KEY_PREFIX}lock_sale_{product_id}");
+        let fence = distlock::keys::fence_key(&lock)?;
+        Ok(Self { lock, fence })
+    }
+
+    async fn read(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+    ) -> anyhow::Result<LockState> {
+        let (token, ttl, fence): (Option<String>, i64, Option<String>) = redis::pipe()
+            .get(&self.lock)
+            .pttl(&self.lock)
+            .get(&self.fence)
+            .query_async(conn)
+            .await?;
+        Ok(LockState {
+            holder: token.filter(|_| ttl > 0).map(|token| (token, ttl)),
+            fence,
+        })
+    }
+
+    /// Write `state` back, as a replica that saw nothing since would have it.
+    async fn write(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+        state: &LockState,
+    ) -> anyhow::Result<()> {
+        let mut pipe = redis::pipe();
+        match &state.fence {
+            Some(fence) => pipe.set(&self.fence, fence),
+            None => pipe.del(&self.fence),
+        };
+        match &state.holder {
+            Some((token, ttl)) => pipe.pset_ex(&self.lock, token, *ttl as u64),
+            None => pipe.del(&self.lock),
+        };
+        pipe.query_async::<()>(conn).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,114 @@
+//! The fault soak (`loadtest chaos`), short: a minute with a fixed seed, every kind of fault
+//! injected at least once, and no violation. That the checker catches violations (a 201
+//! without its order, an oversell, a lost update, a wrong sold_out, ...) is shown on
+//! fabricated histories by the unit tests of `loadtest/src/chaos/checker.rs`.
+
+mod support;
+
+use std::process::{Command, Stdio};
+
+use clap::CommandFactory;
+use serde_json::Value;
+use support::LOADTEST;
+
+/// Every kind of fault comes in the first eight of any seed's schedule.
+const SEED: &str = "20261203";
+
+const KINDS: [&str; 8] = [
+    "kill-instance",
+    "pause-instance",
+    "restart-redis",
+    "fence-back",
+    "terminate-backends",
+    "restart-postgres",
+    "delay-network",
+    "cut-network",
+];
+
+#[test]
+fn a_one_minute_soak_with_every_kind_of_fault_finds_no_violation() {
+    // Arrange: a summary file of the test's own.
+    let summary = std::env::temp_dir().join(format!(
+        "seckill-chaos-summary-{}-{:08x}.json",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+
+    // Act: one minute of faults, every 2 s quiet spell followed by the next fault.
+    // TIMING: the eight kinds take about 15 s of faults and 16 s of quiet spells; on a busy
+    // two-core machine an instance's restart can take seconds more: a minute leaves room.
+    let output = Command::new(LOADTEST)
+        .args(["chaos", "--minutes", "1", "--seed", SEED])
+        .args(["--fault-every-ms", "2000", "--summary"])
+        .arg(&summary)
+        .stdin(Stdio::null())
+        .output()
+        .expect("loadtest runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let report = std::fs::read_to_string(&summary);
+    let _ = std::fs::remove_file(&summary);
+
+    // Assert: it passed, every kind ran, and the sale both sold and sold out (so the
+    // checks had something to judge).
+    assert!(
+        output.status.success(),
+        "the soak failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    let report: Value = serde_json::from_str(&report.expect("a summary")).unwrap();
+    assert_eq!(report["violations"], 0, "{stdout}");
+    assert_eq!(report["passed"], true, "{stdout}");
+    for kind in KINDS {
+        let injected = report["faults"][kind]["injected"].as_u64().unwrap_or(0);
+        assert!(injected >= 1, "{kind} was not injected:\n{stdout}");
+    }
+    assert!(report["orders"].as_u64().unwrap() > 100, "{stdout}");
+    assert!(report["restocks_applied"].as_u64().unwrap() > 5, "{stdout}");
+    assert!(report["sold_out_answers"].as_u64().unwrap() > 0, "{stdout}");
+    assert!(stdout.contains("VERDICT PASS: 0 violations"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("seed {SEED}")),
+        "the seed is printed: {stdout}"
+    );
+}
+
+#[test]
+fn bad_chaos_options_are_refused_with_a_message_and_nothing_is_started() {
+    for (args, message) in [
+        (["--minutes", "0"], "not a number of minutes above 0"),
+        (["--minutes", "soon"], "not a number of minutes above 0"),
+        (
+            ["--strategy", "redlock"],
+            "redlock is not supported by chaos",
+        ),
+        (["--strategy", "lockless"], "is not a strategy"),
+        (["--instances", "0"], "0 is not in 1..=9"),
+        (["--fault-every-ms", "10"], "10 is not in 500..=600000"),
+    ] {
+        let output = Command::new(LOADTEST)
+            .arg("chaos")
+            .args(args)
+            .output()
+            .expect("loadtest runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+        assert!(output.stdout.is_empty(), "{args:?} started something");
+    }
+}
+
+#[test]
+fn every_chaos_option_is_explained_in_its_help() {
+    let cli = loadtest::cli::Cli::command();
+    let chaos = cli.find_subcommand("chaos").expect("a chaos subcommand");
+    assert!(chaos.get_about().is_some());
+    let mut undocumented = Vec::new();
+    for arg in chaos.get_arguments() {
+        if arg.get_id() != "help" && arg.get_help().is_none() {
+            undocumented.push(arg.get_id().to_string());
+        }
+    }
+    assert!(undocumented.is_empty(), "without help: {undocumented:?}");
+    assert!(chaos.get_arguments().count() >= 13);
+}
