@@ -63,7 +63,7 @@ pub enum ApiError {
     /// connection was cut, maybe after its commit. Sent again with the same
     /// `Idempotency-Key`, it is made at most once.
     #[error(
-        "the write may or may not have been made; send it again with the same Idempotency-Key, or read the product first"
+        "the write may or may not have been made; read the product first, or send it again with the same Idempotency-Key if it had one"
     )]
     AdminOutcomeUnknown,
     /// Anything unexpected: logged with its cause, answered as a plain 500.

@@ -1,8 +1,8 @@
 //! Public reads, kept off the sale's connections: the product's books (`GET
 //! /api/products/{id}`) and order look-ups run on a pool of their own
 //! (`DATABASE_READ_CONNECTIONS`), and the books of a product are served from memory for up
-//! to [`BOOKS_FOR`] after they were read, one read at a time per product (who comes during a
-//! read waits for it). A flood of reads then costs PostgreSQL one read per product per
+//! to [`BOOKS_FOR`] after a read ended, one read at a time per product (who comes during a
+//! read gets what it read). A flood of reads then costs PostgreSQL one read per product per
 //! [`BOOKS_FOR`] and per instance, and never takes a connection a batch needs.
 
 use std::collections::HashMap;
@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, Shared};
 use sqlx::PgPool;
 use tokio::time::Instant;
 
@@ -17,7 +19,7 @@ use crate::domain::ProductId;
 use crate::repository::{self, Order, ProductSales};
 
 /// How long the books of a product, as last read, are served without asking again: the
-/// books a reader sees are at most this old.
+/// books a reader sees were read at most this long ago (plus the read's own time).
 pub const BOOKS_FOR: Duration = Duration::from_secs(1);
 
 /// The most products whose books are remembered; beyond it the memory starts again.
@@ -26,19 +28,23 @@ const MAX_BOOKS: usize = 10_000;
 /// The read side of the API.
 pub struct Reads {
     pool: PgPool,
-    /// Books by product, with when they were read, and the product's turn to read them.
-    books: Mutex<HashMap<ProductId, Books>>,
+    /// Books by product: what was last read, and the read under way.
+    books: Arc<Mutex<HashMap<ProductId, Books>>>,
     /// Reads of the books made in PostgreSQL.
-    reads_made: AtomicU64,
+    reads_made: Arc<AtomicU64>,
 }
+
+/// A read of one product's books, shared by everyone who asked while it ran. It runs in a
+/// task of its own, to the end, whoever still waits for it.
+type Read = Shared<BoxFuture<'static, Result<Option<ProductSales>, Arc<sqlx::Error>>>>;
 
 /// What is remembered of one product's books.
 #[derive(Default)]
 struct Books {
-    /// When they were read, and what was found (`None`: no such product).
+    /// When the last read ended, and what it found (`None`: no such product).
     read: Option<(Instant, Option<ProductSales>)>,
-    /// Held while they are read: whoever else wants them then waits for that read.
-    reading: Arc<tokio::sync::Mutex<()>>,
+    /// The read under way, if any, with its number.
+    reading: Option<(u64, Read)>,
 }
 
 impl Books {
@@ -54,19 +60,19 @@ impl Reads {
     pub fn new(pool: PgPool) -> Self {
         Self {
             pool,
-            books: Mutex::new(HashMap::new()),
-            reads_made: AtomicU64::new(0),
+            books: Arc::default(),
+            reads_made: Arc::default(),
         }
     }
 
-    /// The product and its books, at most [`BOOKS_FOR`] old; `None` for no such product.
-    /// One read of a product's books is made at a time: readers who come while it runs wait
-    /// for it, and are answered with what it read.
+    /// The product and its books, read at most [`BOOKS_FOR`] ago; `None` for no such
+    /// product. One read of a product's books runs at a time: who asks while it runs gets
+    /// what it read, or its error.
     ///
     /// # Errors
     /// The read's database error.
-    pub async fn books(&self, id: ProductId) -> sqlx::Result<Option<ProductSales>> {
-        let reading = {
+    pub async fn books(&self, id: ProductId) -> Result<Option<ProductSales>, Arc<sqlx::Error>> {
+        let read = {
             let mut memory = self.books.lock().expect("books poisoned");
             if let Some(books) = memory.get(&id).and_then(Books::fresh) {
                 return Ok(books);
@@ -74,32 +80,50 @@ impl Reads {
             if memory.len() >= MAX_BOOKS && !memory.contains_key(&id) {
                 memory.clear();
             }
-            Arc::clone(&memory.entry(id).or_default().reading)
+            let books = memory.entry(id).or_default();
+            match &books.reading {
+                Some((_, read)) => read.clone(),
+                None => {
+                    let (number, read) = self.read(id);
+                    books.reading = Some((number, read.clone()));
+                    read
+                }
+            }
         };
-        let _turn = reading.lock().await;
-        if let Some(books) = self.remembered(id) {
-            return Ok(books);
-        }
-        let read_at = Instant::now();
-        self.reads_made.fetch_add(1, Ordering::Relaxed);
-        let books = repository::product_sales(&self.pool, id).await?;
-        let mut memory = self.books.lock().expect("books poisoned");
-        memory.entry(id).or_default().read = Some((read_at, books.clone()));
-        Ok(books)
+        read.await
     }
 
-    fn remembered(&self, id: ProductId) -> Option<Option<ProductSales>> {
-        let memory = self.books.lock().expect("books poisoned");
-        memory.get(&id).and_then(Books::fresh)
+    /// Start a read of `id`'s books, and its number. When it ends, what it found is
+    /// remembered and it is no longer under way, unless the product was forgotten meanwhile
+    /// (the entry is another read's now, or gone). The caller holds the memory's lock, so the
+    /// read cannot end before the caller has written it down.
+    fn read(&self, id: ProductId) -> (u64, Read) {
+        let (pool, memory) = (self.pool.clone(), Arc::clone(&self.books));
+        let number = self.reads_made.fetch_add(1, Ordering::Relaxed);
+        let task = tokio::spawn(async move {
+            let outcome = repository::product_sales(&pool, id).await.map_err(Arc::new);
+            let mut memory = memory.lock().expect("books poisoned");
+            if let Some(books) = memory.get_mut(&id)
+                && books.reading.as_ref().is_some_and(|(n, _)| *n == number)
+            {
+                books.reading = None;
+                if let Ok(found) = &outcome {
+                    books.read = Some((Instant::now(), found.clone()));
+                }
+            }
+            outcome
+        });
+        let read = async move {
+            task.await
+                .unwrap_or_else(|_| Err(Arc::new(sqlx::Error::WorkerCrashed)))
+        };
+        (number, read.boxed().shared())
     }
 
     /// Forget what was read of `id` (it was created here just now: a miss read before must
-    /// not be served).
+    /// not be served). A read under way is left to end, and is not remembered.
     pub fn forget(&self, id: ProductId) {
-        let mut memory = self.books.lock().expect("books poisoned");
-        if let Some(books) = memory.get_mut(&id) {
-            books.read = None;
-        }
+        self.books.lock().expect("books poisoned").remove(&id);
     }
 
     /// How many reads of the books were made in PostgreSQL.
@@ -159,6 +183,69 @@ mod tests {
         // Assert: one read served them all (two if the machine was so slow that the first
         // one's answer was past BOOKS_FOR when the last reader got its turn).
         assert!(reads.reads_made() <= 2, "{} reads", reads.reads_made());
+    }
+
+    #[sqlx::test(migrator = "crate::MIGRATOR")]
+    async fn a_read_slower_than_the_memory_lasts_is_still_shared_and_so_is_its_error(pool: PgPool) {
+        // Arrange: a product, and its orders locked by the test, so that a read of its books
+        // waits 1.5 s (longer than BOOKS_FOR).
+        let id: i64 =
+            sqlx::query_scalar("INSERT INTO products (name, stock) VALUES ('p', 1) RETURNING id")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        let product = ProductId::parse(&id.to_string()).unwrap();
+        let reads = Arc::new(Reads::new(pool.clone()));
+        let mut lock = pool.begin().await.unwrap();
+        sqlx::query("LOCK TABLE orders IN ACCESS EXCLUSIVE MODE")
+            .execute(&mut *lock)
+            .await
+            .unwrap();
+
+        // Act: 10 readers while the read waits; then the lock goes.
+        let readers: Vec<_> = (0..10)
+            .map(|_| {
+                let reads = Arc::clone(&reads);
+                tokio::spawn(async move { reads.books(product).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        lock.commit().await.unwrap();
+        for reader in readers {
+            assert!(reader.await.unwrap().unwrap().is_some());
+        }
+
+        // Assert: one read answered all ten.
+        assert_eq!(reads.reads_made(), 1);
+
+        // And a read that fails fails for everyone who waited for it, at once: a pool of one
+        // connection, held by the test, that gives up after 300 ms.
+        let one = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_millis(300))
+            .connect_with(pool.connect_options().as_ref().clone())
+            .await
+            .unwrap();
+        let held = one.acquire().await.unwrap();
+        let reads = Arc::new(Reads::new(one.clone()));
+        let started = Instant::now();
+        let readers: Vec<_> = (0..10)
+            .map(|_| {
+                let reads = Arc::clone(&reads);
+                tokio::spawn(async move { reads.books(product).await })
+            })
+            .collect();
+        for reader in readers {
+            assert!(reader.await.unwrap().is_err());
+        }
+        // TIMING: one acquire time-out (300 ms) for all; ten in a row would take 3 s.
+        assert!(
+            started.elapsed() < Duration::from_millis(2_000),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(reads.reads_made(), 1);
+        drop(held);
     }
 
     #[sqlx::test(migrator = "crate::MIGRATOR")]

@@ -114,8 +114,12 @@ impl Instance {
         self.keep_log = true;
     }
 
-    /// SIGKILL the instance now and reap it.
+    /// SIGKILL the instance now and reap it. One that had already exited by itself is
+    /// left as it ended: [`exited_by_itself`](Self::exited_by_itself) still says so.
     pub fn kill(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
         self.killed = true;
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -117,11 +117,18 @@ pub async fn create(
             );
             Ok(HttpResponse::Created().json(ProductBody::from(product)))
         }
-        Keyed::Replayed { status, product } => Ok(HttpResponse::build(
-            actix_web::http::StatusCode::from_u16(status)
-                .unwrap_or(actix_web::http::StatusCode::CREATED),
-        )
-        .json(ProductBody::from(product))),
+        Keyed::Replayed { status, product } => {
+            // The first request's client may have gone before its handler told this
+            // instance: tell it now (again, which changes nothing).
+            if let Ok(id) = ProductId::parse(&product.id.to_string()) {
+                sale.created(id);
+            }
+            Ok(HttpResponse::build(
+                actix_web::http::StatusCode::from_u16(status)
+                    .unwrap_or(actix_web::http::StatusCode::CREATED),
+            )
+            .json(ProductBody::from(product)))
+        }
         Keyed::Reused => Err(ApiError::IdempotencyKeyReused),
     }
 }

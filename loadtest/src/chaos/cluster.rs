@@ -273,6 +273,15 @@ impl Cluster {
                 ));
             }
         }
+        // An instance the nemesis replaced may have died by itself before it was killed.
+        for old in &mut self.retired {
+            if let Some(status) = old.exited_by_itself() {
+                exits.push(format!(
+                    "a replaced instance had exited by itself ({status}); log: {}",
+                    old.log.display()
+                ));
+            }
+        }
         exits
     }
 
