@@ -113,9 +113,19 @@ impl Reads {
             }
             outcome
         });
+        let memory = Arc::clone(&self.books);
         let read = async move {
-            task.await
-                .unwrap_or_else(|_| Err(Arc::new(sqlx::Error::WorkerCrashed)))
+            task.await.unwrap_or_else(|_| {
+                // The task panicked or was cancelled before it could say the read is over:
+                // say it here, so the next reader reads again instead of getting this error.
+                let mut memory = memory.lock().expect("books poisoned");
+                if let Some(books) = memory.get_mut(&id)
+                    && books.reading.as_ref().is_some_and(|(n, _)| *n == number)
+                {
+                    books.reading = None;
+                }
+                Err(Arc::new(sqlx::Error::WorkerCrashed))
+            })
         };
         (number, read.boxed().shared())
     }

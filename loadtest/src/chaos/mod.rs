@@ -161,7 +161,6 @@ async fn soak(
         lookups: &lookups,
         database: &database,
         instance_exits: &exits,
-        faults: &faults,
         sold_out_recheck_us: (args.sold_out_recheck_ms * 1000) as i64,
         started_us,
     });
