@@ -7,6 +7,7 @@ use seckill::{Application, LockStrategy, Settings};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::time::Instant;
 
 /// Session bounds for tests that drive the service's transactions directly.
 pub const BOUNDS: seckill::repository::SessionBounds = seckill::repository::SessionBounds {
@@ -360,4 +361,18 @@ pub async fn hold_row(pool: &PgPool, id: i64) -> sqlx::Transaction<'static, sqlx
         .await
         .unwrap();
     row
+}
+
+/// Buy as `user` until it works or `within` has passed; how long it took.
+pub async fn buys_within(app: &TestApp, id: i64, user: i64, within: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < within {
+        let response = app.purchase(id, user, 1).await;
+        match response.status().as_u16() {
+            201 => return Some(started.elapsed()),
+            409 => tokio::time::sleep(Duration::from_millis(10)).await,
+            other => panic!("unexpected {other}: {}", response.text().await.unwrap()),
+        }
+    }
+    None
 }

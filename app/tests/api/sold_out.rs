@@ -8,21 +8,9 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::time::Instant;
 
-use crate::helpers::{TestApp, books, error_code, settings, shared_redis_url, spawn_instances};
-
-/// Buy as `user` until it works or `within` has passed; how long it took.
-async fn buys_within(app: &TestApp, id: i64, user: i64, within: Duration) -> Option<Duration> {
-    let started = Instant::now();
-    while started.elapsed() < within {
-        let response = app.purchase(id, user, 1).await;
-        match response.status().as_u16() {
-            201 => return Some(started.elapsed()),
-            409 => tokio::time::sleep(Duration::from_millis(10)).await,
-            other => panic!("unexpected {other}: {}", response.text().await.unwrap()),
-        }
-    }
-    None
-}
+use crate::helpers::{
+    TestApp, books, buys_within, error_code, settings, shared_redis_url, spawn_instances,
+};
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn once_an_instance_has_seen_the_sell_out_it_answers_from_memory(
