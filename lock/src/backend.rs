@@ -18,6 +18,8 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::error::Result;
 use crate::fenced::Fence;
 use crate::options::LockOptions;
@@ -35,6 +37,36 @@ pub enum Attempt {
         /// The holder's remaining lease.
         expires_in: Option<Duration>,
     },
+}
+
+/// A place in a backend's own line that has become the holder
+/// ([`Backend::lock_in_line`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Turn {
+    /// The holder's fence.
+    pub fence: Fence,
+    /// When the request that proved the lease alive was sent (the read that found us at
+    /// the head of the line, or the last keep-alive of the lease, whichever came later):
+    /// the holder's lease is counted from here, not from when it joined the line, which
+    /// may be longer ago than a whole ttl.
+    pub proven_at: Instant,
+    /// Whether another holder was ahead in line when we joined it
+    /// ([`LockGuard::was_contended`](crate::LockGuard::was_contended)).
+    pub waited: bool,
+}
+
+impl Turn {
+    /// A turn with this fence, its lease proven by a request sent at `proven_at`, that did
+    /// or did not wait behind another holder (for backends outside the crate; the struct is
+    /// `#[non_exhaustive]`).
+    pub fn new(fence: Fence, proven_at: Instant, waited: bool) -> Self {
+        Self {
+            fence,
+            proven_at,
+            waited,
+        }
+    }
 }
 
 /// What a renewal found.
@@ -150,7 +182,9 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// Join the line for `key` as `token`, and resolve once `token` holds the lock, with its
-    /// fence. Only called when [`waits_in_line`](Self::waits_in_line) is `true`.
+    /// fence and the instant its lease is counted from. Only called when
+    /// [`waits_in_line`](Self::waits_in_line) is `true`. The backend keeps its own lease
+    /// (a session, a lease it keeps alive) while the caller waits in line.
     ///
     /// The locker runs it in a task of its own, bounded by the caller's deadline. When it
     /// gives up on the wait (the deadline, a caller that went away, an error) it drops the
@@ -161,7 +195,7 @@ pub trait Backend: Send + Sync + 'static {
         key: &str,
         token: &Token,
         ttl: Duration,
-    ) -> impl Future<Output = Result<Fence>> + Send {
+    ) -> impl Future<Output = Result<Turn>> + Send {
         let _ = (key, token, ttl);
         async { Err(crate::Error::Unsupported("a line of waiters")) }
     }

@@ -64,6 +64,27 @@ pub enum Error {
     #[error("fence {0} leaves no room for a larger one (the largest fence is 2^62)")]
     InvalidFence(u64),
 
+    /// A fence this backend cannot go above: ZooKeeper's and etcd's fences are numbers the
+    /// server assigns (a zxid, a revision), so `seen` came from somewhere else (another
+    /// backend's fences are not comparable with these).
+    #[error("fence {seen} is above every fence this backend can hand out now ({next})")]
+    FenceOutOfReach {
+        /// The fence asked to go above.
+        seen: u64,
+        /// The largest fence the backend could give.
+        next: u64,
+    },
+
+    /// A waiter's place in a backend's own line was lost before its turn came: its
+    /// ZooKeeper session expired, or its etcd lease ran out, while it waited.
+    #[error("lock {key:?}: the place in line was lost while waiting ({why})")]
+    LostPlace {
+        /// The key.
+        key: String,
+        /// What the backend said.
+        why: &'static str,
+    },
+
     /// The server cannot run this backend (the single-Redis lock needs Redis 7.0 or later:
     /// it takes the key with `SET ... NX PX ... GET`).
     #[error("{server} {version} cannot hold these locks: it needs {needed} or later")]
@@ -93,6 +114,16 @@ pub enum Error {
     /// Redis could not be reached, or answered with an error.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+
+    /// ZooKeeper could not be reached, or answered with an error (the `zookeeper` backend).
+    #[cfg(feature = "zookeeper")]
+    #[error("zookeeper: {0}")]
+    ZooKeeper(#[from] zookeeper_client::Error),
+
+    /// etcd could not be reached, or answered with an error (the `etcd` backend).
+    #[cfg(feature = "etcd")]
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_client::Error),
 
     /// PostgreSQL could not be reached, or answered with an error (the `postgres` backend).
     #[cfg(feature = "postgres")]

@@ -118,6 +118,8 @@
 
 mod backend;
 mod error;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod fenced;
 mod guard;
 pub mod keys;
@@ -136,9 +138,13 @@ mod sentinel;
 mod signals;
 mod token;
 mod waiting;
+#[cfg(feature = "zookeeper")]
+mod zookeeper;
 
-pub use backend::{Attempt, Backend, LockState, Renewal, Unlock};
+pub use backend::{Attempt, Backend, LockState, Renewal, Turn, Unlock};
 pub use error::{Error, Result};
+#[cfg(feature = "etcd")]
+pub use etcd::{DEFAULT_PREFIX as ETCD_DEFAULT_PREFIX, EtcdLock};
 pub use fenced::{Fence, FencedGuard};
 pub use guard::{LockGuard, ReleaseOutcome};
 pub use lease::LockLost;
@@ -152,3 +158,5 @@ pub use redlock::Redlock;
 pub use sentinel::{SentinelConnection, SentinelConnectionBuilder};
 pub use signals::ReleaseSignals;
 pub use token::Token;
+#[cfg(feature = "zookeeper")]
+pub use zookeeper::{DEFAULT_ROOT as ZK_DEFAULT_ROOT, ZkLock, ZkLockBuilder};

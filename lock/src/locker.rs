@@ -519,32 +519,36 @@ impl<B: Backend> Locker<B> {
     async fn queue(&self, key: &str, options: &LockOptions) -> Result<Hold<B>> {
         let token = Token::new();
         let ttl = options.ttl();
-        // TIMING: a line-keeping backend counts the lease from its session or lease, renewed
-        // while we wait; counting ours from before we joined the line only makes it shorter.
-        let sent = Instant::now();
         let (answer, mut answered) = oneshot::channel();
         let backend = Arc::clone(&self.backend);
         let owned_key = key.to_owned();
         tokio::spawn(async move {
             let mut answer = answer;
             let in_line = backend.lock_in_line(&owned_key, &token, ttl);
-            let fence = tokio::select! {
-                fence = in_line => fence,
+            let turn = tokio::select! {
+                turn = in_line => turn,
                 () = answer.closed() => {
                     // Nobody waits any more: leave the line (or give back what it took).
                     release_in_background(backend, owned_key, token, None);
                     return;
                 }
             };
-            let unclaimed =
-                Unclaimed::from_attempt(backend, owned_key, token, fence.map(Attempt::Acquired));
-            let _ = answer.send(unclaimed);
+            let proven = turn.as_ref().ok().map(|turn| (turn.proven_at, turn.waited));
+            let attempt = turn.map(|turn| Attempt::Acquired(turn.fence));
+            let unclaimed = Unclaimed::from_attempt(backend, owned_key, token, attempt);
+            let _ = answer.send(unclaimed.map(|taken| (taken, proven)));
         });
-        let unclaimed = (&mut answered).await.map_err(|_| self.aborted(key))??;
+        let (unclaimed, proven) = (&mut answered).await.map_err(|_| self.aborted(key))??;
         let unclaimed = unclaimed.map_err(|_| Error::Held {
             key: key.to_owned(),
         })?;
-        self.hold(unclaimed, options, sent, None).await
+        // TIMING: the wait in line may have lasted longer than a ttl; the backend kept its
+        // own lease (a session, a lease kept alive) meanwhile, and says when a request last
+        // proved it alive. The holder's lease is counted from there.
+        let (proven_at, waited) = proven.expect("a turn that was taken says when");
+        let mut hold = self.hold(unclaimed, options, proven_at, None).await?;
+        hold.contended = waited;
+        Ok(hold)
     }
 
     /// The hold of a lock an attempt took: its lease, its watchdog (inside a tokio runtime)

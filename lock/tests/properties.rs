@@ -1,8 +1,10 @@
 //! The properties a lock needs, written once and run against every backend: one Redis, a
 //! Redlock majority of three private masters, Redis behind three Sentinels (a primary and a
 //! replica, with the `sentinel` feature), and the PostgreSQL lock table (with the
-//! `postgres` feature; both are on in the workspace). A property that only one backend can show
-//! lives in that backend's own test file.
+//! `postgres` feature), ZooKeeper and etcd (private servers, with the `zookeeper` and `etcd`
+//! features; all four features are on in the workspace). A property that only one backend can
+//! show lives in that backend's own test file; the two properties of a backend that keeps its
+//! own line of waiters (arrival order, no herd) are at the end, for ZooKeeper and etcd.
 
 mod support;
 
@@ -86,13 +88,18 @@ async fn the_lease_frees_a_lock_whose_holder_vanished<H: Harness>(h: H) {
     // cannot be free less than a lease after this instant.
     let taken_at = Instant::now();
     std::mem::forget(locker.try_acquire(&key).await.unwrap());
+    // ZooKeeper: the vanished holder's session ends when its lease would have.
+    h.lapse(locker.backend(), lease).await;
     assert!(matches!(
         locker.try_acquire(&key).await,
         Err(Error::Held { .. })
     ));
 
-    // Act
-    let next = locker.acquire(&key).await.unwrap();
+    // Act: another process waits for it.
+    let next = crate::locker(h.backend().await, short_unwatched(lease.as_millis() as u64))
+        .acquire(&key)
+        .await
+        .unwrap();
 
     // Assert: only the lease could have freed it, so not before it ran out.
     let waited = taken_at.elapsed();
@@ -106,6 +113,7 @@ async fn a_stale_guards_release_does_not_delete_the_next_holders_lock<H: Harness
     let short = h.short_ms();
     let locker = locker(h.backend().await, short_unwatched(short));
     let a = locker.try_acquire(&key).await.unwrap();
+    h.lapse(locker.backend(), ms(short)).await;
     sleep(ms(2 * short)).await;
     assert!(!a.is_held());
     // B's lease is long: the steps below must not outlast it on a busy machine.
@@ -518,6 +526,21 @@ async fn the_holder_can_advance_its_fence_above_what_a_store_has_seen<H: Harness
     let locker = locker(h.backend().await, patient());
     let guard = locker.try_acquire(&key).await.unwrap();
     let seen = Fence::new(guard.fence().get() + 1_000_000);
+    if h.fences_are_assigned() {
+        // ZooKeeper and etcd assign fences (a zxid, a revision) that can never be set back,
+        // so no store can hold one above the holder's unless it came from elsewhere: they
+        // say so, and a fence below the holder's leaves it as it is.
+        let outcome = guard.advance_fence(seen).await;
+        assert!(
+            matches!(outcome, Err(Error::FenceOutOfReach { .. })),
+            "{outcome:?}"
+        );
+        let below = Fence::new(guard.fence().get() - 1);
+        assert_eq!(guard.advance_fence(below).await.unwrap(), guard.fence());
+        assert!(guard.is_held());
+        assert!(guard.release().await.unwrap().was_held());
+        return;
+    }
 
     // Act
     let fence = guard.advance_fence(seen).await.unwrap();
@@ -536,6 +559,7 @@ async fn a_stale_holder_cannot_advance_its_fence<H: Harness>(h: H) {
     let short = h.short_ms();
     let locker = locker(h.backend().await, short_unwatched(short));
     let stale = locker.try_acquire(&key).await.unwrap();
+    h.lapse(locker.backend(), ms(short)).await;
     sleep(ms(2 * short)).await;
     // The newer lease is long: a short one could run out before its release below when
     // the machine is busy (it did, in CI, against PostgreSQL).
@@ -629,6 +653,18 @@ async fn a_counter_at_the_largest_fence_refuses_cleanly_and_leaves_nothing<H: Ha
     let key = h.key("fence-exhausted");
     let locker = locker(h.backend().await, patient());
     let guard = locker.try_acquire(&key).await.unwrap();
+    if h.fences_are_assigned() {
+        // The server assigns fences (see the property above): no counter can be pushed to
+        // the largest fence, and asking for it is refused without losing the lock.
+        let outcome = guard.advance_fence(Fence::new(Fence::MAX - 1)).await;
+        assert!(
+            matches!(outcome, Err(Error::FenceOutOfReach { .. })),
+            "{outcome:?}"
+        );
+        assert!(guard.release().await.unwrap().was_held());
+        assert_eq!(h.holder(&key).await, None, "a release left its lock");
+        return;
+    }
     let top = guard
         .advance_fence(Fence::new(Fence::MAX - 1))
         .await
@@ -703,7 +739,6 @@ async fn a_release_after_another_holder_took_the_key_says_it_was_taken<H: Harnes
     h.delete(&key).await;
 }
 
-/// Every property, instantiated for every backend.
 async fn extend_by_hand_sets_a_longer_lease_that_others_must_wait_out<H: Harness>(h: H) {
     // Arrange: a lease of 2 s with no watchdog.
     let key = h.key("extend");
@@ -735,10 +770,9 @@ async fn extend_after_the_lease_ran_out_says_not_held<H: Harness>(h: H) {
     // Arrange: a short lease, left to run out.
     let key = h.key("extend-late");
     let short = h.short_ms();
-    let guard = locker(h.backend().await, short_unwatched(short))
-        .try_acquire(&key)
-        .await
-        .unwrap();
+    let locker = locker(h.backend().await, short_unwatched(short));
+    let guard = locker.try_acquire(&key).await.unwrap();
+    h.lapse(locker.backend(), ms(short)).await;
     sleep(ms(2 * short + 600)).await;
 
     // Act
@@ -877,11 +911,14 @@ async fn acquire_with_takes_the_lease_and_wait_of_the_call_not_the_lockers<H: Ha
         .wait_timeout(ms(0))
         .build()
         .unwrap();
-    let locker = locker(h.backend().await, lockers_own);
-    let first = locker
+    let first_locker = locker(h.backend().await, lockers_own.clone());
+    let first = first_locker
         .try_acquire_with(&key, &short_unwatched(h.short_ms()))
         .await
         .unwrap();
+    h.lapse(first_locker.backend(), ms(h.short_ms())).await;
+    // The waiter is another process (for ZooKeeper, the first one's session ends).
+    let locker = locker(h.backend().await, lockers_own);
 
     // Act: another owner waits with a per-call deadline that outlasts the short lease only.
     let patient_call = LockOptions::builder()
@@ -906,6 +943,7 @@ async fn acquire_with_takes_the_lease_and_wait_of_the_call_not_the_lockers<H: Ha
     assert!(second.release().await.unwrap().was_held());
 }
 
+/// Every property, instantiated for every backend.
 macro_rules! suite {
     ($($property:ident),* $(,)?) => {
         mod redis {
@@ -934,6 +972,28 @@ macro_rules! suite {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $property() {
                     let harness = crate::support::SentinelHarness::start().await;
+                    crate::$property(harness).await;
+                }
+            )*
+        }
+
+        #[cfg(feature = "zookeeper")]
+        mod zookeeper {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $property() {
+                    let harness = crate::support::ZkHarness::start().await;
+                    crate::$property(harness).await;
+                }
+            )*
+        }
+
+        #[cfg(feature = "etcd")]
+        mod etcd {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $property() {
+                    let harness = crate::support::EtcdHarness::start().await;
                     crate::$property(harness).await;
                 }
             )*
@@ -987,4 +1047,162 @@ suite!(
     run_locked_hands_the_work_its_fence_returns_its_output_and_releases,
     run_locked_drops_the_work_when_the_lock_is_lost,
     acquire_with_takes_the_lease_and_wait_of_the_call_not_the_lockers,
+);
+
+/// A store that keeps its own line of waiters, and counts the watches that woke them.
+trait LineHarness: Harness {
+    /// Watches that woke a waiter of `backend` so far.
+    fn wake_ups(backend: &Self::B) -> u64;
+}
+
+#[cfg(feature = "zookeeper")]
+impl LineHarness for support::ZkHarness {
+    fn wake_ups(backend: &distlock::ZkLock) -> u64 {
+        backend.wake_ups()
+    }
+}
+
+#[cfg(feature = "etcd")]
+impl LineHarness for support::EtcdHarness {
+    fn wake_ups(backend: &distlock::EtcdLock) -> u64 {
+        backend.wake_ups()
+    }
+}
+
+/// Line up `n` waiters behind a holder, one process each, each joining only once the one
+/// before it is in line; answers the holder, and the waiters' tasks (each answers when it
+/// got the lock, as a place in the order of holds) with their backends.
+async fn line_up<H: LineHarness>(
+    h: &H,
+    key: &str,
+    n: usize,
+    order: &Arc<AtomicU64>,
+) -> (
+    distlock::LockGuard<H::B>,
+    Vec<(H::B, tokio::task::JoinHandle<u64>)>,
+) {
+    let watcher = locker(h.backend().await, patient());
+    let holder = locker(h.backend().await, patient())
+        .acquire(key)
+        .await
+        .unwrap();
+    let mut waiters = Vec::new();
+    for i in 0..n {
+        let backend = h.backend().await;
+        let (waiter, owned_key, order) = (
+            locker(backend.clone(), patient()),
+            key.to_owned(),
+            Arc::clone(order),
+        );
+        let task = tokio::spawn(async move {
+            let guard = waiter.acquire(&owned_key).await.unwrap();
+            let place = order.fetch_add(1, Ordering::SeqCst);
+            // Held a little, so that a waiter woken out of turn would find it held.
+            sleep(ms(50)).await;
+            assert!(guard.release().await.unwrap().was_held());
+            place
+        });
+        // TIMING: the next waiter joins only once this one is in line; 20 s is far beyond
+        // any scheduling delay.
+        timeout(Duration::from_secs(20), async {
+            while watcher.inspect(key).await.unwrap().waiting != Some(i + 1) {
+                sleep(ms(10)).await;
+            }
+        })
+        .await
+        .expect("a waiter never joined the line");
+        waiters.push((backend, task));
+    }
+    (holder, waiters)
+}
+
+async fn the_lock_is_granted_in_arrival_order_whichever_process_asked<H: LineHarness>(h: H) {
+    // Arrange: a holder, and five processes that ask one after another.
+    let key = h.key("arrival-order");
+    let order = Arc::new(AtomicU64::new(0));
+    let (holder, waiters) = line_up(&h, &key, 5, &order).await;
+
+    // Act
+    assert!(holder.release().await.unwrap().was_held());
+    let mut places = Vec::new();
+    for (_, task) in waiters {
+        places.push(
+            timeout(Duration::from_secs(60), task)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+
+    // Assert: each got it in the order it asked.
+    assert_eq!(
+        places,
+        vec![0, 1, 2, 3, 4],
+        "places in the order of holds, by arrival"
+    );
+}
+
+async fn a_release_wakes_only_the_next_waiter<H: LineHarness>(h: H) {
+    // Arrange: a holder and five waiters, none woken yet.
+    let key = h.key("no-herd");
+    let order = Arc::new(AtomicU64::new(0));
+    let (holder, waiters) = line_up(&h, &key, 5, &order).await;
+    let woken = |waiters: &[(H::B, tokio::task::JoinHandle<u64>)]| -> u64 {
+        waiters
+            .iter()
+            .map(|(backend, _)| H::wake_ups(backend))
+            .sum()
+    };
+    assert_eq!(woken(&waiters), 0);
+
+    // Act: the holder releases; the first waiter takes the lock, holds it a little and
+    // passes it on, and so on down the line.
+    assert!(holder.release().await.unwrap().was_held());
+    let backends: Vec<H::B> = waiters.iter().map(|(b, _)| b.clone()).collect();
+    for (_, task) in waiters {
+        timeout(Duration::from_secs(60), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    // TIMING: a watch that fired out of turn is counted when its event arrives; half a
+    // second more lets any such event in.
+    sleep(ms(500)).await;
+
+    // Assert: each of the five releases woke one waiter, so five wake-ups in all (a herd,
+    // every waiter watching the holder, would have woken 5 + 4 + 3 + 2 + 1).
+    let woken: u64 = backends.iter().map(H::wake_ups).sum();
+    assert_eq!(woken, 5, "wake-ups for five releases");
+}
+
+/// The properties of a line of waiters, for the backends that keep one.
+macro_rules! line_suite {
+    ($($property:ident),* $(,)?) => {
+        #[cfg(feature = "zookeeper")]
+        mod zookeeper_line {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $property() {
+                    let harness = crate::support::ZkHarness::start().await;
+                    crate::$property(harness).await;
+                }
+            )*
+        }
+
+        #[cfg(feature = "etcd")]
+        mod etcd_line {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $property() {
+                    let harness = crate::support::EtcdHarness::start().await;
+                    crate::$property(harness).await;
+                }
+            )*
+        }
+    };
+}
+
+line_suite!(
+    the_lock_is_granted_in_arrival_order_whichever_process_asked,
+    a_release_wakes_only_the_next_waiter,
 );

@@ -9,6 +9,14 @@
 //!   and [`PrefixCleanup`], which deletes what a test left under it.
 //! - [`free_port`].
 
+pub mod etcd;
+pub mod proxy;
+pub mod zookeeper;
+
+pub use etcd::{EtcdCluster, EtcdServer};
+pub use proxy::TcpProxy;
+pub use zookeeper::{ZooKeeperEnsemble, ZooKeeperServer};
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};

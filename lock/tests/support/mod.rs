@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{Backend, LockOptions, Locker, Redlock};
@@ -91,6 +92,22 @@ pub trait Harness {
     fn short_ms(&self) -> u64 {
         200
     }
+    /// Make the store give up, `after` from now, every lock `backend` holds, as it does for
+    /// a holder that stopped renewing. Leased stores (Redis, the table, etcd) do that by
+    /// themselves when the lease runs out, so this does nothing for them. ZooKeeper has no
+    /// lease per lock: a lock lives as long as the session that took it, which the client
+    /// keeps alive with heartbeats while the process runs; so the ZooKeeper harness ends
+    /// that session, as the ensemble does when a holder is paused or cut off for longer
+    /// than the session timeout.
+    fn lapse(&self, backend: &Self::B, after: Duration) -> impl Future<Output = ()> {
+        let _ = (backend, after);
+        async {}
+    }
+    /// Whether the store assigns fences itself (a ZooKeeper zxid, an etcd revision), so
+    /// that no fence can be raised by a holder.
+    fn fences_are_assigned(&self) -> bool {
+        false
+    }
 }
 
 /// Wait (up to 10 s) until `key` has no live lock; `why` names what should have freed it.
@@ -117,9 +134,12 @@ pub async fn assert_nothing_renews<H: Harness>(
     token: &str,
     renew_every: Duration,
 ) {
-    let lease = renew_every * 2 + ms(200);
+    // TIMING: ZooKeeper and etcd end a lease only to the nearest tick (ZooKeeper's half
+    // second) or expiry run (etcd's half second), and not below their shortest one: the
+    // harness's short lease, waited out twice over.
+    let lease = (renew_every * 2 + ms(200)).max(ms(h.short_ms()));
     h.put(key, token, lease).await;
-    tokio::time::sleep(lease + ms(800)).await;
+    tokio::time::sleep(lease + lease.max(ms(800))).await;
     assert_eq!(h.holder(key).await, None, "something renewed the old token");
 }
 
@@ -382,5 +402,312 @@ impl Harness for PgHarness {
         .execute(&self.pool)
         .await
         .unwrap();
+    }
+}
+
+/// A private ZooKeeper server for one test; every `backend()` is a session of its own.
+#[cfg(feature = "zookeeper")]
+pub struct ZkHarness {
+    server: testkit::ZooKeeperServer,
+    /// The harness's own session, for what tests do behind a holder's back.
+    client: zookeeper_client::Client,
+    /// Each backend reaches the server through a proxy of its own, which `lapse` cuts.
+    proxies: std::sync::Mutex<Vec<Arc<testkit::TcpProxy>>>,
+}
+
+/// The session timeout of the suite's sessions: longer than any ttl the suite asks for
+/// (a ttl may not exceed it), so that only [`Harness::lapse`] ends a session.
+#[cfg(feature = "zookeeper")]
+pub const ZK_SESSION: Duration = Duration::from_secs(60);
+
+#[cfg(feature = "zookeeper")]
+impl ZkHarness {
+    pub async fn start() -> Self {
+        let server = tokio::task::spawn_blocking(testkit::ZooKeeperServer::start)
+            .await
+            .unwrap();
+        let client = zookeeper_client::Client::connect(&server.connect_string())
+            .await
+            .expect("a session on the private ZooKeeper");
+        Self {
+            server,
+            client,
+            proxies: Default::default(),
+        }
+    }
+
+    pub fn server(&mut self) -> &mut testkit::ZooKeeperServer {
+        &mut self.server
+    }
+
+    pub fn connect_string(&self) -> String {
+        self.server.connect_string()
+    }
+
+    fn lock_node(key: &str) -> String {
+        format!("{}/{key}", distlock::ZK_DEFAULT_ROOT)
+    }
+
+    /// The lock's contender nodes, lowest sequence first.
+    async fn line(&self, key: &str) -> Vec<String> {
+        let mut children = match self.client.list_children(&Self::lock_node(key)).await {
+            Ok(children) => children,
+            Err(zookeeper_client::Error::NoNode) => Vec::new(),
+            Err(error) => panic!("listing {key}: {error}"),
+        };
+        children.sort_by_key(|name| name.rsplit_once('-').map(|(_, seq)| seq.to_owned()));
+        children
+    }
+}
+
+/// End the session `client` is on, as the ensemble does when it expires: a second client
+/// joins the same session and closes it, until the server says the session is gone. The
+/// first client must be cut off meanwhile (its proxy), or it would take its session back.
+#[cfg(feature = "zookeeper")]
+pub async fn end_session(connect_string: &str, client: &zookeeper_client::Client) {
+    for _ in 0..100 {
+        let twin = zookeeper_client::Client::connector()
+            .with_session_timeout(client.session_timeout())
+            .with_session(client.session().clone())
+            .connect(connect_string)
+            .await;
+        match twin {
+            Ok(twin) => drop(twin), // not detached: the last handle closes the session
+            Err(zookeeper_client::Error::SessionExpired) => return,
+            Err(error) => panic!("a second client on the same session: {error:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the session did not end");
+}
+
+#[cfg(feature = "zookeeper")]
+impl Harness for ZkHarness {
+    type B = distlock::ZkLock;
+
+    async fn backend(&self) -> distlock::ZkLock {
+        let proxy = Arc::new(testkit::TcpProxy::start(self.server.port()));
+        let connect_string = format!("127.0.0.1:{}", proxy.port());
+        self.proxies.lock().unwrap().push(proxy);
+        distlock::ZkLock::builder(connect_string)
+            .session_timeout(ZK_SESSION)
+            .connect()
+            .await
+            .expect("a session on the private ZooKeeper")
+    }
+
+    fn key(&self, label: &str) -> String {
+        label.to_owned()
+    }
+
+    async fn holder(&self, key: &str) -> Option<String> {
+        let head = self.line(key).await.into_iter().next()?;
+        Some(
+            head.rsplit_once('-')
+                .expect("a contender node")
+                .0
+                .to_owned(),
+        )
+    }
+
+    /// The head of the line goes, and the lock node with it if nobody else is in line (so
+    /// that the next holder's node is made under a new lock node, whose sequence starts over).
+    async fn delete(&self, key: &str) {
+        if let Some(head) = self.line(key).await.first() {
+            let path = format!("{}/{head}", Self::lock_node(key));
+            match self.client.delete(&path, None).await {
+                Ok(()) | Err(zookeeper_client::Error::NoNode) => {}
+                Err(error) => panic!("deleting {path}: {error}"),
+            }
+        }
+        match self.client.delete(&Self::lock_node(key), None).await {
+            Ok(())
+            | Err(zookeeper_client::Error::NoNode)
+            | Err(zookeeper_client::Error::NotEmpty) => {}
+            Err(error) => panic!("deleting the lock node of {key}: {error}"),
+        }
+    }
+
+    /// Every contender node goes (as a `SET` overwrites a Redis lock), and a node for
+    /// `token` heads the line, in a session that nothing keeps alive: it expires after
+    /// `ttl` (the server's tick bounds how exactly).
+    async fn put(&self, key: &str, token: &str, ttl: Duration) {
+        for name in self.line(key).await {
+            let _ = self
+                .client
+                .delete(&format!("{}/{name}", Self::lock_node(key)), None)
+                .await;
+        }
+        let holder = zookeeper_client::Client::connector()
+            .with_session_timeout(ttl)
+            .with_detached()
+            .connect(&self.server.connect_string())
+            .await
+            .expect("a session for the put holder");
+        let container =
+            zookeeper_client::CreateMode::Container.with_acls(zookeeper_client::Acls::anyone_all());
+        holder
+            .mkdir(&Self::lock_node(key), &container)
+            .await
+            .expect("the lock node");
+        let node = zookeeper_client::CreateMode::EphemeralSequential
+            .with_acls(zookeeper_client::Acls::anyone_all());
+        holder
+            .create(&format!("{}/{token}-", Self::lock_node(key)), b"", &node)
+            .await
+            .expect("the put holder's node");
+        drop(holder); // detached: no heartbeats, no close; the session times out
+    }
+
+    fn short_ms(&self) -> u64 {
+        // The shortest session the private server grants (two ticks), for the put
+        // holder's session; a holder's own lease that runs out is a session ended by
+        // `lapse`, which needs no server timing.
+        testkit::zookeeper::MIN_SESSION_TIMEOUT.as_millis() as u64
+    }
+
+    fn fences_are_assigned(&self) -> bool {
+        true
+    }
+
+    /// Cut the backend off (its proxy), end its session, and let it reach the server again,
+    /// where it learns that its session is over.
+    async fn lapse(&self, backend: &distlock::ZkLock, after: Duration) {
+        let client = backend.zookeeper();
+        let port: u16 = backend
+            .connect_string()
+            .rsplit_once(':')
+            .and_then(|(_, port)| port.parse().ok())
+            .expect("a backend of this harness");
+        let proxy = self
+            .proxies
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|proxy| proxy.port() == port)
+            .cloned()
+            .expect("the backend's proxy");
+        let connect_string = self.server.connect_string();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            proxy.cut();
+            end_session(&connect_string, &client).await;
+            proxy.heal();
+        });
+    }
+}
+
+/// A private etcd member for one test; every `backend()` is a client of its own.
+#[cfg(feature = "etcd")]
+pub struct EtcdHarness {
+    server: testkit::EtcdServer,
+    client: etcd_client::Client,
+}
+
+#[cfg(feature = "etcd")]
+impl EtcdHarness {
+    pub async fn start() -> Self {
+        let server = tokio::task::spawn_blocking(testkit::EtcdServer::start)
+            .await
+            .unwrap();
+        let client = etcd_client::Client::connect([server.endpoint()], None)
+            .await
+            .expect("a client of the private etcd");
+        Self { server, client }
+    }
+
+    pub fn server(&mut self) -> &mut testkit::EtcdServer {
+        &mut self.server
+    }
+
+    fn line_prefix(key: &str) -> String {
+        format!("{}{key}/", distlock::ETCD_DEFAULT_PREFIX)
+    }
+
+    /// The lock's contender keys, first created first.
+    async fn line(&self, key: &str) -> Vec<etcd_client::KeyValue> {
+        let options = etcd_client::GetOptions::new().with_prefix().with_sort(
+            etcd_client::SortTarget::Create,
+            etcd_client::SortOrder::Ascend,
+        );
+        self.client
+            .clone()
+            .get(Self::line_prefix(key), Some(options))
+            .await
+            .expect("reading the line")
+            .take_kvs()
+    }
+}
+
+#[cfg(feature = "etcd")]
+impl Harness for EtcdHarness {
+    type B = distlock::EtcdLock;
+
+    async fn backend(&self) -> distlock::EtcdLock {
+        distlock::EtcdLock::connect([self.server.endpoint()])
+            .await
+            .expect("a client of the private etcd")
+    }
+
+    fn key(&self, label: &str) -> String {
+        label.to_owned()
+    }
+
+    async fn holder(&self, key: &str) -> Option<String> {
+        let head = self.line(key).await.into_iter().next()?;
+        let name = head.key_str().expect("a UTF-8 key");
+        Some(
+            name.strip_prefix(&Self::line_prefix(key))
+                .unwrap()
+                .to_owned(),
+        )
+    }
+
+    async fn delete(&self, key: &str) {
+        if let Some(head) = self.line(key).await.first() {
+            self.client
+                .clone()
+                .delete(head.key().to_vec(), None)
+                .await
+                .expect("deleting the head");
+        }
+    }
+
+    /// Every contender key goes (as a `SET` overwrites a Redis lock), and a key for `token`
+    /// on a lease of `ttl` (in whole seconds) heads the line.
+    async fn put(&self, key: &str, token: &str, ttl: Duration) {
+        let mut client = self.client.clone();
+        client
+            .delete(
+                Self::line_prefix(key),
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            )
+            .await
+            .expect("clearing the line");
+        let seconds = ttl.as_millis().div_ceil(1000).max(1) as i64;
+        let lease = client
+            .lease_grant(seconds, None)
+            .await
+            .expect("a lease")
+            .id();
+        client
+            .put(
+                format!("{}{token}", Self::line_prefix(key)),
+                "",
+                Some(etcd_client::PutOptions::new().with_lease(lease)),
+            )
+            .await
+            .expect("the put holder's key");
+    }
+
+    fn short_ms(&self) -> u64 {
+        // etcd counts leases in whole seconds and grants none shorter than its minimum
+        // (1.5 election timeouts, rounded up: 2 s with the defaults), and its expiry runs
+        // every 500 ms: a 2 s lease is the shortest whose end tests can wait out fairly.
+        2_000
+    }
+
+    fn fences_are_assigned(&self) -> bool {
+        true
     }
 }
