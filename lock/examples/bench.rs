@@ -13,6 +13,9 @@
 //!   for release signals (`Locker::with_release_signals`); reports the median handoffs/s and
 //!   the p50/p99 wait for the lock of each, and their ratio.
 //! - `all`: contended, then `--rounds` rounds alternating rslock and distlock uncontended.
+//! - `consensus` (built with `--features zookeeper,etcd`): the contended loop on Redis (with
+//!   release signals), ZooKeeper (`--zookeeper`) and etcd (`--etcd`) in alternating rounds
+//!   of the same run: handoffs/s and the p50/p99 wait of each, and their ratios to Redis.
 //!
 //! The machine's load varies from second to second, so the uncontended loops run in
 //! alternating rounds and their medians are compared. The last line is
@@ -64,6 +67,12 @@ struct Args {
     /// that many replicas at `--redis-url`.
     #[arg(long, default_value_t = 0)]
     wait_replicas: u32,
+    /// ZooKeeper ensemble for `--mode consensus` (`host:port,...`).
+    #[arg(long, default_value = "127.0.0.1:2181")]
+    zookeeper: String,
+    /// etcd endpoints for `--mode consensus` (comma-separated).
+    #[arg(long, default_value = "http://127.0.0.1:2379", value_delimiter = ',')]
+    etcd: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -76,6 +85,8 @@ enum Mode {
     Contended,
     /// Contended, then alternating rounds of both uncontended loops.
     All,
+    /// Contended on Redis, ZooKeeper and etcd, in alternating rounds.
+    Consensus,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -108,6 +119,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.redis_url, args.concurrency, args.seconds, args.rounds, args.worker_threads
     );
     let conn = ConnectionManager::new(redis::Client::open(args.redis_url.as_str())?).await?;
+    if args.mode == Mode::Consensus {
+        return consensus(&args, conn, run_for, &prefix).await;
+    }
 
     if matches!(args.mode, Mode::Contended | Mode::All) {
         contended(&args, conn.clone(), run_for, &prefix).await?;
@@ -438,16 +452,95 @@ async fn contended(
     Ok(())
 }
 
+/// The contended loop on each backend in turn, in alternating rounds: Redis with release
+/// signals against ZooKeeper and etcd, which keep their own line of waiters.
+#[cfg(all(feature = "zookeeper", feature = "etcd"))]
+async fn consensus(
+    args: &Args,
+    conn: ConnectionManager,
+    run_for: Duration,
+    prefix: &str,
+) -> anyhow::Result<()> {
+    use distlock::{EtcdLock, ZkLock};
+    let options = LockOptions::builder()
+        .ttl(Duration::from_secs(10))
+        .wait_timeout(Duration::from_secs(60))
+        .build()?;
+    let signals = ReleaseSignals::connect(&redis::Client::open(args.redis_url.as_str())?).await?;
+    let redis = Locker::new(conn, options.clone())?.with_release_signals(signals);
+    let zk = ZkLock::builder(args.zookeeper.clone())
+        .session_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .map_err(|e| anyhow::anyhow!("ZooKeeper at {}: {e}", args.zookeeper))?;
+    let zookeeper = Locker::new(zk, options.clone())?;
+    let etcd = EtcdLock::connect(&args.etcd)
+        .await
+        .map_err(|e| anyhow::anyhow!("etcd at {:?}: {e}", args.etcd))?;
+    let etcd = Locker::new(etcd, options)?;
+    // Keys without the Redis prefix's `:` (ZooKeeper and etcd keys may not hold `/`).
+    let key = format!("{}-contended", prefix.replace(':', "-"));
+    let names = ["redis", "zookeeper", "etcd"];
+    let mut results: Vec<(usize, f64, Duration, Duration)> = Vec::new();
+    for round in 1..=args.rounds {
+        // Rotate which backend goes first.
+        for i in 0..names.len() {
+            let which = (i + round) % names.len();
+            let (rate, p50, p99) = match which {
+                0 => contended_round(&redis, &key, args.concurrency, run_for).await?,
+                1 => contended_round(&zookeeper, &key, args.concurrency, run_for).await?,
+                _ => contended_round(&etcd, &key, args.concurrency, run_for).await?,
+            };
+            println!(
+                "round {round}: {}: handoffs_per_sec={rate:.0} wait_p50={p50:?} wait_p99={p99:?}",
+                names[which]
+            );
+            results.push((which, rate, p50, p99));
+        }
+    }
+    println!(
+        "contended (1 key, {} tasks in one process), medians of {} rounds:",
+        args.concurrency, args.rounds
+    );
+    let mut redis_rate = 0.0;
+    for (which, name) in names.iter().enumerate() {
+        let mine = results.iter().filter(|r| r.0 == which);
+        let mut rates: Vec<f64> = mine.clone().map(|r| r.1).collect();
+        let mut p50s: Vec<Duration> = mine.clone().map(|r| r.2).collect();
+        let mut p99s: Vec<Duration> = mine.map(|r| r.3).collect();
+        p50s.sort_unstable();
+        p99s.sort_unstable();
+        let rate = median(&mut rates);
+        if which == 0 {
+            redis_rate = rate;
+        }
+        println!(
+            "  {name}: handoffs_per_sec={rate:.0} wait_p50={:?} wait_p99={:?} handoffs_vs_redis={:.3}",
+            p50s[p50s.len() / 2],
+            p99s[p99s.len() / 2],
+            rate / redis_rate
+        );
+    }
+    Ok(())
+}
+
+#[cfg(not(all(feature = "zookeeper", feature = "etcd")))]
+async fn consensus(
+    _: &Args,
+    _: ConnectionManager,
+    _: Duration,
+    _: &str,
+) -> anyhow::Result<()> {
+    anyhow::bail!("--mode consensus needs the ZooKeeper and etcd backends: run with --features zookeeper,etcd")
+}
+
 /// One round of the contended mode: handoffs per second, p50 and p99 of the wait.
-async fn contended_round<C>(
-    locker: &Locker<C>,
+async fn contended_round<B: distlock::Backend>(
+    locker: &Locker<B>,
     key: &str,
     concurrency: usize,
     run_for: Duration,
-) -> anyhow::Result<(f64, Duration, Duration)>
-where
-    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-{
+) -> anyhow::Result<(f64, Duration, Duration)> {
     let end = Instant::now() + run_for;
     let mut tasks = Vec::new();
     for _ in 0..concurrency {

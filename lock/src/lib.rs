@@ -32,6 +32,11 @@
 //! - **[`Redlock`]**: a majority of independent Redis masters.
 //! - **[`PgLockTable`]** (feature `postgres`): the seed articles' database lock, a table
 //!   with a unique name per lock.
+//! - **`ZkLock`** (feature `zookeeper`): the seed articles' third lock, ZooKeeper's
+//!   ephemeral sequential nodes; each waiter watches the one before it; the session is the
+//!   lease and the fence is a zxid.
+//! - **`EtcdLock`** (feature `etcd`): keys on a lease in create-revision order, each waiter
+//!   watching the one before it; the fence is the create revision.
 //!
 //! # Layout
 //! - `locker`: [`Locker`], one attempt and the deadline-bounded wait (backoff, or wake-ups:
@@ -39,7 +44,8 @@
 //! - `guard`: [`LockGuard`], the state of one acquisition, release and the drop fallback.
 //! - `lease`: the watchdog task and the lost signal ([`LockLost`]).
 //! - `owner`: [`Owner`], the explicit identity behind reentrancy.
-//! - `backend`: the [`Backend`] trait. `redis_node`, `redlock`, `postgres`: the backends;
+//! - `backend`: the [`Backend`] trait. `redis_node`, `redlock`, `postgres`, `zookeeper`,
+//!   `etcd`: the backends;
 //!   `scripts` (the Lua) and `keys` (fence key, release channel, cluster hash tags) serve
 //!   the Redis ones.
 //! - `fenced`: [`Fence`] and [`FencedGuard`]. `options`: [`LockOptions`]. `token`: [`Token`].
