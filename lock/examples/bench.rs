@@ -525,13 +525,10 @@ async fn consensus(
 }
 
 #[cfg(not(all(feature = "zookeeper", feature = "etcd")))]
-async fn consensus(
-    _: &Args,
-    _: ConnectionManager,
-    _: Duration,
-    _: &str,
-) -> anyhow::Result<()> {
-    anyhow::bail!("--mode consensus needs the ZooKeeper and etcd backends: run with --features zookeeper,etcd")
+async fn consensus(_: &Args, _: ConnectionManager, _: Duration, _: &str) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "--mode consensus needs the ZooKeeper and etcd backends: run with --features zookeeper,etcd"
+    )
 }
 
 /// One round of the contended mode: handoffs per second, p50 and p99 of the wait.
