@@ -18,7 +18,7 @@ pub struct Settings {
     pub database_url: SecretString,
 
     /// Redis URL: the lock under LOCK_STRATEGY=redis, and restock messages between
-    /// instances. The pg-* strategies start and sell without it (restocks then reach other
+    /// instances. The other strategies start and sell without it (restocks then reach other
     /// instances within SOLD_OUT_RECHECK_MS).
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379", hide_env_values = true, value_parser = secret)]
     pub redis_url: SecretString,
@@ -38,12 +38,36 @@ pub struct Settings {
 
     /// Prefix for every Redis key and channel the service uses (lock `<prefix>lock_sale_<id>`,
     /// its fence, the restock channel), so several deployments or test runs can share one Redis.
+    /// Under zookeeper and etcd it starts each lock's name there too (no '/' then).
     #[arg(long, env = "REDIS_KEY_PREFIX", default_value = "")]
     pub redis_key_prefix: String,
 
     /// Independent Redis masters for LOCK_STRATEGY=redlock, comma-separated (3 or 5 is usual).
     #[arg(long, env = "REDLOCK_URLS", value_delimiter = ',', hide_env_values = true, value_parser = secret)]
     pub redlock_urls: Vec<SecretString>,
+
+    /// ZooKeeper ensemble for LOCK_STRATEGY=zookeeper, as a connect string
+    /// (`host:port,host:port,...`). Lock nodes live under `/distlock`.
+    #[arg(long, env = "ZOOKEEPER_CONNECT", default_value = "127.0.0.1:2181")]
+    pub zookeeper_connect: String,
+
+    /// ZooKeeper session timeout asked for under LOCK_STRATEGY=zookeeper, in ms: the lease
+    /// of every lock (the ensemble keeps a lock as long as its holder's session, up to this
+    /// long after it last heard from the instance). Must be at least LOCK_TTL_MS, and the
+    /// server must grant that much (its maxSessionTimeout, 20 ticks = 40 s by default):
+    /// start-up fails otherwise, saying both numbers.
+    #[arg(long, env = "ZOOKEEPER_SESSION_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(range::ZOOKEEPER_SESSION_TIMEOUT_MS))]
+    pub zookeeper_session_timeout_ms: u64,
+
+    /// etcd endpoints for LOCK_STRATEGY=etcd, comma-separated (`http://host:2379` each).
+    /// Lock keys live under `distlock/`.
+    #[arg(
+        long,
+        env = "ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379"
+    )]
+    pub etcd_endpoints: Vec<String>,
 
     /// Address to listen on. Port 0 picks a free port; the bound address is printed on
     /// stdout as `listening on <address>`.
@@ -60,8 +84,10 @@ pub struct Settings {
     #[arg(long, env = "LOCK_STRATEGY", value_enum, default_value_t = LockStrategy::Redis)]
     pub lock_strategy: LockStrategy,
 
-    /// Lease of the lock (redis, redlock, pg-lock), in ms. The watchdog renews it every third
-    /// of it while a batch is sold; a crashed holder blocks the product for at most this long.
+    /// Lease of the lock (redis, redlock, pg-lock, zookeeper, etcd), in ms. The watchdog renews
+    /// it every third of it while a batch is sold; a crashed holder blocks the product for at
+    /// most this long (under zookeeper, for the session timeout; under etcd, this rounded up
+    /// to whole seconds).
     #[arg(long, env = "LOCK_TTL_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(range::LOCK_TTL_MS))]
     pub lock_ttl_ms: u64,
 
@@ -161,6 +187,7 @@ mod range {
     pub const PG_STATEMENT_TIMEOUT_MS: RangeInclusive<u64> = 1..=3_600_000;
     pub const PG_LOCK_TIMEOUT_MS: RangeInclusive<u64> = 1..=3_600_000;
     pub const PG_IDLE_IN_TRANSACTION_TIMEOUT_MS: RangeInclusive<u64> = 1..=3_600_000;
+    pub const ZOOKEEPER_SESSION_TIMEOUT_MS: RangeInclusive<u64> = 1..=3_600_000;
 }
 
 /// `Ok` when `value` of the setting `name` is in `range`.
@@ -247,6 +274,10 @@ impl Settings {
         Duration::from_millis(self.sold_out_recheck_ms)
     }
 
+    pub fn zookeeper_session_timeout(&self) -> Duration {
+        Duration::from_millis(self.zookeeper_session_timeout_ms)
+    }
+
     pub fn database_acquire_timeout(&self) -> Duration {
         Duration::from_millis(self.database_acquire_timeout_ms)
     }
@@ -328,6 +359,11 @@ impl Settings {
             self.pg_idle_in_transaction_timeout_ms,
             range::PG_IDLE_IN_TRANSACTION_TIMEOUT_MS,
         )?;
+        within(
+            "ZOOKEEPER_SESSION_TIMEOUT_MS",
+            self.zookeeper_session_timeout_ms,
+            range::ZOOKEEPER_SESSION_TIMEOUT_MS,
+        )?;
         if self.lock_strategy == LockStrategy::PgRow && self.work_ms >= self.pg_lock_timeout_ms {
             return Err(format!(
                 "WORK_MS ({}) must be below PG_LOCK_TIMEOUT_MS ({}) under LOCK_STRATEGY=pg-row: a batch that waits for the row waits out another batch's work, and would give up every time",
@@ -357,6 +393,34 @@ impl Settings {
                 "LOCK_STRATEGY=redlock needs REDLOCK_URLS (comma-separated Redis masters)".into(),
             );
         }
+        if self.lock_strategy == LockStrategy::ZooKeeper
+            && self.zookeeper_session_timeout_ms < self.lock_ttl_ms
+        {
+            return Err(format!(
+                "ZOOKEEPER_SESSION_TIMEOUT_MS ({}) must be at least LOCK_TTL_MS ({}) under LOCK_STRATEGY=zookeeper: a lock lives only as long as its session, so a holder counting on a longer lease could write after the ensemble gave the lock away",
+                self.zookeeper_session_timeout_ms, self.lock_ttl_ms
+            ));
+        }
+        if self.lock_strategy == LockStrategy::ZooKeeper && self.zookeeper_connect.trim().is_empty()
+        {
+            return Err(
+                "LOCK_STRATEGY=zookeeper needs ZOOKEEPER_CONNECT (host:port,host:port,...)".into(),
+            );
+        }
+        if self.lock_strategy == LockStrategy::Etcd
+            && self.etcd_endpoints.iter().all(|e| e.trim().is_empty())
+        {
+            return Err(
+                "LOCK_STRATEGY=etcd needs ETCD_ENDPOINTS (comma-separated http://host:2379)".into(),
+            );
+        }
+        if self.lock_strategy.locks_in_consensus() && self.redis_key_prefix.contains('/') {
+            return Err(format!(
+                "REDIS_KEY_PREFIX ({:?}) must not contain '/' under LOCK_STRATEGY={}: it starts every lock's name there, and a lock's name cannot hold a '/'",
+                self.redis_key_prefix,
+                self.lock_strategy.name()
+            ));
+        }
         Ok(())
     }
 }
@@ -370,6 +434,13 @@ pub enum LockStrategy {
     Redlock,
     /// The same lock in a PostgreSQL lock table (the seed's database lock), same fencing.
     PgLock,
+    /// The same lock in ZooKeeper (ZOOKEEPER_CONNECT; the seed's third lock), its fence the
+    /// holder node's creation zxid; waiters queue in arrival order.
+    #[value(name = "zookeeper")]
+    ZooKeeper,
+    /// The same lock in etcd (ETCD_ENDPOINTS), its fence the holder key's create revision;
+    /// waiters queue in arrival order.
+    Etcd,
     /// `SELECT ... FOR UPDATE` on the product row.
     PgRow,
     /// Optimistic: compare-and-set on a version column, with bounded retries.
@@ -387,6 +458,8 @@ impl LockStrategy {
             LockStrategy::Redis => "redis",
             LockStrategy::Redlock => "redlock",
             LockStrategy::PgLock => "pg-lock",
+            LockStrategy::ZooKeeper => "zookeeper",
+            LockStrategy::Etcd => "etcd",
             LockStrategy::PgRow => "pg-row",
             LockStrategy::PgOptimistic => "pg-optimistic",
             LockStrategy::PgAtomic => "pg-atomic",
@@ -398,6 +471,12 @@ impl LockStrategy {
     /// restock messages, and start and sell without it; Redlock locks on REDLOCK_URLS).
     pub fn needs_redis(self) -> bool {
         matches!(self, LockStrategy::Redis)
+    }
+
+    /// Whether the lock lives in a consensus service (ZooKeeper, etcd), whose fences the
+    /// server assigns.
+    pub fn locks_in_consensus(self) -> bool {
+        matches!(self, LockStrategy::ZooKeeper | LockStrategy::Etcd)
     }
 }
 
@@ -492,6 +571,50 @@ mod tests {
         assert!(settings.check().unwrap_err().contains("PG_LOCK_TIMEOUT_MS"));
         settings.lock_strategy = LockStrategy::Redis;
         assert_eq!(settings.check(), Ok(()));
+    }
+
+    #[test]
+    fn under_zookeeper_the_session_must_last_at_least_the_lock_ttl() {
+        let mut settings = Settings::new("postgres://x", "redis://r");
+        settings.lock_strategy = LockStrategy::ZooKeeper;
+        assert_eq!(settings.check(), Ok(()), "the defaults fit together");
+        settings.lock_ttl_ms = 12_000;
+        let why = settings.check().unwrap_err();
+        assert!(
+            why.contains("ZOOKEEPER_SESSION_TIMEOUT_MS (10000)"),
+            "{why}"
+        );
+        assert!(why.contains("LOCK_TTL_MS (12000)"), "{why}");
+        // The session timeout means nothing to the other strategies.
+        settings.lock_strategy = LockStrategy::Etcd;
+        assert_eq!(settings.check(), Ok(()));
+    }
+
+    #[test]
+    fn a_lock_name_prefix_with_a_slash_is_refused_where_lock_names_cannot_hold_one() {
+        let mut settings = Settings::new("postgres://x", "redis://r");
+        settings.redis_key_prefix = "shop/a:".into();
+        assert_eq!(settings.check(), Ok(()), "Redis keys may hold a '/'");
+        for strategy in [LockStrategy::ZooKeeper, LockStrategy::Etcd] {
+            settings.lock_strategy = strategy;
+            let why = settings.check().unwrap_err();
+            assert!(why.starts_with("REDIS_KEY_PREFIX"), "{why}");
+        }
+    }
+
+    #[test]
+    fn etcd_endpoints_are_comma_separated_with_a_local_default() {
+        let parsed = Settings::parse_from(["seckill", "--database-url", "x"]);
+        assert_eq!(parsed.etcd_endpoints, ["http://127.0.0.1:2379"]);
+        assert_eq!(parsed.zookeeper_connect, "127.0.0.1:2181");
+        let parsed = Settings::parse_from([
+            "seckill",
+            "--database-url",
+            "x",
+            "--etcd-endpoints",
+            "http://a:2379,http://b:2379",
+        ]);
+        assert_eq!(parsed.etcd_endpoints, ["http://a:2379", "http://b:2379"]);
     }
 
     #[test]

@@ -7,7 +7,9 @@ use std::time::Duration;
 use actix_web::dev::Server;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context;
-use distlock::{LockOptions, Locker, PgLockTable, Redlock, ReleaseSignals};
+use distlock::{
+    Backend, EtcdLock, LockOptions, Locker, PgLockTable, Redlock, ReleaseSignals, ZkLock,
+};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -20,6 +22,7 @@ use crate::routes::health::Health;
 use crate::routes::sold_out::SoldOutLane;
 use crate::routes::{self, not_found};
 use crate::sale::batch::Step;
+use crate::sale::fenced::probe_key;
 use crate::sale::{Exclusion, Sale, SaleParts};
 use crate::settings::{LockStrategy, Settings, redacted};
 use secrecy::ExposeSecret;
@@ -29,6 +32,12 @@ use secrecy::ExposeSecret;
 /// message instead, and this is only its backstop.
 const LOCK_RETRY_MIN: Duration = Duration::from_millis(2);
 const LOCK_RETRY_MAX: Duration = Duration::from_millis(10);
+
+/// How long start-up waits for ZooKeeper or etcd to answer its first read.
+///
+/// TIMING: a healthy server answers within milliseconds; an etcd client waits for an endpoint
+/// that is down up to its own 5 s connect timeout before failing.
+const CONSENSUS_PROBE_WITHIN: Duration = Duration::from_secs(10);
 
 /// Connections of the lock table's own pool (`pg-lock`): one leader per product attempts and
 /// renews through it.
@@ -129,7 +138,11 @@ impl Application {
             .with_context(|| format!("cannot listen on {} (BIND_ADDR)", settings.bind_addr))?;
         let address = listener.local_addr()?;
         let sale = web::Data::new(sale);
-        let health = web::Data::new(Health::new(pool.connect_options().as_ref().clone(), redis));
+        let health = web::Data::new(Health::new(
+            pool.connect_options().as_ref().clone(),
+            redis,
+            probe_key(&settings.redis_key_prefix),
+        ));
         let admin = web::Data::new(AdminToken(settings.admin_token.clone()));
         let server = HttpServer::new(move || {
             App::new()
@@ -307,9 +320,71 @@ async fn exclusion(
                 .context("cannot create the lock table in PostgreSQL")?;
             Exclusion::PgLock(Locker::new(table, options()?).context("invalid lock settings")?)
         }
+        LockStrategy::ZooKeeper => {
+            let connect = settings.zookeeper_connect.as_str();
+            // The connector tries every server in turn for about one session timeout before
+            // it gives up.
+            let zk = ZkLock::builder(connect)
+                .session_timeout(settings.zookeeper_session_timeout())
+                .connect()
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot open a ZooKeeper session at {connect} within about {} ms (ZOOKEEPER_CONNECT)",
+                        settings.zookeeper_session_timeout_ms
+                    )
+                })?;
+            // The server bounds the session timeout to its own minSessionTimeout ..
+            // maxSessionTimeout; the lock's lease must not outlive the session.
+            let granted = zk.session_timeout();
+            if granted < settings.lock_ttl() {
+                anyhow::bail!(
+                    "ZooKeeper at {connect} granted a session timeout of {} ms, below LOCK_TTL_MS ({} ms) \
+                     (ZOOKEEPER_SESSION_TIMEOUT_MS asked for {} ms): a lock lives only as long as its \
+                     session, so a holder could write after the ensemble gave its lock away. Lower \
+                     LOCK_TTL_MS to at most {} ms, or raise the servers' maxSessionTimeout (zoo.cfg) \
+                     to at least {} ms",
+                    granted.as_millis(),
+                    settings.lock_ttl_ms,
+                    settings.zookeeper_session_timeout_ms,
+                    granted.as_millis(),
+                    settings.lock_ttl_ms,
+                );
+            }
+            let locker = Locker::new(zk, options()?).context("invalid lock settings")?;
+            probe(&locker, settings).await.with_context(|| {
+                format!("ZooKeeper at {connect} does not answer (ZOOKEEPER_CONNECT)")
+            })?;
+            Exclusion::ZooKeeper(locker)
+        }
+        LockStrategy::Etcd => {
+            let endpoints = settings.etcd_endpoints.join(",");
+            let etcd = EtcdLock::connect(&settings.etcd_endpoints)
+                .await
+                .with_context(|| {
+                    format!("cannot connect to etcd at {endpoints} (ETCD_ENDPOINTS)")
+                })?;
+            let locker = Locker::new(etcd, options()?).context("invalid lock settings")?;
+            // The client connects lazily: only a request tells whether etcd is there.
+            probe(&locker, settings)
+                .await
+                .with_context(|| format!("cannot reach etcd at {endpoints} (ETCD_ENDPOINTS)"))?;
+            Exclusion::Etcd(locker)
+        }
         LockStrategy::PgRow => Exclusion::Transaction(Step::RowLock),
         LockStrategy::PgOptimistic => Exclusion::Transaction(Step::Optimistic),
         LockStrategy::PgAtomic => Exclusion::Transaction(Step::Atomic),
         LockStrategy::None => Exclusion::Transaction(Step::Unsafe),
     })
+}
+
+/// One read of the lock service (what it knows of a lock nobody takes), so that start-up
+/// fails now, naming the setting, rather than at the first purchase.
+async fn probe<B: Backend>(locker: &Locker<B>, settings: &Settings) -> anyhow::Result<()> {
+    let key = probe_key(&settings.redis_key_prefix);
+    match tokio::time::timeout(CONSENSUS_PROBE_WITHIN, locker.inspect(&key)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => Err(error.into()),
+        Err(_) => anyhow::bail!("no answer within {CONSENSUS_PROBE_WITHIN:?}"),
+    }
 }

@@ -69,6 +69,8 @@ pub fn color(strategy: LockStrategy) -> RGBColor {
         LockStrategy::Redis => RGBColor(0, 114, 178),
         LockStrategy::Redlock => RGBColor(117, 112, 179),
         LockStrategy::PgLock => RGBColor(0, 158, 115),
+        LockStrategy::ZooKeeper => RGBColor(140, 86, 75),
+        LockStrategy::Etcd => RGBColor(0, 128, 128),
         LockStrategy::PgRow => RGBColor(230, 171, 2),
         LockStrategy::PgOptimistic => RGBColor(231, 41, 138),
         LockStrategy::PgAtomic => RGBColor(213, 94, 0),

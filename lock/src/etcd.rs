@@ -22,7 +22,7 @@
 //!   first.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use etcd_client as etcd;
@@ -58,7 +58,14 @@ const MAX_KEY_BYTES: usize = 1024;
 /// ```
 #[derive(Clone)]
 pub struct EtcdLock {
-    client: etcd::Client,
+    /// One client per member ([`connect`](Self::connect)): requests go to one member at a
+    /// time, and to the next when it cannot be reached. etcd-client's own balanced channel
+    /// (one client for all endpoints) keeps sending a share of the requests to a member
+    /// that is down, and those fail (etcdv3/etcd-client#39): with one member of three down,
+    /// steps would fail that the two others could answer.
+    clients: Arc<[etcd::Client]>,
+    /// The member requests go to now: an index into `clients`.
+    current: Arc<AtomicUsize>,
     /// Put before every lock key.
     prefix: String,
     /// Watch events that woke a waiter here: how the no-herd property is observed.
@@ -74,10 +81,12 @@ impl std::fmt::Debug for EtcdLock {
 }
 
 impl EtcdLock {
-    /// Connect to the cluster at `endpoints` (`http://host:port`).
+    /// Connect to the cluster at `endpoints` (`http://host:port`): a client for each, used
+    /// one at a time; a step that cannot reach its member (or finds it without a leader)
+    /// goes to the next, until every member was tried once.
     ///
     /// # Errors
-    /// [`Error::Etcd`] when no endpoint answers.
+    /// [`Error::Etcd`] for an endpoint that is not a URL, or none at all.
     pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(endpoints: S) -> Result<Self> {
         let options = etcd::ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(5))
@@ -85,14 +94,26 @@ impl EtcdLock {
             // A member cut off from the leader refuses instead of answering from its own
             // (possibly stale) state.
             .with_require_leader(true);
-        let client = etcd::Client::connect(endpoints, Some(options)).await?;
-        Ok(Self::new(client))
+        let mut clients = Vec::new();
+        for endpoint in endpoints.as_ref() {
+            // Connects lazily: a member that is down now is tried when a step needs it.
+            clients.push(etcd::Client::connect([endpoint], Some(options.clone())).await?);
+        }
+        if clients.is_empty() {
+            return Err(etcd::Error::InvalidArgs("no etcd endpoint".into()).into());
+        }
+        Ok(Self::with_clients(clients))
     }
 
-    /// Locks through a client connected elsewhere.
+    /// Locks through a client connected elsewhere (every step goes through it).
     pub fn new(client: etcd::Client) -> Self {
+        Self::with_clients(vec![client])
+    }
+
+    fn with_clients(clients: Vec<etcd::Client>) -> Self {
         Self {
-            client,
+            clients: clients.into(),
+            current: Arc::new(AtomicUsize::new(0)),
             prefix: DEFAULT_PREFIX.to_owned(),
             wake_ups: Arc::new(AtomicU64::new(0)),
         }
@@ -110,6 +131,42 @@ impl EtcdLock {
         self.wake_ups.load(Ordering::Relaxed)
     }
 
+    /// Send `request` to the member in use; if it cannot be reached, to the next, until
+    /// every member was tried once. Every step of this backend may be sent twice (see
+    /// [`Backend`]), so one whose answer was lost with its member may go to another.
+    async fn call<T, F, Fut>(&self, request: F) -> Result<T, etcd::Error>
+    where
+        F: Fn(etcd::Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd::Error>>,
+    {
+        let mut tries = self.clients.len();
+        loop {
+            let at = self.current.load(Ordering::Acquire);
+            let error = match request(self.clients[at].clone()).await {
+                Err(error) if unreachable(&error) => error,
+                answer => return answer,
+            };
+            tries -= 1;
+            if tries == 0 {
+                return Err(error);
+            }
+            // On to the next member, unless another step has moved on already.
+            let next = (at + 1) % self.clients.len();
+            let _ = self
+                .current
+                .compare_exchange(at, next, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
+    /// One transaction, through [`call`](Self::call).
+    async fn txn(&self, txn: Txn) -> Result<etcd::TxnResponse, etcd::Error> {
+        self.call(|mut client| {
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        })
+        .await
+    }
+
     /// The prefix of every contender key for `key`, `/` included.
     fn line_prefix(&self, key: &str) -> String {
         format!("{}{key}/", self.prefix)
@@ -125,20 +182,28 @@ impl EtcdLock {
         let seconds = i64::try_from(ttl.as_millis().div_ceil(1000))
             .unwrap_or(i64::MAX)
             .max(1);
-        let granted = self.client.clone().lease_grant(seconds, None).await?;
+        let granted = self
+            .call(|mut client| async move { client.lease_grant(seconds, None).await })
+            .await?;
         Ok((granted.id(), granted.ttl()))
     }
 
     /// Revoke `lease`; one that is already gone is fine.
     async fn revoke(&self, lease: i64) {
-        if let Err(error) = self.client.clone().lease_revoke(lease).await {
+        let revoked = self
+            .call(|mut client| async move { client.lease_revoke(lease).await })
+            .await;
+        if let Err(error) = revoked {
             tracing::debug!(%error, lease, "lease revoke failed; it runs out by itself");
         }
     }
 
     /// One keep-alive of `lease`; `false` if etcd no longer has it.
     async fn keep_alive(&self, lease: i64) -> Result<bool> {
-        match self.client.clone().lease_keep_alive(lease).await {
+        match self
+            .call(|mut client| async move { client.lease_keep_alive(lease).await })
+            .await
+        {
             Ok(_) => Ok(true),
             Err(etcd::Error::LeaseKeepAliveError(_)) => Ok(false),
             Err(error) => Err(error.into()),
@@ -170,7 +235,7 @@ impl EtcdLock {
                 granted.to_string(),
                 Some(PutOptions::new().with_lease(lease)),
             )]);
-        let moved = self.client.clone().txn(txn).await?.succeeded();
+        let moved = self.txn(txn).await?.succeeded();
         // Whichever lease the key is not on now goes.
         self.revoke(if moved { old } else { lease }).await;
         Ok(moved)
@@ -193,7 +258,7 @@ impl EtcdLock {
                 head(),
             ])
             .or_else([TxnOp::get(own.clone(), None), head()]);
-        let answer = self.client.clone().txn(txn).await?;
+        let answer = self.txn(txn).await?;
         let replies = answer.op_responses();
         let head = first_kv(replies.get(1));
         if answer.succeeded() {
@@ -222,7 +287,7 @@ impl EtcdLock {
             TxnOp::get(self.own_key(key, token), None),
             TxnOp::get(self.line_prefix(key), Some(first_created().with_limit(1))),
         ]);
-        let answer = self.client.clone().txn(txn).await?;
+        let answer = self.txn(txn).await?;
         let replies = answer.op_responses();
         Ok(Look {
             own: first_kv(replies.first()).map(|kv| Own {
@@ -236,6 +301,27 @@ impl EtcdLock {
             }),
             head: first_kv(replies.get(1)).map(|kv| kv.create_revision()),
         })
+    }
+}
+
+/// Whether `error` says that the member could not be reached or could not answer, so that
+/// another member may: gRPC's `UNAVAILABLE` (not connected, no leader, shutting down),
+/// `CANCELLED` (the connection closed, the client's timeout), `DEADLINE_EXCEEDED`, or any
+/// status the client made itself from a transport error (a member sends none with a
+/// source: a broken pipe comes as `UNKNOWN`).
+fn unreachable(error: &etcd::Error) -> bool {
+    const CANCELLED: i32 = 1;
+    const DEADLINE_EXCEEDED: i32 = 4;
+    const UNAVAILABLE: i32 = 14;
+    match error {
+        etcd::Error::TransportError(_) => true,
+        etcd::Error::GRpcStatus(status) => {
+            matches!(
+                i32::from(status.code()),
+                CANCELLED | DEADLINE_EXCEEDED | UNAVAILABLE
+            ) || std::error::Error::source(status).is_some()
+        }
+        _ => false,
     }
 }
 
@@ -327,10 +413,12 @@ impl Backend for EtcdLock {
         if joined.head_revision == Some(joined.revision) {
             return Ok(Attempt::Acquired(fence_of(joined.revision)));
         }
+        let own = self.own_key(key, token);
         let _ = self
-            .client
-            .clone()
-            .delete(self.own_key(key, token), None)
+            .call(|mut client| {
+                let own = own.clone();
+                async move { client.delete(own, None).await }
+            })
             .await?;
         self.revoke(joined.lease).await;
         Ok(Attempt::Held { expires_in: None })
@@ -366,7 +454,7 @@ impl Backend for EtcdLock {
                     ),
                 ),
             ]);
-            let answer = self.client.clone().txn(txn).await?;
+            let answer = self.txn(txn).await?;
             let read_at = answer.header().map_or(0, |h| h.revision());
             let replies = answer.op_responses();
             if first_kv(replies.first()).is_none() {
@@ -379,9 +467,10 @@ impl Backend for EtcdLock {
             // Events after the read, so a delete between the read and the watch is seen.
             let options = etcd::WatchOptions::new().with_start_revision(read_at + 1);
             let mut watch = self
-                .client
-                .clone()
-                .watch(before.key().to_vec(), Some(options))
+                .call(|mut client| {
+                    let (before, options) = (before.key().to_vec(), options.clone());
+                    async move { client.watch(before, Some(options)).await }
+                })
                 .await?;
             let mut renew = tokio::time::interval_at(proven_at + every, every);
             loop {
@@ -448,10 +537,12 @@ impl Backend for EtcdLock {
                 None => Unlock::Gone,
             });
         };
+        let own = self.own_key(key, token);
         let deleted = self
-            .client
-            .clone()
-            .delete(self.own_key(key, token), None)
+            .call(|mut client| {
+                let own = own.clone();
+                async move { client.delete(own, None).await }
+            })
             .await?;
         self.revoke(lease).await;
         Ok(if deleted.deleted() > 0 {
@@ -481,21 +572,23 @@ impl Backend for EtcdLock {
     }
 
     async fn inspect(&self, key: &str) -> Result<LockState> {
+        let prefix = self.line_prefix(key);
         let line = self
-            .client
-            .clone()
-            .get(
-                self.line_prefix(key),
-                Some(first_created().with_keys_only()),
-            )
+            .call(|mut client| {
+                let prefix = prefix.clone();
+                async move {
+                    client
+                        .get(prefix, Some(first_created().with_keys_only()))
+                        .await
+                }
+            })
             .await?;
         let Some(head) = line.kvs().first() else {
             return Ok(LockState::new(false, None, None, Some(0)));
         };
+        let lease = head.lease();
         let left = self
-            .client
-            .clone()
-            .lease_time_to_live(head.lease(), None)
+            .call(|mut client| async move { client.lease_time_to_live(lease, None).await })
             .await?
             .ttl();
         let expires_in = u64::try_from(left).ok().map(Duration::from_secs);
@@ -509,10 +602,16 @@ impl Backend for EtcdLock {
 
     /// Delete the head of the line, whoever put it; the next waiter's watch fires.
     async fn force_unlock(&self, key: &str) -> Result<bool> {
+        let prefix = self.line_prefix(key);
         let line = self
-            .client
-            .clone()
-            .get(self.line_prefix(key), Some(first_created().with_limit(1)))
+            .call(|mut client| {
+                let prefix = prefix.clone();
+                async move {
+                    client
+                        .get(prefix, Some(first_created().with_limit(1)))
+                        .await
+                }
+            })
             .await?;
         let Some(head) = line.kvs().first() else {
             return Ok(false);
@@ -524,7 +623,7 @@ impl Backend for EtcdLock {
                 head.create_revision(),
             )])
             .and_then([TxnOp::delete(head.key().to_vec(), None)]);
-        let deleted = self.client.clone().txn(txn).await?.succeeded();
+        let deleted = self.txn(txn).await?.succeeded();
         if deleted {
             self.revoke(head.lease()).await;
         }

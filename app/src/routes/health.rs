@@ -18,6 +18,9 @@ use crate::sale::{Exclusion, Sale};
 pub struct Health {
     pub postgres: PgConnectOptions,
     pub redis: RedisLink,
+    /// The lock read under `zookeeper` and `etcd` to see that the service answers (nobody
+    /// takes it).
+    pub probe_key: String,
     /// The last answer and when it was made: checks run one at a time and at most once per
     /// [`FRESH`], so a flood of `/readyz` cannot flood PostgreSQL with connections.
     last: tokio::sync::Mutex<Option<(Instant, StatusCode, Readiness)>>,
@@ -27,10 +30,11 @@ pub struct Health {
 const FRESH: Duration = Duration::from_secs(1);
 
 impl Health {
-    pub fn new(postgres: PgConnectOptions, redis: RedisLink) -> Self {
+    pub fn new(postgres: PgConnectOptions, redis: RedisLink, probe_key: String) -> Self {
         Self {
             postgres,
             redis,
+            probe_key,
             last: tokio::sync::Mutex::new(None),
         }
     }
@@ -67,6 +71,13 @@ pub struct Readiness {
     /// Under `LOCK_STRATEGY=redlock`: masters reachable, and the majority needed.
     #[serde(skip_serializing_if = "Option::is_none")]
     redlock: Option<Quorum>,
+    /// Under `LOCK_STRATEGY=zookeeper`: whether the ensemble answers on the lock's session,
+    /// and the session's state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    zookeeper: Option<Consensus>,
+    /// Under `LOCK_STRATEGY=etcd`: whether the cluster answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    etcd: Option<Consensus>,
     /// `not_ready` when not ready.
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'static str>,
@@ -81,6 +92,19 @@ pub struct Quorum {
     needed: usize,
 }
 
+/// A consensus-backed lock service (ZooKeeper, etcd).
+#[derive(Clone, Serialize, ToSchema)]
+pub struct Consensus {
+    /// Whether it answered a read of a lock within a second (etcd: a linearizable read,
+    /// which needs a leader and a quorum; ZooKeeper: a read on the lock's session).
+    answers: bool,
+    /// ZooKeeper's session state as the client sees it (`SyncConnected` when it can lock;
+    /// `Disconnected` while it looks for a server; `Expired` until a new session is open).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "SyncConnected")]
+    session: Option<String>,
+}
+
 /// `GET /healthz`.
 #[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "the process is up", body = Alive)))]
 pub async fn healthz() -> HttpResponse {
@@ -88,8 +112,9 @@ pub async fn healthz() -> HttpResponse {
 }
 
 /// Ready when PostgreSQL answers, and whatever the strategy sells with answers: Redis under
-/// `redis`, a majority of the masters under `redlock`. Redis is otherwise only the carrier
-/// of restock news: without it the instance is `degraded` (200), not unready.
+/// `redis`, a majority of the masters under `redlock`, ZooKeeper on the lock's session under
+/// `zookeeper`, etcd under `etcd`. Redis is otherwise only the carrier of restock news:
+/// without it the instance is `degraded` (200), not unready.
 #[utoipa::path(
     get,
     path = "/readyz",
@@ -134,6 +159,32 @@ async fn check(sale: &Sale, health: &Health) -> (StatusCode, Readiness) {
         }
         _ => None,
     };
+    // A read of a lock nobody takes, on the locks' own session or client. Under ZooKeeper it
+    // also opens a new session when the last one expired (the backend does before any
+    // step), so an instance that nobody sends purchases to while it is unready still comes
+    // back once the ensemble does.
+    let answers =
+        |inspected: Option<distlock::Result<distlock::LockState>>| matches!(inspected, Some(Ok(_)));
+    let (zookeeper, etcd) = match sale.exclusion() {
+        Exclusion::ZooKeeper(locker) => {
+            let read = tokio::time::timeout(limit, locker.inspect(&health.probe_key)).await;
+            let session = format!("{:?}", locker.backend().zookeeper().state());
+            let consensus = Consensus {
+                answers: answers(read.ok()),
+                session: Some(session),
+            };
+            (Some(consensus), None)
+        }
+        Exclusion::Etcd(locker) => {
+            let read = tokio::time::timeout(limit, locker.inspect(&health.probe_key)).await;
+            let consensus = Consensus {
+                answers: answers(read.ok()),
+                session: None,
+            };
+            (None, Some(consensus))
+        }
+        _ => (None, None),
+    };
     let restock_news = sale.hears_restocks();
     let mut body = Readiness {
         status: "ready",
@@ -141,6 +192,8 @@ async fn check(sale: &Sale, health: &Health) -> (StatusCode, Readiness) {
         redis,
         restock_news,
         redlock,
+        zookeeper: zookeeper.clone(),
+        etcd: etcd.clone(),
         error: None,
         message: None,
     };
@@ -150,6 +203,12 @@ async fn check(sale: &Sale, health: &Health) -> (StatusCode, Readiness) {
         Some("redis is unreachable")
     } else if redlock.is_some_and(|q| q.reachable < q.needed) {
         Some("a majority of the Redlock masters is unreachable")
+    } else if zookeeper.is_some_and(|z| !z.answers) {
+        Some(
+            "the ZooKeeper session is not connected: the ensemble does not answer (ZOOKEEPER_CONNECT)",
+        )
+    } else if etcd.is_some_and(|e| !e.answers) {
+        Some("etcd does not answer (ETCD_ENDPOINTS): it is down, or has no leader")
     } else {
         None
     };

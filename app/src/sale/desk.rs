@@ -29,7 +29,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use distlock::{Backend, Error as LockError, Locker, PgLockTable, Redlock, ReleaseOutcome};
+use distlock::{
+    Backend, Error as LockError, EtcdLock, Locker, PgLockTable, Redlock, ReleaseOutcome, ZkLock,
+};
 use rand::Rng;
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
@@ -54,6 +56,12 @@ pub enum Exclusion {
     Redlock(Locker<Redlock<redis::aio::ConnectionManager>>),
     /// The same lock in PostgreSQL's lock table, fenced.
     PgLock(Locker<PgLockTable>),
+    /// The same lock in ZooKeeper (an ephemeral sequential node per contender), fenced with
+    /// the holder node's creation zxid.
+    ZooKeeper(Locker<ZkLock>),
+    /// The same lock in etcd (a key on a lease per contender), fenced with the holder key's
+    /// create revision.
+    Etcd(Locker<EtcdLock>),
     /// No lock of ours: the batch's transaction reads and writes the stock `step`'s way.
     Transaction(Step),
 }
@@ -106,7 +114,9 @@ pub(crate) struct Desk {
 /// has only ever found the lock free learns of the others when it first loses the race
 /// between two holds: under `redis` a fair race, the others being woken by the release
 /// message; under `redlock` and `pg-lock`, whose waiters poll, one it can win many times,
-/// so their buyers may wait several holds at the start of contention.)
+/// so their buyers may wait several holds at the start of contention. Under `zookeeper` and
+/// `etcd` there is no race: the lock goes to the waiters in the order they asked, so a
+/// leader asking again stands behind those already waiting.)
 const HANDOFF_PAUSE: Duration = Duration::from_millis(2);
 
 /// How long a leader goes on pausing after a hold since it last found the lock held: other
@@ -220,6 +230,8 @@ impl Leader {
             Exclusion::Redis(locker) => self.lead_locked(locker).await,
             Exclusion::Redlock(locker) => self.lead_locked(locker).await,
             Exclusion::PgLock(locker) => self.lead_locked(locker).await,
+            Exclusion::ZooKeeper(locker) => self.lead_locked(locker).await,
+            Exclusion::Etcd(locker) => self.lead_locked(locker).await,
             Exclusion::Transaction(step) => self.lead(*step).await,
         }
     }

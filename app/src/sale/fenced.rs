@@ -1,4 +1,5 @@
-//! Selling under a lock with a fence: the write path of `redis`, `redlock` and `pg-lock`.
+//! Selling under a lock with a fence: the write path of `redis`, `redlock`, `pg-lock`,
+//! `zookeeper` and `etcd`.
 //!
 //! While the leader holds the product's lock, no other instance's batch can write the row:
 //! the row stays as this leader last left it, unless an admin restocks it (or a stale holder
@@ -28,6 +29,13 @@
 //! still hold the lock, so we take a fence above the stored one and go on). A Redis that
 //! lost its counter in a restart needs no such repair: its new counter starts above the
 //! clock.
+//!
+//! ZooKeeper and etcd assign their fences themselves (a zxid, a revision), and cannot be
+//! asked for one above a number of our choosing. A stored fence above a holder's own then
+//! cannot have come from the same ensemble or cluster while we hold the lock: it was left by
+//! another lock backend (`LOCK_STRATEGY` changed on this database; Redis's fences, for
+//! one, are clock-based and far above a zxid). Such a batch writes nothing, and the
+//! operator is told what to do ([`fence_from_another_backend`]).
 
 use std::collections::{HashMap, HashSet};
 
@@ -44,6 +52,12 @@ use crate::repository::{self, HeldRow, HolderBatch, HolderWrite};
 /// (`lock_sale_<id>`), after `REDIS_KEY_PREFIX`.
 pub fn lock_key(prefix: &str, id: ProductId) -> String {
     format!("{prefix}lock_sale_{id}")
+}
+
+/// The lock `/readyz` and start-up read (nobody takes it) to see that the lock service
+/// answers, after `REDIS_KEY_PREFIX`.
+pub fn probe_key(prefix: &str) -> String {
+    format!("{prefix}lock_probe")
 }
 
 /// A refused fence is resynced at most this often in one batch before giving up.
@@ -239,9 +253,42 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
                 tracing::warn!(%ours, stored, "fence refused: this holder is stale; the batch wrote nothing");
                 Err(PurchaseError::LockLost)
             }
+            Err(LockError::FenceOutOfReach { seen, next }) => {
+                Err(fence_from_another_backend(self.product, seen, next))
+            }
             Err(error) => Err(lock_failed(error)),
         }
     }
+}
+
+/// The answer, and the operator's explanation, when the lock backend cannot issue a fence
+/// above `stored`, the fence in `product`'s row (`ours` is the best it can give). This holder
+/// does hold the lock (a stale one is told `NotHeld`), so the number came from elsewhere:
+/// another lock backend wrote the row under its own fences (the service ran with another
+/// `LOCK_STRATEGY` on this database), and no holder of this backend could ever write it.
+/// Nothing is written (a 500: retrying cannot help until an operator acts).
+pub(crate) fn fence_from_another_backend(
+    product: ProductId,
+    stored: u64,
+    ours: u64,
+) -> PurchaseError {
+    tracing::error!(
+        product_id = %product,
+        stored_fence = stored,
+        our_fence = ours,
+        "product {product} cannot be sold under this lock: its stored fence ({stored}) is above \
+         every fence this lock backend can hand out ({ours}), so it was written under another \
+         lock backend: switching LOCK_STRATEGY on a database keeps the old backend's fences. \
+         Nothing was written. To go on with this backend, stop every instance that still runs \
+         the old LOCK_STRATEGY, then reset the fences: \
+         UPDATE products SET fence = 0 (a holder of the old backend that writes after that \
+         would no longer be refused)"
+    );
+    PurchaseError::Internal(format!(
+        "product {product}'s stored fence ({stored}) was written under another lock backend \
+         (LOCK_STRATEGY changed on this database); with every instance of the old strategy \
+         stopped, reset it: UPDATE products SET fence = 0"
+    ))
 }
 
 /// What the statement that decided a batch found: a write, or a read of the unchanged row

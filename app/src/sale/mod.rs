@@ -12,6 +12,8 @@
 //! | `redis` | the Redis lock `lock_sale_<id>`, and a fence checked by PostgreSQL | [`fenced`] |
 //! | `redlock` | the same lock on a majority of independent Redis masters, same fence | [`fenced`] |
 //! | `pg-lock` | the same lock in PostgreSQL's lock table (the seed's database lock), same fence | [`fenced`] |
+//! | `zookeeper` | the same lock in ZooKeeper, fenced with the holder node's creation zxid | [`fenced`] |
+//! | `etcd` | the same lock in etcd, fenced with the holder key's create revision | [`fenced`] |
 //! | `pg-row` | `SELECT ... FOR UPDATE` on the product row | [`batch::Step::RowLock`] |
 //! | `pg-optimistic` | a version compare-and-set, retried a bounded number of times | [`batch::Step::Optimistic`] |
 //! | `pg-atomic` | one guarded `UPDATE ... WHERE stock >= sold` | [`batch::Step::Atomic`] |

@@ -30,7 +30,7 @@ async fn flood(strategy: LockStrategy, pool_options: PgPoolOptions, connect: PgC
     flood_with(settings, pool_options, connect).await;
 }
 
-async fn flood_with(
+pub(crate) async fn flood_with(
     mut settings: seckill::Settings,
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -120,6 +120,49 @@ async fn flood_with(
         (STOCK + RESTOCK, 0),
         "{strategy:?} did not sell out: {books:?}"
     );
+    fences_are_recorded(&apps[0].pool, id, strategy).await;
+}
+
+/// Under a lock with a fence, every order carries the fence of the hold that wrote it, in
+/// the order the orders were written (the row's lock serializes the writes, and a fence below
+/// the row's is refused), and the row keeps the last one; without one, no order has a fence.
+async fn fences_are_recorded(pool: &sqlx::PgPool, id: i64, strategy: LockStrategy) {
+    let fences: Vec<Option<i64>> =
+        sqlx::query_scalar("SELECT fence FROM orders WHERE product_id = $1 ORDER BY id")
+            .bind(id)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let fenced = matches!(
+        strategy,
+        LockStrategy::Redis
+            | LockStrategy::Redlock
+            | LockStrategy::PgLock
+            | LockStrategy::ZooKeeper
+            | LockStrategy::Etcd
+    );
+    if !fenced {
+        assert!(
+            fences.iter().all(Option::is_none),
+            "{strategy:?}: {fences:?}"
+        );
+        return;
+    }
+    let fences: Vec<i64> = fences
+        .into_iter()
+        .map(|fence| fence.unwrap_or_else(|| panic!("{strategy:?}: an order without a fence")))
+        .collect();
+    assert!(fences.iter().all(|&f| f > 0), "{strategy:?}: {fences:?}");
+    assert!(
+        fences.windows(2).all(|w| w[0] <= w[1]),
+        "{strategy:?}: the fences of later orders went down: {fences:?}"
+    );
+    let stored: i64 = sqlx::query_scalar("SELECT fence FROM products WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(Some(&stored), fences.last(), "{strategy:?}");
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]

@@ -1,11 +1,12 @@
 //! The service over HTTP, against a fresh PostgreSQL database per test (`#[sqlx::test]`)
 //! and a real Redis (the shared one under a unique key prefix, or a private `redis-server`
-//! for tests that kill it).
+//! for tests that kill it); ZooKeeper and etcd as private servers of their own.
 
 mod admin_writes;
 mod batches;
 mod bounds;
 mod concurrency;
+mod consensus;
 mod fencing;
 mod health;
 mod helpers;

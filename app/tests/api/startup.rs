@@ -57,7 +57,7 @@ fn the_command_line_refuses_invalid_settings() {
             "--database-url",
             "x",
             "--lock-strategy",
-            "zookeeper",
+            "consul",
         ],
         vec![
             "seckill",

@@ -711,3 +711,145 @@ impl Harness for EtcdHarness {
         true
     }
 }
+
+// What the fault tests (`tests/zookeeper.rs`, `tests/etcd.rs`) share.
+
+/// `future`, or a panic naming `what` once `within` has passed: a fault test that would
+/// otherwise hang fails with what it was waiting for.
+pub async fn within<T>(bound: Duration, what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(bound, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not within {bound:?}"))
+}
+
+/// When `guard` was told that its lock is lost, and why: a task that watches `lost()` from
+/// now on, so that the instant is taken when the signal comes, not when the test looks.
+pub fn when_told<B: Backend>(
+    guard: &distlock::LockGuard<B>,
+) -> tokio::task::JoinHandle<(distlock::LockLost, tokio::time::Instant)> {
+    let lost = guard.lost();
+    tokio::spawn(async move {
+        let why = lost.await;
+        (why, tokio::time::Instant::now())
+    })
+}
+
+/// What [`keep_acquiring`] got: the guard, when, what the old holder's guard said then,
+/// and the errors on the way.
+pub struct Taken<B: Backend> {
+    pub guard: distlock::LockGuard<B>,
+    pub at: tokio::time::Instant,
+    /// What the old holder's `lost()` said the moment the guard was in hand: `None` if it
+    /// still believed it held the lock.
+    pub old_holder_told: Option<distlock::LockLost>,
+    pub errors: Vec<String>,
+}
+
+/// Another process that wants `key` all along: it calls `acquire` again after every error
+/// (a server that is down, a session that ended) until it has the lock. `old_holder` is
+/// the `lost()` of the guard it takes the lock from, looked at once, right after the
+/// acquisition: it resolves at once if that guard already knows its lease is over (it
+/// compares the lease's deadline with the clock), whatever the scheduler did meanwhile.
+pub fn keep_acquiring<B: Backend>(
+    locker: Locker<B>,
+    key: &str,
+    old_holder: impl Future<Output = distlock::LockLost> + Send + 'static,
+) -> tokio::task::JoinHandle<Taken<B>> {
+    use futures::FutureExt;
+    let key = key.to_owned();
+    tokio::spawn(async move {
+        let mut errors = Vec::new();
+        loop {
+            match locker.acquire(&key).await {
+                Ok(guard) => {
+                    return Taken {
+                        guard,
+                        at: tokio::time::Instant::now(),
+                        old_holder_told: old_holder.now_or_never(),
+                        errors,
+                    };
+                }
+                Err(error) => {
+                    errors.push(error.to_string());
+                    tokio::time::sleep(ms(100)).await;
+                }
+            }
+        }
+    })
+}
+
+/// A store that refuses a write whose fence is below the largest it has accepted, as the
+/// service's products table does (`UPDATE ... WHERE fence <= $1`).
+#[derive(Default)]
+pub struct FencedStore {
+    /// The largest fence accepted, and who wrote with it.
+    last: std::sync::Mutex<(u64, Option<String>)>,
+}
+
+impl FencedStore {
+    /// Write as `writer` under `fence`; `false` if the store refused it.
+    pub fn write(&self, fence: distlock::Fence, writer: &str) -> bool {
+        let mut last = self.last.lock().unwrap();
+        if fence.get() < last.0 {
+            return false;
+        }
+        *last = (fence.get(), Some(writer.to_owned()));
+        true
+    }
+
+    /// Who wrote last.
+    pub fn writer(&self) -> Option<String> {
+        self.last.lock().unwrap().1.clone()
+    }
+}
+
+/// The contender nodes under `/distlock/<key>` on the ZooKeeper at `connect_string` (empty
+/// if the lock node is gone), read by a session of its own.
+#[cfg(feature = "zookeeper")]
+pub async fn zk_contenders(connect_string: &str, key: &str) -> Vec<String> {
+    let client = zookeeper_client::Client::connect(connect_string)
+        .await
+        .expect("a session to look at the line");
+    let lock_node = format!("{}/{key}", distlock::ZK_DEFAULT_ROOT);
+    match client.list_children(&lock_node).await {
+        Ok(children) => children,
+        Err(zookeeper_client::Error::NoNode) => Vec::new(),
+        Err(error) => panic!("listing {lock_node}: {error}"),
+    }
+}
+
+/// The contender keys under `distlock/<key>/` in the etcd cluster at `endpoints`, read by
+/// a client of its own from the first member that answers (a client of all endpoints at
+/// once sends some requests to a member that is down, and they fail).
+#[cfg(feature = "etcd")]
+pub async fn etcd_contenders(endpoints: &[String], key: &str) -> Vec<String> {
+    let prefix = format!("{}{key}/", distlock::ETCD_DEFAULT_PREFIX);
+    let mut errors = Vec::new();
+    for endpoint in endpoints {
+        let options = etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(5));
+        let mut client = etcd_client::Client::connect([endpoint], Some(options))
+            .await
+            .expect("a client to look at the line");
+        let read = client
+            .get(
+                prefix.clone(),
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only(),
+                ),
+            )
+            .await;
+        match read {
+            Ok(line) => {
+                return line
+                    .kvs()
+                    .iter()
+                    .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+                    .collect();
+            }
+            Err(error) => errors.push(format!("{endpoint}: {error}")),
+        }
+    }
+    panic!("no member could read the line: {errors:?}");
+}

@@ -1,0 +1,402 @@
+//! ZooKeeper under faults, against private servers started (and killed, by pid) by each
+//! test: the server killed under a holder, an ensemble of three with its leader down and
+//! with a majority down, and a holder cut off from the ensemble for longer than its session.
+//! The properties every backend shares run against ZooKeeper too, in `tests/properties.rs`.
+#![cfg(feature = "zookeeper")]
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distlock::{Error, Fence, LockLost, LockOptions, Locker, ZkLock};
+use support::*;
+use testkit::zookeeper::TICK_TIME;
+use testkit::{TcpProxy, ZooKeeperEnsemble, ZooKeeperServer};
+use tokio::time::{Instant, sleep};
+
+const KEY: &str = "lock_sale_1";
+
+/// The session of the holders that lose their lock: short, so that the tests are quick, and
+/// the ttl is the same (a ttl may not be longer than the session).
+const SESSION: Duration = Duration::from_secs(3);
+
+/// TIMING: what a busy two-core machine may add to a bound that the lock itself keeps (a
+/// lease that runs out, a session the server expires): scheduling, a JVM that is slow to
+/// answer, a reconnection.
+const MARGIN: Duration = Duration::from_secs(3);
+
+fn options(ttl: Duration, wait: Duration) -> LockOptions {
+    LockOptions::builder()
+        .ttl(ttl)
+        .wait_timeout(wait)
+        .build()
+        .unwrap()
+}
+
+/// A backend with a session of its own, as another process would have.
+async fn zk(connect_string: &str, session: Duration) -> ZkLock {
+    ZkLock::builder(connect_string)
+        .session_timeout(session)
+        .connect()
+        .await
+        .expect("a ZooKeeper session")
+}
+
+/// Starting, restarting and waiting for JVMs blocks for seconds: off the runtime's threads,
+/// so that watchdogs and waiters keep running meanwhile.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(work)
+        .await
+        .expect("a blocking step panicked")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holder_is_told_within_its_session_when_the_server_dies_and_nobody_gets_the_lock_before()
+ {
+    // Arrange: A holds the lock on a 3 s session; B is another process that wants it.
+    let mut server = blocking(ZooKeeperServer::start).await;
+    let connect_string = server.connect_string();
+    let a_backend = zk(&connect_string, SESSION).await;
+    let a = locker(a_backend.clone(), options(SESSION, Duration::from_secs(30)));
+    let b = locker(
+        zk(&connect_string, SESSION).await,
+        options(SESSION, Duration::from_secs(30)),
+    );
+    let held = a.acquire(KEY).await.unwrap();
+    let told = when_told(&held);
+
+    // Act: the server dies; B tries all along.
+    server.kill();
+    let killed = Instant::now();
+    let b_wants = keep_acquiring(b, KEY, held.lost());
+    // TIMING: the watchdog's last renewal was sent at most a renewal period (ttl / 3)
+    // before the kill, and the holder's lease is counted from there: told within one ttl.
+    let (why, told_at) = within(SESSION + MARGIN, "the holder was told", told)
+        .await
+        .unwrap();
+    // TIMING: the client library gives its session up 7/5 of the session timeout after it
+    // last heard from the server. The server stays down until then, so that A's client
+    // cannot bring the session (and its node) back: the server must end it by itself.
+    within(
+        SESSION * 7 / 5 + MARGIN,
+        "A's client gave its session up",
+        async {
+            while !a_backend.zookeeper().state().is_terminated() {
+                sleep(ms(50)).await;
+            }
+        },
+    )
+    .await;
+    let server = blocking(move || {
+        server.restart();
+        server
+    })
+    .await;
+    // TIMING: the restarted server has A's session back from its log, with a whole
+    // session timeout from its start (rounded up to a tick); B then gets the lock.
+    let taken = within(
+        SESSION + TICK_TIME + Duration::from_secs(20),
+        "B got the lock after the restart",
+        b_wants,
+    )
+    .await
+    .unwrap();
+    println!(
+        "B's failed attempts while the server was down: {:?}",
+        taken.errors
+    );
+
+    // Assert: A was told within its ttl, and B got the lock only after that.
+    let told_after = told_at.duration_since(killed);
+    println!(
+        "after the kill: A told at {told_after:?}, B got the lock at {:?}",
+        taken.at.duration_since(killed)
+    );
+    assert!(
+        told_after <= SESSION + MARGIN,
+        "told {told_after:?} after the kill"
+    );
+    assert_eq!(why, LockLost::Unreachable);
+    assert!(!held.is_held());
+    assert_eq!(
+        taken.old_holder_told,
+        Some(LockLost::Unreachable),
+        "B got the lock while A's guard still said it held it"
+    );
+    let b_guard = taken.guard;
+    assert!(b_guard.fence() > held.fence());
+    // A's release (on a new session) finds B's node at the head of the line.
+    assert!(!held.release().await.unwrap().was_held());
+    assert!(b_guard.release().await.unwrap().was_held());
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_leader_of_three_down_a_held_lock_survives_and_two_processes_still_take_turns() {
+    // Arrange: two processes on the whole ensemble, and A holding the lock.
+    // TIMING: a 20 s session outlasts the survivors' election on a busy machine (a few
+    // seconds); renewals every second show soon that the lock lives on after it.
+    let ensemble = blocking(|| ZooKeeperEnsemble::start(3)).await;
+    let connect_string = ensemble.connect_string();
+    let session = Duration::from_secs(20);
+    let options = LockOptions::builder()
+        .ttl(session)
+        .renew_interval(Duration::from_secs(1))
+        .wait_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let a = locker(zk(&connect_string, session).await, options.clone());
+    let b = locker(zk(&connect_string, session).await, options);
+    let held = a.acquire(KEY).await.unwrap();
+    let leader = ensemble.leader().expect("a leader");
+
+    // Act: the leader dies; the two others elect a new one.
+    let mut ensemble = ensemble;
+    ensemble.kill(leader);
+    let ensemble = blocking(move || {
+        ensemble.wait_for_quorum(Duration::from_secs(60));
+        ensemble
+    })
+    .await;
+    let renewals = held.renewals();
+    within(
+        Duration::from_secs(20),
+        "a renewal on the survivors",
+        async {
+            while held.renewals() <= renewals {
+                sleep(ms(50)).await;
+            }
+        },
+    )
+    .await;
+
+    // Assert: the lock lived through the election, and still excludes B.
+    let new_leader = ensemble.leader().expect("a new leader");
+    assert_ne!(new_leader, leader);
+    assert!(held.is_held());
+    assert!(matches!(b.try_acquire(KEY).await, Err(Error::Held { .. })));
+    assert!(held.release().await.unwrap().was_held());
+
+    // Act: A and B take the lock five times each, waiting in line for each other.
+    let inside = Arc::new(AtomicBool::new(false));
+    let holds: Arc<Mutex<Vec<(&str, Fence)>>> = Arc::default();
+    let take_turns = |name: &'static str, locker: Locker<ZkLock>| {
+        let (inside, holds) = (Arc::clone(&inside), Arc::clone(&holds));
+        tokio::spawn(async move {
+            for _ in 0..5 {
+                let guard = locker.acquire(KEY).await.unwrap();
+                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                holds.lock().unwrap().push((name, guard.fence()));
+                sleep(ms(50)).await;
+                inside.store(false, Ordering::SeqCst);
+                assert!(guard.release().await.unwrap().was_held());
+            }
+        })
+    };
+    let turns = [take_turns("A", a), take_turns("B", b)];
+    for turn in turns {
+        within(Duration::from_secs(60), "five turns each", turn)
+            .await
+            .unwrap();
+    }
+
+    // Assert: every hold came with a larger fence than the one before, both processes got
+    // their five, and nothing is left in line.
+    let holds = holds.lock().unwrap().clone();
+    println!("holds in order: {holds:?}");
+    assert_eq!(holds.len(), 10);
+    assert_eq!(holds.iter().filter(|(name, _)| *name == "A").count(), 5);
+    assert!(
+        holds.windows(2).all(|pair| pair[0].1 < pair[1].1),
+        "fences out of order: {holds:?}"
+    );
+    assert_eq!(
+        zk_contenders(&connect_string, KEY).await,
+        Vec::<String>::new()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_of_three_down_acquire_fails_by_its_deadline_and_once_they_are_back_nothing_is_left_and_the_lock_is_taken_again()
+ {
+    // Arrange: a process on the whole ensemble, which has taken and given back the lock
+    // once (so that its lock node exists and its fence is known).
+    let ensemble = blocking(|| ZooKeeperEnsemble::start(3)).await;
+    let connect_string = ensemble.connect_string();
+    let session = Duration::from_secs(4);
+    let wait = Duration::from_secs(5);
+    let a = locker(zk(&connect_string, session).await, options(session, wait));
+    let first = a.acquire(KEY).await.unwrap();
+    let first_fence = first.fence();
+    assert!(first.release().await.unwrap().was_held());
+    let leader = ensemble.leader().expect("a leader");
+    let follower = (0..3).find(|&i| i != leader).unwrap();
+
+    // Act: the leader and a follower die; the last member has no quorum and serves nobody.
+    let mut ensemble = ensemble;
+    ensemble.kill(leader);
+    ensemble.kill(follower);
+    let killed = Instant::now();
+    let waited = a.acquire(KEY).await;
+    let waited_for = killed.elapsed();
+    let started = Instant::now();
+    let tried = within(
+        // TIMING: try_acquire has no deadline of its own: its request waits for the
+        // session, which the client gives up 7/5 of the session timeout after it last heard
+        // from a server; the new session it then tries to open gives up after one more
+        // session timeout.
+        session * 7 / 5 + session + MARGIN,
+        "try_acquire gave up",
+        a.try_acquire(KEY),
+    )
+    .await;
+    let tried_for = started.elapsed();
+
+    // Assert: both failed, clearly and in time.
+    let waited = waited.expect_err("acquired without a quorum");
+    println!("acquire without a quorum, after {waited_for:?}: {waited:?}");
+    assert!(
+        matches!(
+            waited,
+            Error::Timeout { .. } | Error::ZooKeeper(_) | Error::LostPlace { .. }
+        ),
+        "{waited:?}"
+    );
+    assert!(
+        waited_for <= wait + MARGIN,
+        "acquire took {waited_for:?}, its wait is {wait:?}"
+    );
+    let tried = tried.expect_err("try_acquire succeeded without a quorum");
+    println!("try_acquire without a quorum, after {tried_for:?}: {tried:?}");
+    assert!(matches!(tried, Error::ZooKeeper(_)), "{tried:?}");
+
+    // Act: both come back.
+    let ensemble = blocking(move || {
+        ensemble.restart(leader);
+        ensemble.restart(follower);
+        ensemble
+    })
+    .await;
+
+    // Assert: once the sessions of the failed attempts are over, no contender node is left,
+    // and the lock is taken again with a larger fence.
+    // TIMING: the new leader gives every session it finds in its log a whole session
+    // timeout (rounded up to a tick) from its election: a node of a failed attempt could
+    // only live in such a session, as long as that.
+    within(
+        session + TICK_TIME + MARGIN * 2,
+        "the line emptied once the failed attempts' sessions were over",
+        async {
+            loop {
+                let line = zk_contenders(&connect_string, KEY).await;
+                if line.is_empty() {
+                    break;
+                }
+                println!("still in line: {line:?}");
+                sleep(ms(200)).await;
+            }
+        },
+    )
+    .await;
+    let again = a.acquire(KEY).await.unwrap();
+    assert!(again.fence() > first_fence);
+    assert!(again.release().await.unwrap().was_held());
+    drop(ensemble);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_off_past_its_session_is_told_the_next_holder_gets_a_larger_fence_and_the_old_guard_finds_the_lock_taken()
+ {
+    // Arrange: A reaches the server through a proxy that the test cuts; B, directly, waits
+    // in line behind A; a fenced store has A's write.
+    let server = blocking(ZooKeeperServer::start).await;
+    let proxy = TcpProxy::start(server.port());
+    let a_backend = zk(&format!("127.0.0.1:{}", proxy.port()), SESSION).await;
+    let a = locker(a_backend, options(SESSION, Duration::from_secs(30)));
+    let b = locker(
+        zk(&server.connect_string(), SESSION).await,
+        options(SESSION, Duration::from_secs(30)),
+    );
+    let store = FencedStore::default();
+    let held = a.acquire(KEY).await.unwrap();
+    assert!(store.write(held.fence(), "A"));
+    let told = when_told(&held);
+    let b_waits = keep_acquiring(b, KEY, held.lost());
+    within(Duration::from_secs(10), "B joined the line", async {
+        while a.inspect(KEY).await.unwrap().waiting != Some(1) {
+            sleep(ms(20)).await;
+        }
+    })
+    .await;
+
+    // Act: A is cut off, as a holder paused or partitioned away would be.
+    proxy.cut();
+    let cut = Instant::now();
+    let (why, told_at) = within(SESSION + MARGIN, "the holder was told", told)
+        .await
+        .unwrap();
+    // TIMING: the server expires A's session one session timeout (rounded up to a tick)
+    // after it last heard from A, which was before the cut; B's watch then fires.
+    let taken = within(SESSION + TICK_TIME + MARGIN * 2, "B got the lock", b_waits)
+        .await
+        .unwrap();
+
+    // Assert: A was told before B got the lock; B's fence is larger, and the store refuses
+    // A's write once B has written.
+    let told_after = told_at.duration_since(cut);
+    println!(
+        "after the cut: A told at {told_after:?}, B got the lock at {:?}",
+        taken.at.duration_since(cut)
+    );
+    assert!(
+        told_after <= SESSION + MARGIN,
+        "told {told_after:?} after the cut"
+    );
+    assert_eq!(why, LockLost::Unreachable);
+    assert!(!held.is_held());
+    assert_eq!(
+        taken.old_holder_told,
+        Some(LockLost::Unreachable),
+        "B got the lock while A's guard still said it held it"
+    );
+    assert!(
+        taken.errors.is_empty(),
+        "B's wait in line failed: {:?}",
+        taken.errors
+    );
+    let b_guard = taken.guard;
+    assert!(b_guard.fence() > held.fence());
+    assert!(store.write(b_guard.fence(), "B"));
+    assert!(
+        !store.write(held.fence(), "A"),
+        "the cut-off holder's write was accepted"
+    );
+    assert_eq!(store.writer().as_deref(), Some("B"));
+
+    // Act / Assert: back in reach, A learns its session is over: it cannot advance its
+    // fence, its release says the lock was not its own any more, and (on a new session)
+    // it takes the lock again after B, with a larger fence still.
+    proxy.heal();
+    let advanced = within(
+        SESSION * 2 + MARGIN,
+        "A's advance_fence answered",
+        held.advance_fence(held.fence()),
+    )
+    .await;
+    assert!(
+        matches!(advanced, Err(Error::NotHeld { .. })),
+        "{advanced:?}"
+    );
+    assert_eq!(
+        held.release().await.unwrap(),
+        distlock::ReleaseOutcome::Lost(LockLost::Taken)
+    );
+    let b_fence = b_guard.fence();
+    assert!(b_guard.release().await.unwrap().was_held());
+    let again = a.acquire(KEY).await.unwrap();
+    assert!(again.fence() > b_fence);
+    assert!(again.release().await.unwrap().was_held());
+    drop(server);
+}
