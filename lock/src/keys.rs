@@ -21,6 +21,31 @@ pub fn fence_key(key: &str) -> Result<String> {
     companion(key, "fence")
 }
 
+/// The checks of a backend that names a lock after its key (the PostgreSQL table, ZooKeeper,
+/// etcd): not empty, at most `max_bytes` long (`too_long` says so), and whatever else the
+/// store refuses (`refused` names it).
+pub(crate) fn check_name(
+    key: &str,
+    max_bytes: usize,
+    too_long: &'static str,
+    refused: impl Fn(&str) -> Option<&'static str>,
+) -> Result<()> {
+    let reason = if key.is_empty() {
+        Some("the key is empty")
+    } else if key.len() > max_bytes {
+        Some(too_long)
+    } else {
+        refused(key)
+    };
+    match reason {
+        Some(reason) => Err(Error::InvalidKey {
+            key: key.chars().take(64).collect(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Whether `key` can be a lock key on Redis (see [`fence_key`]), without building anything.
 pub(crate) fn check(key: &str) -> Result<()> {
     fence_key(key).map(drop)

@@ -76,19 +76,12 @@ fn millis(ttl: Duration) -> i64 {
 
 impl Backend for PgLockTable {
     fn check_key(&self, key: &str) -> Result<()> {
-        let reason = if key.is_empty() {
-            "the key is empty"
-        } else if key.len() > MAX_NAME_BYTES {
-            "the key is longer than 1024 bytes"
-        } else if key.contains('\0') {
-            "the key contains a NUL byte"
-        } else {
-            return Ok(());
-        };
-        Err(Error::InvalidKey {
-            key: key.chars().take(64).collect(),
-            reason,
-        })
+        crate::keys::check_name(
+            key,
+            MAX_NAME_BYTES,
+            "the key is longer than 1024 bytes",
+            |key| key.contains('\0').then_some("the key contains a NUL byte"),
+        )
     }
 
     /// One statement: take the name's next fence, then insert the lock row, or take over a

@@ -6,42 +6,68 @@
 //! - every other contender watches only the node just before its own, so a release wakes
 //!   exactly one waiter (no herd) and the lock is granted in the order the nodes were
 //!   created, whichever process created them;
-//! - the node is ephemeral: it lives as long as the ZooKeeper **session** that created it.
-//!   The client library keeps the session alive with heartbeats; a session that expires
-//!   (a holder paused or cut off for longer than the session timeout) takes its nodes
-//!   with it, and the next waiter's watch fires.
+//! - the node is ephemeral: it lives no longer than the ZooKeeper **session** that created
+//!   it. The client library keeps the session alive with heartbeats; a session that expires
+//!   (a holder paused or cut off for longer than the session timeout) takes its nodes with
+//!   it, and the next waiter's watch fires.
 //!
 //! How it maps onto [`Backend`]:
 //! - the token is the first part of the node's name, so a `create` whose reply was lost
-//!   is found again by listing the children, and a retried step finds its own node;
+//!   is found again by listing the children (after a `sync`, so that the listing is not
+//!   older than the create), and a retried step finds its own node;
 //! - the **fence** is the holder node's creation zxid (`czxid`). ZooKeeper's zxids grow
 //!   with every write to the ensemble, across leader elections (the epoch is in the high
 //!   32 bits) and across a lock node deleted and created again (the sequence suffix starts
 //!   over then; the zxid does not). Nodes are granted in creation order, so each holder's
 //!   fence is above every earlier holder's;
-//! - **renewal** is a read that finds our node still at the head of the line: it proves
-//!   the session alive at the server, whose own expiry is at least one session timeout
-//!   after it. The options' ttl must not be longer than the session timeout (checked);
-//! - **lost**: the session expired, so the node is gone (a renewal says `Gone`, or `Taken`
-//!   once another node heads the line); the guard's lease then runs out as for Redis;
+//! - **a turn and a renewal are proved by a write**: a one-operation transaction that checks
+//!   our node exists, sent on the node's own session. Writes go through the ensemble's
+//!   leader, which refuses a request of a session it has expired, so an answer proves the
+//!   session alive there, and the ensemble keeps it at least one session timeout longer;
+//!   the node's stat, read after it on the same session, must name that session as its
+//!   owner. (A plain read would not do: a follower that lags may answer it for a session
+//!   the leader has already expired.) The options' ttl must not be longer than the session
+//!   timeout (checked);
+//! - **the lease of each lock is kept here too.** The session outlives any one lock: the
+//!   client keeps it alive while the process runs, whether or not a guard still renews. So
+//!   this handle keeps, for every node it made, the instant until which its holder may
+//!   count on it (one ttl after the last turn or renewal was answered), and a background
+//!   task (the reaper) deletes the node once that has passed without a renewal or a
+//!   release: a lock taken without a watchdog runs out after its ttl as on Redis, and a
+//!   guard told its lock is lost (the ensemble unreachable until its lease ran out) cannot
+//!   go on blocking everyone if the ensemble comes back with its session. The reaper retries
+//!   until the ensemble answers; a release that failed is retried by it too;
+//! - **lost**: the node is gone (its session expired, the reaper or an operator deleted it):
+//!   a renewal says `Gone`, or `Taken` once another node heads the line; the guard's lease
+//!   then runs out as for Redis;
+//! - every request is bounded by the builder's
+//!   [`request_timeout`](ZkLockBuilder::request_timeout): the client holds requests while it
+//!   looks for a server, for as long as the session may live;
 //! - the lock's node is a **container** node: ZooKeeper deletes it by itself once it has
 //!   no children, so keys that are no longer used leave nothing behind.
 //!
-//! When a session expires the client cannot be used again; the next step opens a new
-//! session (a new ZooKeeper client) and goes on with it. Nodes of the old session are gone
-//! with it, so every guard taken under it reports its lock lost.
+//! When a session ends the client cannot be used again; the next step opens a new session
+//! (a new ZooKeeper client) and goes on with it. Nodes of the old session are gone with it,
+//! so every guard taken under it reports its lock lost.
+//!
+//! Limits: the sequence suffix is a 32-bit counter per lock node, read here as unsigned so
+//! that its wrap past 2^31 keeps the order; a lock node that sees 2^32 contenders without
+//! ever being empty (its container is deleted when empty, and the counter starts over)
+//! would misorder its line.
 
-use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use tokio::sync::Notify;
+use tokio::time::{Instant, sleep, sleep_until, timeout};
 use zookeeper_client as zk;
 
 use crate::backend::{Attempt, Backend, LockState, Renewal, Turn, Unlock};
 use crate::error::{Error, Result};
 use crate::fenced::Fence;
+use crate::keys;
 use crate::options::LockOptions;
 use crate::token::Token;
 
@@ -55,13 +81,17 @@ const MAX_KEY_BYTES: usize = 512;
 /// container is reaped by the server), before the error is passed on.
 const CREATE_TRIES: usize = 5;
 
+/// How long a waiter, or the reaper, waits before trying again after the ensemble could not
+/// be reached.
+const RETRY_AFTER: Duration = Duration::from_millis(200);
+
 const CONTENDER: zk::CreateOptions<'static> =
     zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
 const LOCK_NODE: zk::CreateOptions<'static> =
     zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
 
 /// Locks in ZooKeeper: a [`Backend`] that keeps its own line of waiters. Cheap to clone
-/// (clones share the session).
+/// (clones share the session and the leases of the locks taken through it).
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -89,14 +119,52 @@ struct Inner {
     cluster: String,
     /// The session timeout asked for (the server may grant another).
     asked_timeout: Duration,
+    /// The longest any one request may take (the client holds requests while disconnected).
+    request_timeout: Duration,
     /// The parent of every lock node.
     root: String,
     /// The current session. Replaced, never mended, when it ends.
     session: Mutex<zk::Client>,
     /// One new session at a time.
     reconnecting: tokio::sync::Mutex<()>,
-    /// Watches that fired for waiters here: how the no-herd property is observed.
+    /// Watches that fired for waiters here because the node before them went away: how the
+    /// no-herd property is observed.
     wake_ups: AtomicU64,
+    /// Every contender node this handle made, or may have made, and has not yet seen
+    /// deleted, by token.
+    claims: Mutex<HashMap<String, Claim>>,
+    /// Wakes the reaper: a claim fell due sooner than it planned, or the handle is gone.
+    reap_now: Arc<Notify>,
+    /// Whether the reaper task has been started (in the first runtime that made a claim).
+    reaper_started: AtomicBool,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The reaper holds only a weak reference; woken, it finds the handle gone and ends.
+        self.reap_now.notify_one();
+    }
+}
+
+/// A node this handle made (or may have made) for one token, until it is known deleted.
+#[derive(Debug, Clone)]
+struct Claim {
+    /// The token the node is named after.
+    token: Token,
+    /// The lock's key.
+    key: String,
+    /// The node's name under the lock node, once known.
+    node: Option<String>,
+    /// When the reaper deletes the token's nodes. `None` while a step of this handle is
+    /// answerable for them (a waiter in line; the locker gives its place up with `unlock`).
+    // TIMING: one ttl after the last turn or renewal was *answered*, which is no earlier
+    // than the holder's own deadline (one ttl after it was *sent*): the reaper never takes
+    // a lock from a holder whose lease still runs.
+    due: Option<Instant>,
+    /// A `create` was sent whose reply has not been seen (in flight, or lost with its
+    /// connection): it may still land after we looked for it, so the reaper looks once
+    /// more, a session timeout later, before it forgets the token.
+    uncertain: bool,
 }
 
 impl std::fmt::Debug for ZkLock {
@@ -109,17 +177,19 @@ impl std::fmt::Debug for ZkLock {
     }
 }
 
-/// Settings for [`ZkLock`]: the ensemble, the session timeout and the root node.
+/// Settings for [`ZkLock`]: the ensemble, the session timeout, the request timeout and the
+/// root node.
 #[derive(Debug, Clone)]
 pub struct ZkLockBuilder {
     cluster: String,
     session_timeout: Duration,
+    request_timeout: Duration,
     root: String,
 }
 
 impl ZkLockBuilder {
     /// How long the ensemble keeps the session (and with it every lock node it created)
-    /// once it stops hearing from this client: the lease of every lock taken here. The
+    /// once it stops hearing from this client: the longest lease a lock may have. The
     /// server bounds it to its `minSessionTimeout`..`maxSessionTimeout` (by default 2 to 20
     /// ticks). Default 10 s.
     pub fn session_timeout(mut self, timeout: Duration) -> Self {
@@ -127,8 +197,17 @@ impl ZkLockBuilder {
         self
     }
 
-    /// The node under which lock nodes are created (default [`DEFAULT_ROOT`]). Created if
-    /// missing.
+    /// The longest one request to the ensemble may take before the step that sent it fails
+    /// with a time-out (the client holds requests while it looks for a server that
+    /// answers, which with no quorum could be as long as the session lives). Default 5 s.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// The node under which lock nodes are created (default [`DEFAULT_ROOT`]): an absolute
+    /// path such as `/locks/sale` that ZooKeeper accepts (no empty, `.` or `..` part, no
+    /// character ZooKeeper refuses, not under `/zookeeper`). Created if missing.
     pub fn root(mut self, root: impl Into<String>) -> Self {
         self.root = root.into();
         self
@@ -137,35 +216,82 @@ impl ZkLockBuilder {
     /// Open the session.
     ///
     /// # Errors
-    /// [`Error::InvalidOptions`] for a root that is not an absolute node path;
-    /// [`Error::ZooKeeper`] when no session can be opened.
+    /// [`Error::InvalidOptions`] for a root ZooKeeper would refuse, or a zero request
+    /// timeout; [`Error::ZooKeeper`] when no session can be opened.
     pub async fn connect(self) -> Result<ZkLock> {
         let root = self.root.trim_end_matches('/').to_owned();
-        if !root.starts_with('/') || root.len() < 2 || root.contains("//") {
+        if let Some(why) = root_problem(&root) {
             return Err(Error::InvalidOptions(format!(
-                "the ZooKeeper root {:?} is not an absolute node path such as /distlock",
+                "the ZooKeeper root {:?} is not a node path ZooKeeper accepts: {why}",
                 self.root
             )));
+        }
+        if self.request_timeout.is_zero() {
+            return Err(Error::InvalidOptions(
+                "the ZooKeeper request timeout is zero: no request could be answered".into(),
+            ));
         }
         let session = open_session(&self.cluster, self.session_timeout).await?;
         Ok(ZkLock {
             inner: Arc::new(Inner {
                 cluster: self.cluster,
                 asked_timeout: self.session_timeout,
+                request_timeout: self.request_timeout,
                 root,
                 session: Mutex::new(session),
                 reconnecting: tokio::sync::Mutex::new(()),
                 wake_ups: AtomicU64::new(0),
+                claims: Mutex::new(HashMap::new()),
+                reap_now: Arc::new(Notify::new()),
+                reaper_started: AtomicBool::new(false),
             }),
         })
     }
 }
 
-async fn open_session(cluster: &str, timeout: Duration) -> Result<zk::Client> {
-    Ok(zk::Client::connector()
+async fn open_session(
+    cluster: &str,
+    timeout: Duration,
+) -> std::result::Result<zk::Client, zk::Error> {
+    zk::Client::connector()
         .with_session_timeout(timeout)
         .connect(cluster)
-        .await?)
+        .await
+}
+
+/// Why `root` cannot be the parent of lock nodes, if it cannot.
+fn root_problem(root: &str) -> Option<&'static str> {
+    let Some(path) = root.strip_prefix('/') else {
+        return Some("it does not start with '/'");
+    };
+    if path.is_empty() {
+        return Some("it is the root node itself");
+    }
+    if path.split('/').next() == Some("zookeeper") {
+        return Some("/zookeeper is ZooKeeper's own");
+    }
+    path.split('/').find_map(|part| match part {
+        "" => Some("it has an empty part ('//')"),
+        part => node_name_problem(part),
+    })
+}
+
+/// Why ZooKeeper would refuse `name` as a node name, if it would (its documented rules: no
+/// `/`, not `.` or `..`, no NUL, no control character, nothing in U+E000..U+F8FF or
+/// U+FFF0..U+FFFF).
+fn node_name_problem(name: &str) -> Option<&'static str> {
+    let refused = |c: char| matches!(c, '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}' | '\u{e000}'..='\u{f8ff}' | '\u{fff0}'..='\u{ffff}');
+    if name.contains('/') {
+        Some("it contains '/' (a ZooKeeper node name cannot)")
+    } else if name == "." || name == ".." {
+        Some("it is '.' or '..' (not a ZooKeeper node name)")
+    } else if name.chars().any(refused) {
+        Some(
+            "it contains a character ZooKeeper refuses in a node name (a control character, U+E000..U+F8FF or U+FFF0..U+FFFF)",
+        )
+    } else {
+        None
+    }
 }
 
 impl ZkLock {
@@ -174,6 +300,7 @@ impl ZkLock {
         ZkLockBuilder {
             cluster: cluster.into(),
             session_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(5),
             root: DEFAULT_ROOT.to_owned(),
         }
     }
@@ -202,8 +329,8 @@ impl ZkLock {
         self.current()
     }
 
-    /// How many times a watch woke a waiter of this client (a node before it went away).
-    /// With the recipe's one watch per waiter, a release wakes one waiter in all.
+    /// How many times a watch woke a waiter of this client because the node before it went
+    /// away. With the recipe's one watch per waiter, a release wakes one waiter in all.
     pub fn wake_ups(&self) -> u64 {
         self.inner.wake_ups.load(Ordering::Relaxed)
     }
@@ -251,13 +378,26 @@ impl ZkLock {
             return Ok(());
         }
         tracing::warn!("ZooKeeper session ended; opening a new one");
-        let fresh = open_session(&self.inner.cluster, self.inner.asked_timeout).await?;
+        let fresh = self
+            .bounded(open_session(&self.inner.cluster, self.inner.asked_timeout))
+            .await?;
         *self
             .inner
             .session
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = fresh;
         Ok(())
+    }
+
+    /// `request`, or [`zk::Error::Timeout`] once the request timeout has passed.
+    async fn bounded<T, E: Into<zk::Error>>(
+        &self,
+        request: impl Future<Output = std::result::Result<T, E>>,
+    ) -> std::result::Result<T, zk::Error> {
+        match timeout(self.inner.request_timeout, request).await {
+            Ok(answer) => answer.map_err(Into::into),
+            Err(_elapsed) => Err(zk::Error::Timeout),
+        }
     }
 
     /// A ttl longer than the session timeout would let the holder count on a lock after
@@ -278,30 +418,118 @@ impl ZkLock {
         format!("{}/{key}", self.inner.root)
     }
 
+    fn claims(&self) -> std::sync::MutexGuard<'_, HashMap<String, Claim>> {
+        self.inner
+            .claims
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Change the claim of `token`, if this handle has one.
+    fn with_claim(&self, token: &Token, change: impl FnOnce(&mut Claim)) {
+        if let Some(claim) = self.claims().get_mut(token.as_str()) {
+            change(claim);
+        }
+    }
+
+    /// `token` holds its lock for `ttl` from now, unless renewed or released: then the
+    /// reaper deletes its node.
+    fn lease_until(&self, token: &Token, ttl: Duration) {
+        self.reap_after(token, ttl);
+    }
+
+    /// The reaper takes over `token`'s nodes `after` from now.
+    fn reap_after(&self, token: &Token, after: Duration) {
+        self.with_claim(token, |claim| claim.due = Some(Instant::now() + after));
+        self.inner.reap_now.notify_one();
+    }
+
+    /// The token's nodes were looked for (after a `sync`) and deleted: forget it, unless a
+    /// `create` of it whose reply was lost could still land; then look once more, a session
+    /// timeout later.
+    fn swept(&self, token: &str) {
+        let mut claims = self.claims();
+        match claims.get_mut(token) {
+            Some(claim) if claim.uncertain => {
+                claim.uncertain = false;
+                claim.due = Some(Instant::now() + self.inner.asked_timeout);
+            }
+            Some(_) => {
+                claims.remove(token);
+            }
+            None => {}
+        }
+    }
+
+    /// Start the reaper, once, in the current runtime.
+    fn start_reaper(&self) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        if self
+            .inner
+            .reaper_started
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            tokio::spawn(reap(
+                Arc::downgrade(&self.inner),
+                Arc::clone(&self.inner.reap_now),
+            ));
+        }
+    }
+
     /// Create our contender node under `lock_node`, the lock node first if it is missing.
-    /// A reply lost with the connection is looked for by token before trying again.
-    async fn join(&self, client: &zk::Client, lock_node: &str, token: &Token) -> Result<Node> {
+    /// A reply lost with the connection is looked for by token before trying again. The
+    /// token is claimed before anything is sent, so that whatever happens to the reply, the
+    /// node is deleted in the end (by `unlock`, or by the reaper).
+    async fn join(&self, client: &zk::Client, key: &str, token: &Token) -> Result<Node> {
+        let lock_node = self.lock_node(key);
+        self.claims()
+            .entry(token.as_str().to_owned())
+            .or_insert_with(|| Claim {
+                token: token.clone(),
+                key: key.to_owned(),
+                node: None,
+                due: None,
+                uncertain: false,
+            });
+        self.start_reaper();
         let prefix = format!("{lock_node}/{}-", token.as_str());
         let mut tries = 0;
         loop {
             tries += 1;
-            let error = match client.create(&prefix, b"", &CONTENDER).await {
+            self.with_claim(token, |claim| claim.uncertain = true);
+            let error = match self.bounded(client.create(&prefix, b"", &CONTENDER)).await {
                 Ok((stat, sequence)) => {
-                    return Ok(Node {
-                        sequence: sequence.into_i64(),
+                    let node = Node {
+                        sequence: sequence.into_i64() as u32,
                         name: format!("{}-{sequence}", token.as_str()),
                         czxid: stat.czxid,
+                    };
+                    self.with_claim(token, |claim| {
+                        claim.node = Some(node.name.clone());
+                        claim.uncertain = false;
                     });
+                    return Ok(node);
                 }
                 Err(zk::Error::NoNode) => {
-                    client.mkdir(lock_node, &LOCK_NODE).await?;
+                    // Refused: nothing was made.
+                    self.with_claim(token, |claim| claim.uncertain = false);
+                    self.bounded(client.mkdir(&lock_node, &LOCK_NODE)).await?;
                     zk::Error::NoNode
                 }
-                Err(zk::Error::ConnectionLoss) => {
-                    if let Some(own) = self.find_own(client, lock_node, token).await? {
+                Err(error @ (zk::Error::ConnectionLoss | zk::Error::Timeout)) => {
+                    // The create may have been applied, or may be later: it stays
+                    // uncertain unless our node is found now.
+                    if let Some(own) = self.find_own(client, &lock_node, token).await? {
+                        self.with_claim(token, |claim| {
+                            claim.node = Some(own.name.clone());
+                            claim.uncertain = false;
+                        });
                         return Ok(own);
                     }
-                    zk::Error::ConnectionLoss
+                    error
                 }
                 Err(error) => return Err(error.into()),
             };
@@ -311,18 +539,165 @@ impl ZkLock {
         }
     }
 
-    /// Our node under `lock_node`, with its creation zxid, if it is there.
+    /// Our earliest node under `lock_node`, with its creation zxid, if it is there. Synced
+    /// first: the server we read from has then seen every write the ensemble had committed
+    /// when the sync was sent, a create of ours that was applied included.
     async fn find_own(
         &self,
         client: &zk::Client,
         lock_node: &str,
         token: &Token,
     ) -> Result<Option<Node>> {
-        let line = line(client, lock_node).await?;
+        match self.bounded(client.sync(lock_node)).await {
+            Ok(()) | Err(zk::Error::NoNode) => {}
+            Err(error) => return Err(error.into()),
+        }
+        let line = self.line(client, lock_node).await?;
         let Some(own) = line.own(token).next().cloned() else {
             return Ok(None);
         };
-        stat_of(client, lock_node, own).await
+        self.stat_of(client, lock_node, own).await
+    }
+
+    /// The children of `lock_node` in line order; an absent lock node is an empty line.
+    async fn line(&self, client: &zk::Client, lock_node: &str) -> Result<Line> {
+        let children = match self.bounded(client.list_children(lock_node)).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(error) => return Err(error.into()),
+        };
+        Ok(Line::of(children))
+    }
+
+    /// `node` with its creation zxid, if it still exists.
+    async fn stat_of(
+        &self,
+        client: &zk::Client,
+        lock_node: &str,
+        node: Node,
+    ) -> Result<Option<Node>> {
+        let path = format!("{lock_node}/{}", node.name);
+        Ok(self
+            .bounded(client.check_stat(&path))
+            .await?
+            .map(|stat| Node {
+                czxid: stat.czxid,
+                ..node
+            }))
+    }
+
+    /// Prove that `node` is ours and its session alive at the ensemble's leader: a
+    /// transaction that only checks the node exists (a write: the leader refuses it for a
+    /// session it has expired), then its stat, read on the same session (which sees at
+    /// least that write). `None` if the node is gone or belongs to another session (one
+    /// this handle has given up).
+    async fn prove(
+        &self,
+        client: &zk::Client,
+        lock_node: &str,
+        node: &str,
+    ) -> Result<Option<zk::Stat>> {
+        let path = format!("{lock_node}/{node}");
+        let mut check = client.new_multi_writer();
+        check.add_check_version(&path, -1)?;
+        match self.bounded(check.commit()).await {
+            Ok(_) => {}
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(error) => return Err(error.into()),
+        }
+        let stat = self.bounded(client.check_stat(&path)).await?;
+        Ok(stat.filter(|stat| stat.ephemeral_owner == client.session_id().0))
+    }
+
+    /// Delete every node of `token` under the key's lock node, after a `sync` (a create
+    /// whose reply was lost may have been applied meanwhile): what a release, and the
+    /// reaper, do. Says what the line held.
+    async fn delete_own(&self, client: &zk::Client, key: &str, token: &Token) -> Result<Unlock> {
+        let lock_node = self.lock_node(key);
+        match self.bounded(client.sync(&lock_node)).await {
+            Ok(()) | Err(zk::Error::NoNode) => {}
+            Err(error) => return Err(error.into()),
+        }
+        let line = self.line(client, &lock_node).await?;
+        let own: Vec<Node> = line.own(token).cloned().collect();
+        if own.is_empty() {
+            return Ok(if line.is_empty() {
+                Unlock::Gone
+            } else {
+                Unlock::Taken
+            });
+        }
+        for node in &own {
+            self.delete(client, &lock_node, &node.name).await?;
+        }
+        Ok(Unlock::Released)
+    }
+
+    /// Delete `name` under `lock_node`; already gone is fine.
+    async fn delete(&self, client: &zk::Client, lock_node: &str, name: &str) -> Result<()> {
+        let path = format!("{lock_node}/{name}");
+        match self.bounded(client.delete(&path, None)).await {
+            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Delete the nodes of every claim whose time has come; answers when the next falls
+    /// due.
+    async fn reap_due(&self) -> Option<Instant> {
+        let now = Instant::now();
+        let due: Vec<(Token, String)> = self
+            .claims()
+            .values()
+            .filter(|claim| claim.due.is_some_and(|due| due <= now))
+            .map(|claim| (claim.token.clone(), claim.key.clone()))
+            .collect();
+        for (token, key) in due {
+            match self
+                .on_session(|client| {
+                    let (key, token) = (&key, &token);
+                    async move { self.delete_own(&client, key, token).await }
+                })
+                .await
+            {
+                Ok(Unlock::Released) => {
+                    tracing::info!(%key, "deleted the ZooKeeper node of a lock whose lease ran out");
+                    self.swept(token.as_str());
+                }
+                Ok(_) => self.swept(token.as_str()),
+                Err(error) => {
+                    tracing::debug!(%key, %error, "could not delete a lapsed lock's node yet; retrying");
+                    self.with_claim(&token, |claim| {
+                        claim.due = Some(Instant::now() + RETRY_AFTER)
+                    });
+                }
+            }
+        }
+        self.claims().values().filter_map(|claim| claim.due).min()
+    }
+}
+
+/// The reaper: deletes the nodes of claims that fell due, until the handle is gone.
+async fn reap(inner: Weak<Inner>, wake: Arc<Notify>) {
+    loop {
+        let woken = wake.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let next = {
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            ZkLock { inner }.reap_due().await
+        };
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    () = sleep_until(at) => {}
+                    () = woken => {}
+                }
+            }
+            None => woken.await,
+        }
     }
 }
 
@@ -330,7 +705,9 @@ impl ZkLock {
 #[derive(Debug, Clone)]
 struct Node {
     name: String,
-    sequence: i64,
+    /// ZooKeeper's 32-bit counter, read as unsigned so that its wrap past 2^31 (to
+    /// negative numbers) keeps the order.
+    sequence: u32,
     czxid: i64,
 }
 
@@ -338,11 +715,29 @@ struct Node {
 struct Line(Vec<Node>);
 
 impl Line {
+    /// The line of these children of a lock node. Children not made by this recipe (no
+    /// `<token>-<sequence>` name) are not contenders.
+    fn of(children: Vec<String>) -> Self {
+        let mut nodes: Vec<Node> = children
+            .into_iter()
+            .filter_map(|name| {
+                let sequence = sequence_of(&name)? as u32;
+                Some(Node {
+                    name,
+                    sequence,
+                    czxid: 0,
+                })
+            })
+            .collect();
+        nodes.sort_by_key(|node| node.sequence);
+        Line(nodes)
+    }
+
     fn head(&self) -> Option<&Node> {
         self.0.first()
     }
 
-    /// Our nodes (more than one only if a retried create made a second).
+    /// Our nodes, earliest first (more than one only if a retried create made a second).
     fn own<'a>(&'a self, token: &'a Token) -> impl Iterator<Item = &'a Node> + 'a {
         self.0.iter().filter(move |node| is_own(&node.name, token))
     }
@@ -352,84 +747,52 @@ impl Line {
     }
 }
 
+/// The sequence ZooKeeper appended to `<token>-`: ten digits, or a `-` and ten digits once
+/// the counter has wrapped past 2^31 (`<token>--2147483648`).
+fn sequence_of(name: &str) -> Option<i32> {
+    let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    let (rest, number) = name.split_at(name.len() - digits);
+    let number: i64 = number.parse().ok()?;
+    let signed = match rest.strip_suffix("--") {
+        Some(_token) => -number,
+        None => rest.strip_suffix('-').map(|_token| number)?,
+    };
+    i32::try_from(signed).ok()
+}
+
 fn is_own(name: &str, token: &Token) -> bool {
     name.strip_prefix(token.as_str())
         .is_some_and(|rest| rest.starts_with('-'))
-}
-
-/// The children of `lock_node` in line order; an absent lock node is an empty line.
-async fn line(client: &zk::Client, lock_node: &str) -> Result<Line> {
-    let children = match client.list_children(lock_node).await {
-        Ok(children) => children,
-        Err(zk::Error::NoNode) => Vec::new(),
-        Err(error) => return Err(error.into()),
-    };
-    let mut nodes: Vec<Node> = children
-        .into_iter()
-        .filter_map(|name| {
-            // Children not made by this recipe (no `-<sequence>` suffix) are not contenders.
-            let sequence = name.rsplit_once('-')?.1.parse().ok()?;
-            Some(Node {
-                name,
-                sequence,
-                czxid: 0,
-            })
-        })
-        .collect();
-    nodes.sort_by_key(|node| node.sequence);
-    Ok(Line(nodes))
-}
-
-/// `node` with its creation zxid, if it still exists.
-async fn stat_of(client: &zk::Client, lock_node: &str, node: Node) -> Result<Option<Node>> {
-    let path = format!("{lock_node}/{}", node.name);
-    Ok(client.check_stat(&path).await?.map(|stat| Node {
-        czxid: stat.czxid,
-        ..node
-    }))
 }
 
 fn fence_of(czxid: i64) -> Fence {
     Fence::new(u64::try_from(czxid).expect("zxids are positive"))
 }
 
-/// Delete `name` under `lock_node`; already gone is fine.
-async fn delete(client: &zk::Client, lock_node: &str, name: &str) -> Result<()> {
-    match client.delete(&format!("{lock_node}/{name}"), None).await {
-        Ok(()) | Err(zk::Error::NoNode) => Ok(()),
-        Err(error) => Err(error.into()),
-    }
+/// Whether `error` may pass once a server answers again (the connection was lost, or the
+/// request timed out), rather than saying the session is over.
+fn transient(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::ZooKeeper(zk::Error::ConnectionLoss | zk::Error::Timeout)
+    )
 }
 
-fn lost_place(key: &str, error: zk::Error) -> Error {
-    match error {
-        zk::Error::SessionExpired => Error::LostPlace {
-            key: key.to_owned(),
-            why: "the ZooKeeper session expired, and its node with it",
-        },
-        error => error.into(),
+fn lost_place(key: &str, why: &'static str) -> Error {
+    Error::LostPlace {
+        key: key.to_owned(),
+        why,
     }
 }
 
 impl Backend for ZkLock {
     fn check_key(&self, key: &str) -> Result<()> {
-        let reason = if key.is_empty() {
-            "the key is empty"
-        } else if key.len() > MAX_KEY_BYTES {
-            "the key is longer than 512 bytes"
-        } else if key.contains('/') {
-            "the key contains '/' (a ZooKeeper node name cannot)"
-        } else if key == "." || key == ".." {
-            "the key is '.' or '..' (not a ZooKeeper node name)"
-        } else if key.chars().any(|c| c.is_control()) {
-            "the key contains a control character"
-        } else {
-            return Ok(());
-        };
-        Err(Error::InvalidKey {
-            key: key.chars().take(64).collect(),
-            reason,
-        })
+        keys::check_name(
+            key,
+            MAX_KEY_BYTES,
+            "the key is longer than 512 bytes",
+            node_name_problem,
+        )
     }
 
     fn check_options(&self, options: &LockOptions) -> Result<()> {
@@ -449,8 +812,17 @@ impl Backend for ZkLock {
     /// back at once.
     async fn try_lock(&self, key: &str, token: &Token, ttl: Duration) -> Result<Attempt> {
         self.check_ttl(ttl)?;
-        self.on_session(|client| self.try_lock_on(client, key, token))
-            .await
+        let attempt = self
+            .on_session(|client| self.try_lock_on(client, key, token))
+            .await?;
+        match attempt {
+            // TIMING: the create that made our node was a write, sent after the locker's
+            // `sent`: the holder's deadline, one ttl from `sent`, falls before this one.
+            Attempt::Acquired(_) => self.lease_until(token, ttl),
+            // Our node is deleted; a create of ours whose reply was lost is the reaper's.
+            _ => self.swept(token.as_str()),
+        }
+        Ok(attempt)
     }
 
     /// Create our node, then until it heads the line: watch the node just before it, and
@@ -458,57 +830,90 @@ impl Backend for ZkLock {
     /// a new node would stand at the back of the line.
     async fn lock_in_line(&self, key: &str, token: &Token, ttl: Duration) -> Result<Turn> {
         self.check_ttl(ttl)?;
-        let lock_node = self.lock_node(key);
-        let (client, own) = self
+        let client = self
+            .on_session(|client| async move {
+                self.join(&client, key, token).await?;
+                Ok(client)
+            })
+            .await?;
+        let turn = self.wait_for_turn(&client, key, token).await?;
+        self.lease_until(token, ttl);
+        Ok(turn)
+    }
+
+    /// TIMING: see `prove`: an answer proves the session alive at the leader
+    /// when it was sent, and the ensemble keeps it one session timeout (at least the ttl)
+    /// after that.
+    async fn renew(&self, key: &str, token: &Token, ttl: Duration) -> Result<Renewal> {
+        self.check_ttl(ttl)?;
+        let known = self
+            .claims()
+            .get(token.as_str())
+            .and_then(|claim| claim.node.clone());
+        let renewal = self
             .on_session(|client| {
-                let lock_node = &lock_node;
+                let known = known.clone();
                 async move {
-                    let own = self.join(&client, lock_node, token).await?;
-                    Ok((client, own))
+                    let lock_node = self.lock_node(key);
+                    let node = match known {
+                        Some(node) => Some(node),
+                        None => {
+                            let line = self.line(&client, &lock_node).await?;
+                            line.own(token).next().map(|node| node.name.clone())
+                        }
+                    };
+                    if let Some(node) = node
+                        && self.prove(&client, &lock_node, &node).await?.is_some()
+                    {
+                        return Ok(Renewal::Renewed);
+                    }
+                    // Once our node headed the line it stays at the head until it is
+                    // deleted: gone, or (if it lives on) on a session given up.
+                    let line = self.line(&client, &lock_node).await?;
+                    Ok(match line.head() {
+                        Some(head) if !is_own(&head.name, token) => Renewal::Taken,
+                        _ => Renewal::Gone,
+                    })
                 }
             })
             .await?;
-        self.wait_for_turn(&client, key, &lock_node, own).await
+        match renewal {
+            Renewal::Renewed => self.lease_until(token, ttl),
+            // Whatever of ours is left (a node on a session given up) is the reaper's.
+            _ => self.reap_after(token, Duration::ZERO),
+        }
+        Ok(renewal)
     }
 
-    async fn renew(&self, key: &str, token: &Token, ttl: Duration) -> Result<Renewal> {
-        self.check_ttl(ttl)?;
-        // TIMING: see `wait_for_turn`: a read answered on the session proves it alive.
-        self.on_session(|client| async move {
-            let line = line(&client, &self.lock_node(key)).await?;
-            Ok(match line.head() {
-                Some(head) if is_own(&head.name, token) => Renewal::Renewed,
-                Some(_) => Renewal::Taken,
-                None => Renewal::Gone,
-            })
-        })
-        .await
-    }
-
+    /// Delete our nodes. If the ensemble cannot be reached, the reaper goes on trying.
     async fn unlock(&self, key: &str, token: &Token) -> Result<Unlock> {
-        self.on_session(|client| self.unlock_on(client, key, token))
-            .await
+        let unlocked = self
+            .on_session(|client| async move { self.delete_own(&client, key, token).await })
+            .await;
+        match &unlocked {
+            Ok(_) => self.swept(token.as_str()),
+            Err(_) => self.reap_after(token, RETRY_AFTER),
+        }
+        unlocked
     }
 
     /// ZooKeeper's fences cannot be set back (a zxid only grows), so a holder's fence is
-    /// already above every earlier one: this only checks that we still hold the lock, and
-    /// refuses a `seen` at or above our fence, which cannot have come from this ensemble
-    /// while we hold it.
+    /// already above every earlier one: this proves that we still hold the lock (as
+    /// [`renew`](Backend::renew) does) and answers our own fence, or refuses a `seen` at or
+    /// above it, which cannot have come from this ensemble while we hold the lock
+    /// ([`Error::FenceOutOfReach`]: another backend's fence).
     async fn advance_fence(&self, key: &str, token: &Token, seen: Fence) -> Result<Option<Fence>> {
         let ours = self
             .on_session(|client| async move {
                 let lock_node = self.lock_node(key);
-                let line = line(&client, &lock_node).await?;
-                let Some(head) = line
-                    .head()
-                    .filter(|head| is_own(&head.name, token))
-                    .cloned()
-                else {
+                let line = self.line(&client, &lock_node).await?;
+                let Some(head) = line.head().filter(|head| is_own(&head.name, token)) else {
                     return Ok(None);
                 };
-                Ok(stat_of(&client, &lock_node, head)
+                Ok(self
+                    .prove(&client, &lock_node, &head.name)
                     .await?
-                    .map(|head| fence_of(head.czxid)))
+                    .map(|stat| fence_of(stat.czxid)))
             })
             .await?;
         match ours {
@@ -524,12 +929,13 @@ impl Backend for ZkLock {
     async fn inspect(&self, key: &str) -> Result<LockState> {
         self.on_session(|client| async move {
             let lock_node = self.lock_node(key);
-            let line = line(&client, &lock_node).await?;
+            let line = self.line(&client, &lock_node).await?;
             let Some(head) = line.head().cloned() else {
                 return Ok(LockState::new(false, None, None, Some(0)));
             };
             let waiting = line.0.len() - 1;
-            let fence = stat_of(&client, &lock_node, head)
+            let fence = self
+                .stat_of(&client, &lock_node, head)
                 .await?
                 .map(|node| fence_of(node.czxid));
             Ok(LockState::new(fence.is_some(), None, fence, Some(waiting)))
@@ -541,14 +947,12 @@ impl Backend for ZkLock {
     async fn force_unlock(&self, key: &str) -> Result<bool> {
         self.on_session(|client| async move {
             let lock_node = self.lock_node(key);
-            let line = line(&client, &lock_node).await?;
+            let line = self.line(&client, &lock_node).await?;
             let Some(head) = line.head() else {
                 return Ok(false);
             };
-            match client
-                .delete(&format!("{lock_node}/{}", head.name), None)
-                .await
-            {
+            let path = format!("{lock_node}/{}", head.name);
+            match self.bounded(client.delete(&path, None)).await {
                 Ok(()) => Ok(true),
                 Err(zk::Error::NoNode) => Ok(false),
                 Err(error) => Err(error.into()),
@@ -561,8 +965,8 @@ impl Backend for ZkLock {
 impl ZkLock {
     async fn try_lock_on(&self, client: zk::Client, key: &str, token: &Token) -> Result<Attempt> {
         let lock_node = self.lock_node(key);
-        let created = self.join(&client, &lock_node, token).await?;
-        let line = line(&client, &lock_node).await?;
+        let created = self.join(&client, key, token).await?;
+        let line = self.line(&client, &lock_node).await?;
         let own: Vec<Node> = line.own(token).cloned().collect();
         let head_is_ours = line.head().is_some_and(|head| is_own(&head.name, token));
         // Keep the first of our nodes if it heads the line (a retried attempt may have made
@@ -570,16 +974,17 @@ impl ZkLock {
         let keep = own.first().filter(|_| head_is_ours).cloned();
         for node in &own {
             if keep.as_ref().is_none_or(|kept| kept.name != node.name) {
-                delete(&client, &lock_node, &node.name).await?;
+                self.delete(&client, &lock_node, &node.name).await?;
             }
         }
         let Some(kept) = keep else {
             return Ok(Attempt::Held { expires_in: None });
         };
+        self.with_claim(token, |claim| claim.node = Some(kept.name.clone()));
         let czxid = if kept.name == created.name {
             created.czxid
         } else {
-            match stat_of(&client, &lock_node, kept).await? {
+            match self.stat_of(&client, &lock_node, kept).await? {
                 Some(node) => node.czxid,
                 None => return Ok(Attempt::Held { expires_in: None }),
             }
@@ -587,71 +992,154 @@ impl ZkLock {
         Ok(Attempt::Acquired(fence_of(czxid)))
     }
 
-    /// Until `own` heads the line: watch the node just before it, and look again when that
-    /// one goes.
-    async fn wait_for_turn(
-        &self,
-        client: &zk::Client,
-        key: &str,
-        lock_node: &str,
-        own: Node,
-    ) -> Result<Turn> {
-        let lock_node = lock_node.to_owned();
+    /// Until our earliest node heads the line: watch the node just before it, and look
+    /// again when that one goes. A lost connection or a request that timed out is retried
+    /// (the locker drops this future at its deadline); only a session that ended, or our
+    /// node gone, loses the place.
+    async fn wait_for_turn(&self, client: &zk::Client, key: &str, token: &Token) -> Result<Turn> {
+        let lock_node = self.lock_node(key);
         let mut waited = false;
         loop {
-            // TIMING: the lease is counted from before this read: a session that answers it
-            // is alive at the server, which keeps it at least one session timeout longer.
-            let proven_at = Instant::now();
-            let line = line(client, &lock_node)
+            match self
+                .look_for_turn(client, key, &lock_node, token, &mut waited)
                 .await
-                .map_err(|error| match error {
-                    Error::ZooKeeper(error) => lost_place(key, error),
-                    error => error,
-                })?;
-            let Some(place) = line.0.iter().position(|node| node.name == own.name) else {
-                return Err(Error::LostPlace {
-                    key: key.to_owned(),
-                    why: "our node is gone (the ZooKeeper session expired)",
-                });
-            };
-            if place == 0 {
-                return Ok(Turn::new(fence_of(own.czxid), proven_at, waited));
-            }
-            waited = true;
-            let before = format!("{lock_node}/{}", line.0[place - 1].name);
-            let (stat, watcher) = client
-                .check_and_watch_stat(&before)
-                .await
-                .map_err(|error| lost_place(key, error))?;
-            if stat.is_none() {
-                // Gone between the listing and the watch: look again.
-                continue;
-            }
-            let event = watcher.changed().await;
-            self.inner.wake_ups.fetch_add(1, Ordering::Relaxed);
-            if event.session_state.is_terminated() {
-                return Err(Error::LostPlace {
-                    key: key.to_owned(),
-                    why: "the ZooKeeper session ended while waiting",
-                });
+            {
+                Ok(Some(turn)) => return Ok(turn),
+                Ok(None) => {}
+                Err(error) if transient(&error) => {
+                    tracing::debug!(%key, %error, "ZooKeeper unreachable while waiting in line; trying again");
+                    sleep(RETRY_AFTER).await;
+                }
+                Err(Error::ZooKeeper(zk::Error::SessionExpired | zk::Error::ClientClosed)) => {
+                    return Err(lost_place(
+                        key,
+                        "the ZooKeeper session ended, and our node with it",
+                    ));
+                }
+                Err(error) => return Err(error),
             }
         }
     }
 
-    async fn unlock_on(&self, client: zk::Client, key: &str, token: &Token) -> Result<Unlock> {
-        let lock_node = self.lock_node(key);
-        let line = line(&client, &lock_node).await?;
-        let own: Vec<Node> = line.own(token).cloned().collect();
-        if own.is_empty() {
-            return Ok(if line.is_empty() {
-                Unlock::Gone
-            } else {
-                Unlock::Taken
-            });
+    /// One look at the line: our turn, or (`None`) a wait until the node before ours went.
+    async fn look_for_turn(
+        &self,
+        client: &zk::Client,
+        key: &str,
+        lock_node: &str,
+        token: &Token,
+        waited: &mut bool,
+    ) -> Result<Option<Turn>> {
+        let line = self.line(client, lock_node).await?;
+        let mut own = line.own(token);
+        let Some(earliest) = own.next().cloned() else {
+            return Err(lost_place(
+                key,
+                "our node is gone (the ZooKeeper session expired, or it was deleted)",
+            ));
+        };
+        // A create retried after its reply was lost may have made a second node: it would
+        // wait behind the first for ever.
+        for later in own {
+            self.delete(client, lock_node, &later.name).await?;
         }
-        for node in &own {
-            delete(&client, &lock_node, &node.name).await?;
+        self.with_claim(token, |claim| claim.node = Some(earliest.name.clone()));
+        let place = line
+            .0
+            .iter()
+            .position(|node| node.name == earliest.name)
+            .expect("our node is in the line it was found in");
+        if place == 0 {
+            // TIMING: the holder's lease is counted from before this proof was sent.
+            let proven_at = Instant::now();
+            return match self.prove(client, lock_node, &earliest.name).await? {
+                Some(stat) => Ok(Some(Turn::new(fence_of(stat.czxid), proven_at, *waited))),
+                None => Err(lost_place(
+                    key,
+                    "our node is gone, or its ZooKeeper session was given up",
+                )),
+            };
         }
-        Ok(Unlock::Released)
+        *waited = true;
+        let before = format!("{lock_node}/{}", line.0[place - 1].name);
+        let (stat, watcher) = self.bounded(client.check_and_watch_stat(&before)).await?;
+        if stat.is_none() {
+            // Gone between the listing and the watch: look again.
+            return Ok(None);
+        }
+        // The watch fires when the node before ours is deleted (or its data changes, which
+        // this recipe never does), or when the session ends; a lost connection does not
+        // fire it: the client sets the watch again on the next server.
+        let event = watcher.changed().await;
+        if event.session_state.is_terminated() {
+            return Err(Error::ZooKeeper(zk::Error::SessionExpired));
+        }
+        if event.event_type == zk::EventType::NodeDeleted {
+            self.inner.wake_ups.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_line_keeps_creation_order_across_the_sequence_counters_wrap_past_2_pow_31() {
+        let names = vec![
+            "b-2147483647".to_owned(),
+            "c--2147483648".to_owned(),
+            "a-0000000007".to_owned(),
+            "d--0000000001".to_owned(),
+            "a-token-with-dashes-0000000009".to_owned(),
+            "not-a-contender".to_owned(),
+        ];
+
+        let line = Line::of(names);
+
+        let order: Vec<&str> = line.0.iter().map(|node| node.name.as_str()).collect();
+        assert_eq!(
+            order,
+            [
+                "a-0000000007",
+                "a-token-with-dashes-0000000009",
+                "b-2147483647",
+                "c--2147483648",
+                "d--0000000001"
+            ]
+        );
+    }
+
+    #[test]
+    fn names_and_roots_zookeeper_refuses_are_refused() {
+        for name in [
+            "a/b",
+            ".",
+            "..",
+            "a\u{0}",
+            "a\u{7f}",
+            "a\u{e000}",
+            "a\u{fff0}",
+        ] {
+            assert!(node_name_problem(name).is_some(), "{name:?} passed");
+        }
+        for name in ["lock_sale_1", "a.b", "…", "ключ"] {
+            assert_eq!(node_name_problem(name), None, "{name:?} refused");
+        }
+        for root in [
+            "distlock",
+            "/",
+            "/zookeeper",
+            "/zookeeper/x",
+            "/a//b",
+            "/a/./b",
+            "/a/\u{1}",
+        ] {
+            assert!(root_problem(root).is_some(), "{root:?} passed");
+        }
+        for root in ["/distlock", "/locks/sale", "/zookeeperish"] {
+            assert_eq!(root_problem(root), None, "{root:?} refused");
+        }
     }
 }

@@ -88,8 +88,7 @@ async fn the_lease_frees_a_lock_whose_holder_vanished<H: Harness>(h: H) {
     // cannot be free less than a lease after this instant.
     let taken_at = Instant::now();
     std::mem::forget(locker.try_acquire(&key).await.unwrap());
-    // ZooKeeper: the vanished holder's session ends when its lease would have.
-    h.lapse(locker.backend(), lease).await;
+
     assert!(matches!(
         locker.try_acquire(&key).await,
         Err(Error::Held { .. })
@@ -113,7 +112,6 @@ async fn a_stale_guards_release_does_not_delete_the_next_holders_lock<H: Harness
     let short = h.short_ms();
     let locker = locker(h.backend().await, short_unwatched(short));
     let a = locker.try_acquire(&key).await.unwrap();
-    h.lapse(locker.backend(), ms(short)).await;
     sleep(ms(2 * short)).await;
     assert!(!a.is_held());
     // B's lease is long: the steps below must not outlast it on a busy machine.
@@ -559,7 +557,6 @@ async fn a_stale_holder_cannot_advance_its_fence<H: Harness>(h: H) {
     let short = h.short_ms();
     let locker = locker(h.backend().await, short_unwatched(short));
     let stale = locker.try_acquire(&key).await.unwrap();
-    h.lapse(locker.backend(), ms(short)).await;
     sleep(ms(2 * short)).await;
     // The newer lease is long: a short one could run out before its release below when
     // the machine is busy (it did, in CI, against PostgreSQL).
@@ -772,7 +769,6 @@ async fn extend_after_the_lease_ran_out_says_not_held<H: Harness>(h: H) {
     let short = h.short_ms();
     let locker = locker(h.backend().await, short_unwatched(short));
     let guard = locker.try_acquire(&key).await.unwrap();
-    h.lapse(locker.backend(), ms(short)).await;
     sleep(ms(2 * short + 600)).await;
 
     // Act
@@ -916,8 +912,7 @@ async fn acquire_with_takes_the_lease_and_wait_of_the_call_not_the_lockers<H: Ha
         .try_acquire_with(&key, &short_unwatched(h.short_ms()))
         .await
         .unwrap();
-    h.lapse(first_locker.backend(), ms(h.short_ms())).await;
-    // The waiter is another process (for ZooKeeper, the first one's session ends).
+    // The waiter is another process.
     let locker = locker(h.backend().await, lockers_own);
 
     // Act: another owner waits with a per-call deadline that outlasts the short lease only.

@@ -1,6 +1,7 @@
 //! [`TcpProxy`]: a TCP forwarder a test can cut, to partition one client from its server
 //! while every other client still reaches it.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,8 +20,16 @@ struct Shared {
     cut: AtomicBool,
     /// Set on drop: the accept loop ends.
     stopped: AtomicBool,
-    /// Both ends of every live connection, to close them on a cut.
-    live: Mutex<Vec<TcpStream>>,
+    /// Both ends of every live connection, by number, to close them on a cut; a
+    /// connection leaves when either end closes. A connection is only added while this is
+    /// locked and `cut` is clear, so that none made during a cut survives it.
+    live: Mutex<HashMap<u64, [TcpStream; 2]>>,
+}
+
+impl Shared {
+    fn forget(&self, connection: u64) {
+        self.live.lock().unwrap().remove(&connection);
+    }
 }
 
 impl TcpProxy {
@@ -34,7 +43,7 @@ impl TcpProxy {
         let shared = Arc::new(Shared {
             cut: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
-            live: Mutex::new(Vec::new()),
+            live: Mutex::new(HashMap::new()),
         });
         let accepting = Arc::clone(&shared);
         std::thread::spawn(move || accept(listener, target, accepting));
@@ -49,8 +58,10 @@ impl TcpProxy {
     /// Close every connection through the proxy and refuse new ones, until [`heal`](Self::heal).
     pub fn cut(&self) {
         self.shared.cut.store(true, Ordering::SeqCst);
-        for stream in self.shared.live.lock().unwrap().drain(..) {
-            let _ = stream.shutdown(Shutdown::Both);
+        for (_, ends) in self.shared.live.lock().unwrap().drain() {
+            for end in ends {
+                let _ = end.shutdown(Shutdown::Both);
+            }
         }
     }
 
@@ -68,6 +79,7 @@ impl Drop for TcpProxy {
 }
 
 fn accept(listener: TcpListener, target: u16, shared: Arc<Shared>) {
+    let mut next = 0u64;
     while !shared.stopped.load(Ordering::SeqCst) {
         let client = match listener.accept() {
             Ok((client, _)) => client,
@@ -87,16 +99,30 @@ fn accept(listener: TcpListener, target: u16, shared: Arc<Shared>) {
         let (Ok(client_end), Ok(server_end)) = (client.try_clone(), server.try_clone()) else {
             continue;
         };
-        {
-            let mut live = shared.live.lock().unwrap();
-            live.push(client_end);
-            live.push(server_end);
-        }
         let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
             continue;
         };
-        std::thread::spawn(move || pump(client, server));
-        std::thread::spawn(move || pump(s2, c2));
+        next += 1;
+        let connection = next;
+        {
+            let mut live = shared.live.lock().unwrap();
+            // A cut that came while this connection was being made: it must not survive.
+            if shared.cut.load(Ordering::SeqCst) {
+                let _ = client.shutdown(Shutdown::Both);
+                let _ = server.shutdown(Shutdown::Both);
+                continue;
+            }
+            live.insert(connection, [client_end, server_end]);
+        }
+        let (up, down) = (Arc::clone(&shared), Arc::clone(&shared));
+        std::thread::spawn(move || {
+            pump(client, server);
+            up.forget(connection);
+        });
+        std::thread::spawn(move || {
+            pump(s2, c2);
+            down.forget(connection);
+        });
     }
 }
 
@@ -115,4 +141,70 @@ fn pump(mut from: TcpStream, mut to: TcpStream) {
     }
     let _ = to.shutdown(Shutdown::Both);
     let _ = from.shutdown(Shutdown::Both);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that echoes each connection until it closes.
+    fn echo_server() -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut reader = stream.try_clone().unwrap();
+                    let mut writer = stream;
+                    let _ = std::io::copy(&mut reader, &mut writer);
+                });
+            }
+        });
+        port
+    }
+
+    fn live(proxy: &TcpProxy) -> usize {
+        proxy.shared.live.lock().unwrap().len()
+    }
+
+    /// Waits up to 5 s for `done`.
+    fn eventually(what: &str, done: impl Fn() -> bool) {
+        for _ in 0..500 {
+            if done() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("{what}");
+    }
+
+    #[test]
+    fn a_cut_closes_live_connections_and_a_closed_one_is_forgotten() {
+        // Arrange: two connections through the proxy, both answering.
+        let proxy = TcpProxy::start(echo_server());
+        let mut first = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+        let mut second = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+        for stream in [&mut first, &mut second] {
+            stream.write_all(b"ping").unwrap();
+            let mut answer = [0u8; 4];
+            stream.read_exact(&mut answer).unwrap();
+            assert_eq!(&answer, b"ping");
+        }
+        assert_eq!(live(&proxy), 2);
+
+        // Act / Assert: a connection the client closes leaves the table.
+        drop(first);
+        eventually("the closed connection was not forgotten", || {
+            live(&proxy) == 1
+        });
+
+        // Act / Assert: a cut closes the other one, and nothing is left.
+        proxy.cut();
+        second
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut buf = [0u8; 4];
+        assert!(matches!(second.read(&mut buf), Ok(0) | Err(_)));
+        assert_eq!(live(&proxy), 0);
+    }
 }
