@@ -50,7 +50,7 @@ pub enum ApiError {
     Busy,
     #[error("the purchase lost its lock before writing; nothing was recorded, retry")]
     LockLost,
-    #[error("the lock service (Redis) is unreachable")]
+    #[error("the lock service is unreachable")]
     RedisUnavailable,
     #[error("the database is unreachable")]
     DatabaseUnavailable,

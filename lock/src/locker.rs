@@ -533,21 +533,26 @@ impl<B: Backend> Locker<B> {
                     return;
                 }
             };
-            let proven = turn.as_ref().ok().map(|turn| (turn.proven_at, turn.waited));
-            let attempt = turn.map(|turn| Attempt::Acquired(turn.fence));
-            let unclaimed = Unclaimed::from_attempt(backend, owned_key, token, attempt);
-            let _ = answer.send(unclaimed.map(|taken| (taken, proven)));
+            let claimed = match turn {
+                Ok(turn) => Ok((
+                    Unclaimed::acquired(backend, owned_key, token, turn.fence),
+                    turn,
+                )),
+                Err(error) => {
+                    // Our place may be left in the line (a node, a key): give it up.
+                    release_in_background(backend, owned_key, token, None);
+                    Err(error)
+                }
+            };
+            // Unheard answers are dropped, and an `Unclaimed` gives its lock back.
+            let _ = answer.send(claimed);
         });
-        let (unclaimed, proven) = (&mut answered).await.map_err(|_| self.aborted(key))??;
-        let unclaimed = unclaimed.map_err(|_| Error::Held {
-            key: key.to_owned(),
-        })?;
+        let (unclaimed, turn) = (&mut answered).await.map_err(|_| self.aborted(key))??;
         // TIMING: the wait in line may have lasted longer than a ttl; the backend kept its
         // own lease (a session, a lease kept alive) meanwhile, and says when a request last
         // proved it alive. The holder's lease is counted from there.
-        let (proven_at, waited) = proven.expect("a turn that was taken says when");
-        let mut hold = self.hold(unclaimed, options, proven_at, None).await?;
-        hold.contended = waited;
+        let mut hold = self.hold(unclaimed, options, turn.proven_at, None).await?;
+        hold.contended = turn.waited;
         Ok(hold)
     }
 
@@ -635,17 +640,22 @@ impl<B: Backend> Unclaimed<B> {
         attempt: Result<Attempt>,
     ) -> Result<Result<Self, Option<Duration>>> {
         match attempt {
-            Ok(Attempt::Acquired(fence)) => Ok(Ok(Self {
-                backend,
-                key,
-                token: Some(token),
-                fence,
-            })),
+            Ok(Attempt::Acquired(fence)) => Ok(Ok(Self::acquired(backend, key, token, fence))),
             Ok(Attempt::Held { expires_in }) => Ok(Err(expires_in)),
             Err(error) => {
                 release_in_background(backend, key, token, None);
                 Err(error)
             }
+        }
+    }
+
+    /// `token` took `key` with `fence`.
+    fn acquired(backend: Arc<B>, key: String, token: Token, fence: Fence) -> Self {
+        Self {
+            backend,
+            key,
+            token: Some(token),
+            fence,
         }
     }
 
