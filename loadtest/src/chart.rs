@@ -239,14 +239,13 @@ fn bar_panel(
         .x_label_style((FONT, 12))
         .y_label_style((FONT, 12))
         .axis_desc_style((FONT, 13))
-        .x_label_formatter(&|x| {
-            bars.get(x.round().max(0.0) as usize)
-                .map_or(String::new(), Bar::label)
-        })
+        // The names under the bars are drawn below, where they may take two lines.
+        .x_label_formatter(&|_| String::new())
         .y_label_formatter(&|y| thousands(y.round() as u64))
         .y_desc(unit)
         .draw()
         .context("drawing a panel")?;
+    bar_names(area, &chart, bars)?;
     let label_style =
         TextStyle::from((FONT, 11).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom));
     for (i, bar) in bars.iter().enumerate() {
@@ -282,6 +281,36 @@ fn bar_panel(
                 label_style.clone(),
             )))
             .context("drawing a bar's value")?;
+    }
+    Ok(())
+}
+
+/// Each bar's name under it; every other one a line lower when two neighbours' names would
+/// run into each other (eleven runs side by side in a panel half the chart wide).
+fn bar_names(
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    chart: &ChartContext<'_, SVGBackend<'_>, Cartesian2d<Ticked, Ticked>>,
+    bars: &[Bar],
+) -> anyhow::Result<()> {
+    let style = TextStyle::from((FONT, 12).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
+    let names: Vec<String> = bars.iter().map(Bar::label).collect();
+    let widths = names
+        .iter()
+        .map(|name| area.estimate_text_size(name, &style).map(|(w, _)| w as i32))
+        .collect::<Result<Vec<i32>, _>>()
+        .context("measuring the bars' names")?;
+    let centre = |i: usize| chart.backend_coord(&(i as f64, 0.0));
+    let spacing = centre(1).0 - centre(0).0;
+    // A little air between two names on one line.
+    let crowded = widths
+        .windows(2)
+        .any(|pair| (pair[0] + pair[1]) / 2 + 6 > spacing);
+    let (left, top) = area.get_base_pixel();
+    for (i, name) in names.iter().enumerate() {
+        let (x, y) = centre(i);
+        let line = if crowded && i % 2 == 1 { 1 } else { 0 };
+        area.draw_text(name, &style, (x - left, y - top + 8 + 15 * line))
+            .context("drawing a bar's name")?;
     }
     Ok(())
 }

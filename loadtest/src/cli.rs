@@ -101,11 +101,26 @@ pub struct DemoArgs {
     #[arg(long, value_delimiter = ',')]
     pub redlock_urls: Vec<String>,
 
-    /// Strategies to compare, comma-separated, each with BATCH_MAX = --batch-max.
+    /// ZooKeeper for the `zookeeper` strategy, as a connect string (host:port,...). Without
+    /// it, the demo uses 127.0.0.1:2181 if something answers there, and otherwise starts a
+    /// private ZooKeeper (Debian's zookeeper and libslf4j-java packages, and Java) with its
+    /// data in a temporary directory, and removes it afterwards.
+    #[arg(long, value_name = "HOST:PORT,...")]
+    pub zookeeper_connect: Option<String>,
+
+    /// etcd for the `etcd` strategy, comma-separated endpoints (http://host:2379,...).
+    /// Without them, as for ZooKeeper: 127.0.0.1:2379, or a private etcd (Debian's
+    /// etcd-server package).
+    #[arg(long, value_name = "URL,...")]
+    pub etcd_endpoints: Option<String>,
+
+    /// Strategies to compare, comma-separated, each with BATCH_MAX = --batch-max. Leave
+    /// zookeeper and etcd out on a machine without them (the demo stops at its start
+    /// otherwise, saying what to install).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "redis,redlock,pg-lock,pg-row,pg-optimistic,pg-atomic,none"
+        default_value = "redis,redlock,pg-lock,zookeeper,etcd,pg-row,pg-optimistic,pg-atomic,none"
     )]
     pub strategies: Vec<seckill::LockStrategy>,
 

@@ -8,9 +8,15 @@
 //! failure by itself; a broken invariant always is.
 //!
 //! A strategy that fails to start, or whose attack or books cannot be read, becomes a row
-//! marked as an error, with its reason; the others still run. Every run's database and
-//! Redis keys (Redlock masters' included) are removed whatever happens, and Ctrl-C stops the
-//! whole demo, cleans up, and says so.
+//! marked as an error, with its reason; the others still run. A server a strategy needs that
+//! the demo can neither find nor start (ZooKeeper or etcd not installed, say) stops the demo
+//! before its first run instead, saying what to install and how to leave the strategy out: a
+//! comparison with a row missing is not the one asked for. Every run's database and Redis
+//! keys (Redlock masters' included) are removed whatever happens. Its ZooKeeper nodes and
+//! etcd keys go by themselves: ephemeral nodes and leased keys end with the instances'
+//! sessions, and ZooKeeper deletes each emptied lock node (a container node) within a minute
+//! or two; only the lock crate's root node, `/distlock`, stays. Ctrl-C stops the whole demo,
+//! cleans up, and says so.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -28,6 +34,17 @@ use crate::instances::{Instance, InstanceConfig};
 use crate::servers::{self, Server, ThrowawayDatabase};
 
 const ADMIN_TOKEN: &str = "demo-admin-token-0123456789";
+
+/// LOCK_TTL_MS of the instances.
+const LOCK_TTL_MS: u64 = 5_000;
+
+/// ZOOKEEPER_SESSION_TIMEOUT_MS of the `zookeeper` instances: the lease of their locks.
+///
+/// TIMING: at least [`LOCK_TTL_MS`] (the service refuses a lock that would outlive its
+/// session), and at most what the private ZooKeeper grants
+/// ([`servers::ZOOKEEPER_MAX_SESSION_TIMEOUT_MS`]) and what a stock ZooKeeper grants (20
+/// ticks of 2 s), or the instances refuse to start.
+const ZOOKEEPER_SESSION_TIMEOUT_MS: u64 = 10_000;
 
 /// One row of the comparison.
 pub struct Row {
@@ -279,7 +296,25 @@ pub async fn run(args: DemoArgs, cancel: Cancel) -> anyhow::Result<bool> {
     say_where("PostgreSQL", &postgres);
     let redis = servers::redis(args.redis_url.as_deref()).await?;
     say_where("Redis", &redis);
-    let wants_redlock = runs.iter().any(|r| r.strategy == LockStrategy::Redlock);
+    let wants_redlock = wanted(&runs, LockStrategy::Redlock);
+    let zookeeper = if wanted(&runs, LockStrategy::ZooKeeper) {
+        let server = servers::zookeeper(args.zookeeper_connect.as_deref())
+            .await
+            .map_err(|e| anyhow::anyhow!("{e:#}; {}", without(LockStrategy::ZooKeeper, &args)))?;
+        say_where("ZooKeeper", &server);
+        Some(server)
+    } else {
+        None
+    };
+    let etcd = if wanted(&runs, LockStrategy::Etcd) {
+        let server = servers::etcd(args.etcd_endpoints.as_deref())
+            .await
+            .map_err(|e| anyhow::anyhow!("{e:#}; {}", without(LockStrategy::Etcd, &args)))?;
+        say_where("etcd", &server);
+        Some(server)
+    } else {
+        None
+    };
     let masters: Vec<Server> = if wants_redlock && args.redlock_urls.is_empty() {
         let masters = (0..3)
             .map(|_| servers::start_redis())
@@ -316,6 +351,8 @@ pub async fn run(args: DemoArgs, cancel: Cancel) -> anyhow::Result<bool> {
             database_url: &postgres.url,
             redis_url: &redis.url,
             redlock_urls: &redlock_urls,
+            zookeeper_connect: zookeeper.as_ref().map(|s| s.url.as_str()),
+            etcd_endpoints: etcd.as_ref().map(|s| s.url.as_str()),
         };
         let outcome = setup.run_one(run).await;
         // An attack cut short by Ctrl-C measured nothing worth a row's figures.
@@ -337,7 +374,7 @@ pub async fn run(args: DemoArgs, cancel: Cancel) -> anyhow::Result<bool> {
         println!("could not draw the chart: {error:#}");
     }
     // The servers (and their directories) go when they are dropped, here.
-    drop((masters, redis, postgres));
+    drop((masters, etcd, zookeeper, redis, postgres));
     if cancel.is_set() {
         println!(
             "stopped by Ctrl-C after {} run(s); everything the demo started is gone",
@@ -348,6 +385,37 @@ pub async fn run(args: DemoArgs, cancel: Cancel) -> anyhow::Result<bool> {
     let ok = !rows.iter().any(|row| row.verdict().fails_the_demo());
     println!("{}", conclusion(&rows, started.elapsed()));
     Ok(ok)
+}
+
+/// Whether any of `runs` is of `strategy`.
+fn wanted(runs: &[Run], strategy: LockStrategy) -> bool {
+    runs.iter().any(|r| r.strategy == strategy)
+}
+
+/// The options that leave `strategy` out of the demo, for a user who would rather run
+/// without it than install its server.
+fn without(strategy: LockStrategy, args: &DemoArgs) -> String {
+    let name = strategy.name();
+    let others = |list: Vec<LockStrategy>| -> Vec<&'static str> {
+        list.into_iter()
+            .filter(|s| *s != strategy)
+            .map(LockStrategy::name)
+            .collect()
+    };
+    let mut without = Vec::new();
+    if args.strategies.contains(&strategy) {
+        let rest = others(args.strategies.clone());
+        if rest.is_empty() {
+            without.push("another strategy in --strategies".to_owned());
+        } else {
+            without.push(format!("--strategies {}", rest.join(",")));
+        }
+    }
+    if args.per_request.contains(&Some(strategy)) {
+        let rest = others(args.per_request.iter().flatten().copied().collect());
+        without.push(format!("--per-request \"{}\"", rest.join(",")));
+    }
+    format!("to run the demo without {name}: {}", without.join(" "))
 }
 
 /// The demo's last line: what the rows showed, and how long it all took.
@@ -392,6 +460,10 @@ struct Setup<'a> {
     database_url: &'a str,
     redis_url: &'a str,
     redlock_urls: &'a [String],
+    /// The connect string of the `zookeeper` runs' ZooKeeper, if any run is of `zookeeper`.
+    zookeeper_connect: Option<&'a str>,
+    /// The endpoints of the `etcd` runs' etcd, if any run is of `etcd`.
+    etcd_endpoints: Option<&'a str>,
 }
 
 impl Setup<'_> {
@@ -434,6 +506,15 @@ impl Setup<'_> {
         let (strategy, batch_max) = (run.strategy, run.batch_max);
         let args = self.args;
         let redlock_urls = self.redlock_urls.join(",");
+        let mut extra = vec![
+            ("BATCH_MAX", batch_max.to_string()),
+            ("DATABASE_MAX_CONNECTIONS", "20".into()),
+        ];
+        extra.extend(consensus_settings(
+            strategy,
+            self.zookeeper_connect,
+            self.etcd_endpoints,
+        ));
         let config = InstanceConfig {
             database_url,
             redis_url: self.redis_url,
@@ -442,12 +523,9 @@ impl Setup<'_> {
             strategy,
             work_ms: args.work_ms,
             lock_wait_ms: 10_000,
-            lock_ttl_ms: 5_000,
+            lock_ttl_ms: LOCK_TTL_MS,
             redlock_urls: &redlock_urls,
-            extra: vec![
-                ("BATCH_MAX", batch_max.to_string()),
-                ("DATABASE_MAX_CONNECTIONS", "20".into()),
-            ],
+            extra,
         };
         let me = std::env::current_exe().context("finding this binary to start instances")?;
         let mut instances = Vec::new();
@@ -507,6 +585,28 @@ impl Setup<'_> {
             split.push(orders_sold_by(host).await.unwrap_or(0));
         }
         Ok(figures(&report, verdict, split))
+    }
+}
+
+/// The settings that point a `zookeeper` or `etcd` run's instances at their server (none for
+/// the other strategies).
+fn consensus_settings(
+    strategy: LockStrategy,
+    zookeeper_connect: Option<&str>,
+    etcd_endpoints: Option<&str>,
+) -> Vec<(&'static str, String)> {
+    match (strategy, zookeeper_connect, etcd_endpoints) {
+        (LockStrategy::ZooKeeper, Some(connect), _) => vec![
+            ("ZOOKEEPER_CONNECT", connect.to_owned()),
+            (
+                "ZOOKEEPER_SESSION_TIMEOUT_MS",
+                ZOOKEEPER_SESSION_TIMEOUT_MS.to_string(),
+            ),
+        ],
+        (LockStrategy::Etcd, _, Some(endpoints)) => {
+            vec![("ETCD_ENDPOINTS", endpoints.to_owned())]
+        }
+        _ => Vec::new(),
     }
 }
 
@@ -849,6 +949,111 @@ mod tests {
         };
         let per_request = runs(&args).into_iter().find(|r| r.batch_max == 1).unwrap();
         assert_eq!((per_request.stock, per_request.buyers), (300, 600));
+    }
+
+    fn demo_args(extra: &[&str]) -> DemoArgs {
+        use clap::Parser;
+        let line = ["loadtest", "demo"].iter().chain(extra).copied();
+        let cli = crate::cli::Cli::parse_from(line);
+        let Some(crate::cli::Command::Demo(args)) = cli.command else {
+            panic!("not the demo");
+        };
+        args
+    }
+
+    #[test]
+    fn the_default_demo_runs_zookeeper_and_etcd_batched_like_the_other_locks() {
+        let planned = runs(&demo_args(&[]));
+        for strategy in [
+            LockStrategy::Redis,
+            LockStrategy::Redlock,
+            LockStrategy::PgLock,
+            LockStrategy::ZooKeeper,
+            LockStrategy::Etcd,
+        ] {
+            let batched = planned
+                .iter()
+                .filter(|r| r.strategy == strategy && r.batch_max > 1)
+                .collect::<Vec<_>>();
+            assert_eq!(batched.len(), 1, "{strategy:?}: {planned:?}");
+            assert_eq!(batched[0].batch_max, 64, "{strategy:?}");
+            assert_eq!(batched[0].stock, 25_000, "{strategy:?}");
+        }
+        assert!(announce(&demo_args(&[]), &planned).starts_with("demo: 11 runs"));
+    }
+
+    #[test]
+    fn the_zookeeper_runs_settings_are_accepted_by_the_service_and_granted_by_the_server() {
+        use clap::{CommandFactory, Parser};
+        let mut line: Vec<String> = ["seckill", "--database-url", "postgres://x"]
+            .map(String::from)
+            .to_vec();
+        let env = [
+            ("LOCK_STRATEGY", "zookeeper".to_owned()),
+            ("LOCK_TTL_MS", LOCK_TTL_MS.to_string()),
+        ]
+        .into_iter()
+        .chain(consensus_settings(
+            LockStrategy::ZooKeeper,
+            Some("127.0.0.1:2181"),
+            None,
+        ));
+        // Each as its flag, so that a renamed setting fails here rather than at the demo.
+        let command = seckill::Settings::command();
+        for (name, value) in env {
+            let arg = command
+                .get_arguments()
+                .find(|a| a.get_env().is_some_and(|e| e == name))
+                .unwrap_or_else(|| panic!("{name} is not a seckill setting"));
+            line.push(format!("--{}", arg.get_long().unwrap()));
+            line.push(value);
+        }
+        let settings = seckill::Settings::try_parse_from(&line).unwrap();
+
+        assert_eq!(settings.zookeeper_connect, "127.0.0.1:2181");
+        assert_eq!(settings.check(), Ok(()));
+        // What the private ZooKeeper grants: the service refuses a shorter session.
+        assert!(
+            settings.zookeeper_session_timeout_ms <= servers::ZOOKEEPER_MAX_SESSION_TIMEOUT_MS,
+            "the private ZooKeeper would grant {} ms, less than the {} ms asked",
+            servers::ZOOKEEPER_MAX_SESSION_TIMEOUT_MS,
+            settings.zookeeper_session_timeout_ms
+        );
+        assert!(settings.zookeeper_session_timeout_ms >= settings.lock_ttl_ms);
+    }
+
+    #[test]
+    fn only_the_consensus_runs_are_pointed_at_a_consensus_server() {
+        let zk = Some("127.0.0.1:1");
+        let etcd = Some("http://127.0.0.1:2");
+        let names = |strategy| -> Vec<&str> {
+            consensus_settings(strategy, zk, etcd)
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect()
+        };
+        assert_eq!(
+            consensus_settings(LockStrategy::Etcd, zk, etcd),
+            vec![("ETCD_ENDPOINTS", "http://127.0.0.1:2".to_owned())]
+        );
+        assert_eq!(
+            names(LockStrategy::ZooKeeper),
+            ["ZOOKEEPER_CONNECT", "ZOOKEEPER_SESSION_TIMEOUT_MS"]
+        );
+        assert!(names(LockStrategy::Redis).is_empty());
+    }
+
+    #[test]
+    fn a_missing_consensus_server_says_how_to_run_the_demo_without_it() {
+        assert_eq!(
+            without(LockStrategy::ZooKeeper, &demo_args(&[])),
+            "to run the demo without zookeeper: --strategies redis,redlock,pg-lock,etcd,pg-row,pg-optimistic,pg-atomic,none"
+        );
+        let args = demo_args(&["--strategies", "etcd,none", "--per-request", "etcd,redis"]);
+        assert_eq!(
+            without(LockStrategy::Etcd, &args),
+            r#"to run the demo without etcd: --strategies none --per-request "redis""#
+        );
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! - `attack`: product creation, the goose scenario, the tally of answers.
 //! - `books`: the figures read from PostgreSQL and the verdict.
 //! - `instances`: seckill child processes for the demo and the tests.
-//! - `servers`: the demo's PostgreSQL and Redis, private ones on a bare machine.
+//! - `servers`: the demo's PostgreSQL, Redis, ZooKeeper and etcd, private ones on a bare
+//!   machine.
 //! - `demo`: every strategy, one comparison table, `chart`: its SVG.
 //! - `bench`: one instance per configuration, measured with wrk.
 //! - `chaos`: a fault soak: a seeded nemesis, every answer recorded, a checker of the whole

@@ -2,7 +2,8 @@
 //! or private throwaway ones started for the demo and removed after it.
 //!
 //! A private PostgreSQL is `initdb` into a temporary directory and `postgres` on a free
-//! port; a private Redis is `redis-server` on a free port, keeping nothing on disk. Both are
+//! port; a private Redis is `redis-server` on a free port, keeping nothing on disk; a private
+//! ZooKeeper or etcd ([`consensus`]) keeps its data in a temporary directory. All are
 //! children in their own process group with a parent-death signal (see [`crate::instances`]),
 //! and are stopped, and their directory removed, when dropped. `initdb` refuses to run as
 //! root, so as root the private PostgreSQL runs as the `postgres` account.
@@ -18,6 +19,10 @@ use reqwest::Url;
 use sqlx::{Connection, PgConnection};
 
 use crate::instances::own_process_group_and_die_with_parent;
+
+mod consensus;
+pub use consensus::{DEFAULT_ETCD, DEFAULT_ZOOKEEPER, ZOOKEEPER_MAX_SESSION_TIMEOUT_MS};
+pub use consensus::{etcd, start_etcd, start_zookeeper, zookeeper};
 
 /// Where the demo looks when no URL is given.
 pub const DEFAULT_POSTGRES: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -52,16 +57,29 @@ struct Launch {
     account: Option<(u32, u32)>,
     /// The port it listens on, which a restart keeps (clients and proxies point at it).
     port: u16,
+    /// Where its output goes (appended), for a server whose failure to start only its log
+    /// explains (a JVM); `None` discards it.
+    log: Option<PathBuf>,
 }
 
 impl Launch {
     fn spawn(&self) -> std::io::Result<Child> {
         let mut command = as_account(Command::new(&self.program), self.account);
+        let (stdout, stderr) = match &self.log {
+            Some(path) => {
+                let log = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)?;
+                (Stdio::from(log.try_clone()?), Stdio::from(log))
+            }
+            None => (Stdio::null(), Stdio::null()),
+        };
         command
             .args(&self.args)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stdout(stdout)
+            .stderr(stderr);
         own_process_group_and_die_with_parent(&mut command);
         command.spawn()
     }
@@ -195,6 +213,7 @@ pub fn start_redis() -> anyhow::Result<Server> {
                 .collect(),
             account: None,
             port,
+            log: None,
         };
         let child = launch.spawn().context("starting redis-server")?;
         let mut private = Private {
@@ -275,6 +294,7 @@ pub async fn start_postgres_with(settings: &[(&str, &str)]) -> anyhow::Result<Se
             args,
             account,
             port,
+            log: None,
         };
         let child = launch.spawn().context("starting postgres")?;
         let mut private = Private {

@@ -1,6 +1,7 @@
 //! `docker-compose.yml` checked against reality: every setting it gives an app is a real
 //! `seckill` setting, its health checks hit routes that answer, its URLs name services it
-//! defines, and the load test's flags and targets exist. The `monitoring` profile's files
+//! defines, the lock profiles (`redlock`, `zookeeper`, `etcd`) add the servers the apps are
+//! pointed at, and the load test's flags and targets exist. The `monitoring` profile's files
 //! (deploy/) are checked the same way: Prometheus scrapes the app services, its rules use
 //! metrics an instance serves, and every dashboard panel shows a rule that exists. Running
 //! the stack itself is `scripts/compose-smoke` (docs/stack.md): too slow for a test.
@@ -294,6 +295,148 @@ fn the_redlock_profile_has_three_masters_that_the_apps_name() {
         ])
         .unwrap();
         assert_eq!(parsed.redlock_urls.len(), 3);
+    }
+}
+
+/// The app settings of `service` as `seckill` would parse them with `LOCK_STRATEGY` set to
+/// `strategy` in compose's environment.
+fn app_settings(name: &str, service: &Value, strategy: &str) -> seckill::Settings {
+    let mut env = service["environment"].as_mapping().unwrap().clone();
+    let lock_strategy = env
+        .get_mut("LOCK_STRATEGY")
+        .unwrap_or_else(|| panic!("{name} does not take LOCK_STRATEGY from the environment"));
+    assert!(
+        lock_strategy
+            .as_str()
+            .is_some_and(|v| v.starts_with("${LOCK_STRATEGY:-")),
+        "{name}: LOCK_STRATEGY is {lock_strategy:?}, not compose's environment"
+    );
+    *lock_strategy = Value::from(strategy);
+    let flags = as_flags(&env);
+    let settings =
+        seckill::Settings::try_parse_from(&flags).unwrap_or_else(|e| panic!("{name}: {e}"));
+    if let Err(error) = settings.check() {
+        panic!("{name}: seckill would refuse to start under {strategy}: {error}");
+    }
+    settings
+}
+
+/// Every app waits for `server` to be healthy when its profile is on, and starts without it
+/// when it is off; `server` has a health check to wait for.
+fn apps_wait_for_the_optional(compose: &Value, server: &str) {
+    let test = &services(compose)[server]["healthcheck"]["test"];
+    assert!(
+        test.as_sequence().is_some_and(|t| !t.is_empty()),
+        "{server} has no health check"
+    );
+    for (name, service) in app_services(compose) {
+        let dependency = &service["depends_on"][server];
+        assert_eq!(
+            dependency["condition"].as_str(),
+            Some("service_healthy"),
+            "{name} -> {server}"
+        );
+        assert_eq!(
+            dependency["required"].as_bool(),
+            Some(false),
+            "{name} -> {server}"
+        );
+    }
+}
+
+#[test]
+fn the_zookeeper_profile_has_one_server_that_the_apps_name_and_whose_sessions_fit_the_lease() {
+    let compose = compose();
+    let servers = profile_services(&compose, "zookeeper");
+    assert_eq!(servers, BTreeSet::from(["zookeeper".to_owned()]));
+    apps_wait_for_the_optional(&compose, "zookeeper");
+    let server = &services(&compose)["zookeeper"];
+    assert!(
+        server["image"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("zookeeper:3.")),
+        "the official image"
+    );
+    // The image writes its zoo.cfg from these: without ZOO_SERVERS it serves on 2181; it
+    // grants sessions of at most maxSessionTimeout, by default 20 ticks.
+    let env = server["environment"]
+        .as_mapping()
+        .cloned()
+        .unwrap_or_default();
+    let setting = |key: &str| env.get(key).and_then(Value::as_str).map(str::to_owned);
+    assert_eq!(
+        setting("ZOO_SERVERS"),
+        None,
+        "the client port is the image's 2181"
+    );
+    let tick_ms: u64 = setting("ZOO_TICK_TIME").map_or(2_000, |t| t.parse().unwrap());
+    let extra = setting("ZOO_CFG_EXTRA").unwrap_or_default();
+    let max_session_ms = extra
+        .split_whitespace()
+        .find_map(|entry| entry.strip_prefix("maxSessionTimeout="))
+        .map_or(20 * tick_ms, |ms| ms.parse().unwrap());
+
+    for (name, service) in app_services(&compose) {
+        let settings = app_settings(&name, service, "zookeeper");
+        for address in settings.zookeeper_connect.split(',') {
+            let (host, port) = address.split_once(':').expect("host:port");
+            assert!(
+                servers.contains(host),
+                "{name}: {address} is not the profile's"
+            );
+            assert_eq!(port, "2181", "{name}: {address}");
+        }
+        assert!(
+            settings.zookeeper_session_timeout_ms <= max_session_ms,
+            "{name}: asks for sessions of {} ms, the server grants at most {max_session_ms} ms \
+             (and the apps refuse to start with less than LOCK_TTL_MS)",
+            settings.zookeeper_session_timeout_ms
+        );
+    }
+}
+
+#[test]
+fn the_etcd_profile_has_one_server_listening_where_the_apps_look_for_it() {
+    let compose = compose();
+    let servers = profile_services(&compose, "etcd");
+    assert_eq!(servers, BTreeSet::from(["etcd".to_owned()]));
+    apps_wait_for_the_optional(&compose, "etcd");
+    let server = &services(&compose)["etcd"];
+    let command: Vec<&str> = server["command"]
+        .as_sequence()
+        .expect("etcd's command line")
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let flag = |name: &str| -> &str {
+        command
+            .iter()
+            .find_map(|a| a.strip_prefix(&format!("--{name}=")))
+            .unwrap_or_else(|| panic!("etcd is started without --{name}"))
+    };
+    // etcd listens on localhost only unless told otherwise: the apps are other containers.
+    let listen = flag("listen-client-urls");
+    assert!(listen.starts_with("http://0.0.0.0:"), "{listen}");
+    let port = listen.rsplit(':').next().unwrap();
+    let advertised = flag("advertise-client-urls");
+
+    for (name, service) in app_services(&compose) {
+        let settings = app_settings(&name, service, "etcd");
+        for endpoint in &settings.etcd_endpoints {
+            let authority = endpoint
+                .strip_prefix("http://")
+                .expect("an http:// endpoint");
+            let (host, endpoint_port) = authority.split_once(':').expect("host:port");
+            assert!(
+                servers.contains(host),
+                "{name}: {endpoint} is not the profile's"
+            );
+            assert_eq!(
+                endpoint_port, port,
+                "{name}: {endpoint}; etcd listens on {listen}"
+            );
+            assert_eq!(endpoint, advertised, "{name}: etcd advertises {advertised}");
+        }
     }
 }
 

@@ -318,8 +318,8 @@ const SMALL_DEMO: [&str; 12] = [
 
 #[test]
 fn the_demo_runs_on_a_machine_where_nothing_is_running_and_draws_its_chart() {
-    // Arrange: a network namespace where nothing listens at 127.0.0.1:5432 or :6379, and no
-    // URL given.
+    // Arrange: a network namespace where nothing listens at 127.0.0.1:5432, :6379, :2181 or
+    // :2379, and no address given.
     if !can_isolate() {
         eprintln!(
             "SKIPPED: this test needs `unshare --net` (root or CAP_SYS_ADMIN) and `ip` (iproute2) \
@@ -333,7 +333,12 @@ fn the_demo_runs_on_a_machine_where_nothing_is_running_and_draws_its_chart() {
     let (ok, stdout, stderr, pid) = demo(
         &[
             &SMALL_DEMO[..],
-            &["--strategies", "redis,none", "--per-request", "redis"],
+            &[
+                "--strategies",
+                "redis,zookeeper,etcd,none",
+                "--per-request",
+                "redis",
+            ],
             &["--chart", chart.to_str().unwrap()],
         ]
         .concat(),
@@ -347,21 +352,24 @@ fn the_demo_runs_on_a_machine_where_nothing_is_running_and_draws_its_chart() {
         .unwrap()
         .flatten()
         .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(&format!("seckill-demo-pg-{pid}-"))
+            let name = e.file_name().to_string_lossy().into_owned();
+            ["pg", "zk", "etcd"]
+                .iter()
+                .any(|server| name.starts_with(&format!("seckill-demo-{server}-{pid}-")))
         })
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
-    assert!(
-        stdout.contains("PostgreSQL: nothing answered at the default address"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("Redis: nothing answered at the default address"),
-        "{stdout}"
-    );
+    for server in ["PostgreSQL", "Redis", "ZooKeeper", "etcd"] {
+        assert!(
+            stdout.contains(&format!(
+                "{server}: nothing answered at the default address"
+            )),
+            "{stdout}"
+        );
+    }
     assert!(row(&stdout, "redis", "64").ends_with("| PASS |"));
+    assert!(row(&stdout, "zookeeper", "64").ends_with("| PASS |"));
+    assert!(row(&stdout, "etcd", "64").ends_with("| PASS |"));
     assert!(row(&stdout, "redis", "1").ends_with("| PASS |"));
     assert!(row(&stdout, "none", "64").contains("FAIL (expected: no lock)"));
     let svg = std::fs::read_to_string(&chart).expect("the chart was written");
@@ -370,11 +378,49 @@ fn the_demo_runs_on_a_machine_where_nothing_is_running_and_draws_its_chart() {
     for label in [
         "orders/s at full load",
         "redis/1",
+        "zookeeper",
+        "etcd",
         "none",
         "orders over time",
     ] {
         assert!(svg.contains(label), "the chart has no {label:?}");
     }
+}
+
+#[test]
+fn a_demo_that_needs_etcd_where_there_is_none_says_what_to_install_before_any_run() {
+    // Arrange: nothing at etcd's default address, and no etcd on the PATH.
+    if std::net::TcpStream::connect("127.0.0.1:2379").is_ok() {
+        eprintln!("SKIPPED: something answers at 127.0.0.1:2379, which the demo would use");
+        return;
+    }
+    let empty = std::env::temp_dir().join(format!("empty-path-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+
+    // Act
+    let output = Command::new(LOADTEST)
+        .env("PATH", &empty)
+        .arg("demo")
+        .args(["--strategies", "etcd,pg-atomic", "--per-request", ""])
+        .args(["--database-url", &server_url()])
+        .args(["--redis-url", &shared_redis_url()])
+        .args(["--chart", "/dev/null"])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir(&empty);
+    let (stdout, stderr) = text(&output);
+    eprintln!("{stdout}\n{stderr}");
+
+    // Assert: it could not start (2), said what to install and what to run instead, and ran
+    // nothing.
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stderr.contains("apt-get install etcd-server"), "{stderr}");
+    assert!(stderr.contains("--etcd-endpoints"), "{stderr}");
+    assert!(
+        stderr.contains("to run the demo without etcd: --strategies pg-atomic"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("--- "), "a run started: {stdout}");
 }
 
 #[test]

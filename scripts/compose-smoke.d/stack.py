@@ -509,11 +509,15 @@ def ours(names, wanted):
     return not names or any(name.split("/")[-1] in wanted or name in wanted for name in names)
 
 
-def stack_image_names(compose):
-    """Every image the committed files name: the services' images and the Dockerfile's
-    `FROM`s (stage names excepted), less the one the stack builds."""
+def stack_image_names(compose, runs):
+    """Every image the committed files name for `runs`: the images of the services those
+    runs' profiles start, and the Dockerfile's `FROM`s (stage names excepted), less the one
+    the stack builds. The services of profiles no run uses (`zookeeper`, `etcd`) have no
+    stand-in, and need none."""
+    profiles = {p for _, _, run_profiles in runs for p in run_profiles}
+    services = active_services(compose, profiles).values()
     built = {s.get("image") for s in compose["services"].values() if s.get("build")}
-    names = {s["image"] for s in compose["services"].values() if s.get("image") and s["image"] not in built}
+    names = {s["image"] for s in services if s.get("image") and s["image"] not in built}
     stages_seen = set()
     for line in (ROOT / "Dockerfile").read_text().splitlines():
         match = re.match(r"FROM\s+(\S+)(?:\s+AS\s+(\S+))?", line.strip(), re.IGNORECASE)
@@ -556,7 +560,7 @@ def main():
         compose = load_compose()
         lock = HeavyLock(args.lock)
         with lock.held("the stand-in images"):
-            phases.run("stand-in base images", standins.ensure, stack_image_names(compose))
+            phases.run("stand-in base images", standins.ensure, stack_image_names(compose, runs))
         for label, lock_env, profiles in runs:
             ports = {name: str(free_port()) for name in
                      ["POSTGRES_PORT", "REDIS_PORT", "APP1_PORT", "APP2_PORT", "APP3_PORT",
@@ -589,7 +593,7 @@ def main():
             def remove_images():
                 # Only what this run made: an image another user built or loaded meanwhile
                 # under another name stays.
-                wanted = {n.split("/")[-1] for n in stack_image_names(load_compose())} | {"seckill:local"}
+                wanted = {n.split("/")[-1] for n in stack_image_names(load_compose(), runs)} | {"seckill:local"}
                 listed = image_names(stack)
                 made = sorted(i for i in image_ids(stack) - before if ours(listed.get(i, set()), wanted))
                 if made:
