@@ -215,8 +215,9 @@ pub struct ChaosArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=9))]
     pub instances: u16,
 
-    /// The lock strategy of the instances (any but redlock, which needs several Redis
-    /// masters; `none` is the negative control: it must fail).
+    /// The lock strategy of the instances: redis, pg-lock, pg-row, pg-optimistic, pg-atomic
+    /// or none (not redlock, zookeeper or etcd, whose servers chaos does not start; `none` is
+    /// the negative control: it must fail).
     #[arg(long, default_value = "redis", value_parser = chaos_strategy)]
     pub strategy: seckill::LockStrategy,
 
@@ -271,7 +272,8 @@ fn minutes(raw: &str) -> Result<f64, String> {
     }
 }
 
-/// `--strategy` of `chaos`: a strategy, but not redlock.
+/// `--strategy` of `chaos`: a strategy whose servers chaos starts and faults (PostgreSQL and
+/// one Redis), so not redlock, zookeeper or etcd.
 fn chaos_strategy(raw: &str) -> Result<seckill::LockStrategy, String> {
     use clap::ValueEnum;
     match seckill::LockStrategy::from_str(raw, true) {
@@ -279,6 +281,12 @@ fn chaos_strategy(raw: &str) -> Result<seckill::LockStrategy, String> {
             "redlock is not supported by chaos: it needs several Redis masters, and chaos runs one"
                 .to_owned(),
         ),
+        Ok(strategy @ (seckill::LockStrategy::ZooKeeper | seckill::LockStrategy::Etcd)) => {
+            Err(format!(
+                "{} is not supported by chaos: chaos starts and faults only PostgreSQL and one Redis (the process-level fault tests cover it: loadtest/tests/faults.rs)",
+                strategy.name()
+            ))
+        }
         Ok(strategy) => Ok(strategy),
         Err(_) => Err(format!(
             "{raw:?} is not a strategy (redis, pg-lock, pg-row, pg-optimistic, pg-atomic, none)"
