@@ -38,6 +38,21 @@ pub struct Metrics {
     pub batch_size: Histogram,
     /// Batches sold per lock hold.
     pub batches_per_hold: Histogram,
+    /// Where a batch's time goes, phase by phase (`batch_phase_seconds{phase}`).
+    pub phases: BatchPhases,
+}
+
+/// The phases of a batch, each a histogram of `batch_phase_seconds` resolved once.
+#[derive(Clone)]
+pub struct BatchPhases {
+    /// Per purchase: from its arrival at the desk until a batch took it (the lock's wait,
+    /// and the batches before it, included).
+    pub queue: Histogram,
+    /// Per batch: its database work (under a lock, the one statement and its commit, and
+    /// any read or resync before it; otherwise the transaction, retries included).
+    pub write: Histogram,
+    /// Per batch: handing every buyer their answer.
+    pub answer: Histogram,
 }
 
 impl Metrics {
@@ -72,6 +87,23 @@ impl Metrics {
             HistogramOpts::new("batches_per_hold", "Batches sold per lock hold").buckets(counts),
         )
         .expect("valid metric");
+        let phase_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "batch_phase_seconds",
+                "Where a batch's time goes: queue (per purchase, arrival to batch), write (the batch's database work), answer (answering its buyers)",
+            )
+            .buckets(vec![
+                0.000_01, 0.000_05, 0.000_1, 0.000_2, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02,
+                0.05, 0.1, 0.5, 1.0, 5.0,
+            ]),
+            &["phase"],
+        )
+        .expect("valid metric");
+        let phases = BatchPhases {
+            queue: phase_seconds.with_label_values(&["queue"]),
+            write: phase_seconds.with_label_values(&["write"]),
+            answer: phase_seconds.with_label_values(&["answer"]),
+        };
         let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("valid metric");
         let metrics = Self {
             purchases,
@@ -114,9 +146,10 @@ impl Metrics {
             ),
             batch_size,
             batches_per_hold,
+            phases,
             registry,
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 15] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 16] = [
             Box::new(metrics.purchases.clone()),
             Box::new(metrics.purchase_seconds.clone()),
             Box::new(metrics.lock_wait_seconds.clone()),
@@ -132,6 +165,7 @@ impl Metrics {
             Box::new(metrics.buyers_gone.clone()),
             Box::new(metrics.batch_size.clone()),
             Box::new(metrics.batches_per_hold.clone()),
+            Box::new(phase_seconds),
         ];
         for collector in collectors {
             metrics

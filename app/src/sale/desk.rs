@@ -69,6 +69,9 @@ pub enum Exclusion {
 /// What every desk of an instance shares.
 pub(crate) struct DeskShared {
     pub(crate) pool: PgPool,
+    /// Where a lock holder's batches run: its sessions keep a generic plan of the one
+    /// statement, which never scans a table (see `startup::holder_sessions`).
+    pub(crate) holders_pool: PgPool,
     pub(crate) bounds: SessionBounds,
     pub(crate) exclusion: Exclusion,
     /// `REDIS_KEY_PREFIX`, before the lock key.
@@ -95,6 +98,8 @@ pub(crate) struct DeskShared {
 struct Order {
     request: PurchaseRequest,
     reply: oneshot::Sender<Answer>,
+    /// When it reached the desk (for the queue phase's metric).
+    arrived: Instant,
     /// When the buyer stops waiting: answered `busy` if still queued then.
     deadline: Instant,
 }
@@ -199,6 +204,7 @@ impl Desk {
         let order = Order {
             request,
             reply,
+            arrived: Instant::now(),
             deadline,
         };
         if self.queue.send(order).is_err() {
@@ -275,7 +281,7 @@ impl Leader {
             }
             let held_since = Instant::now();
             let shared = Arc::clone(&self.shared);
-            let mut holder = Holder::new(&shared.pool, &metrics, &guard, self.product);
+            let mut holder = Holder::new(&shared.holders_pool, &metrics, &guard, self.product);
             let mut batches = 0;
             let still_waiting = loop {
                 let batch = self.take_batch();
@@ -289,10 +295,15 @@ impl Leader {
                 }
                 let requests: Vec<PurchaseRequest> = batch.iter().map(|o| o.request).collect();
                 let selling = holder.sell(&requests);
+                let writing = Instant::now();
                 let answers = timeout(self.shared.batch_timeout, selling)
                     .await
                     // Cut short with its statement in flight: it may still commit.
                     .unwrap_or_else(|_| vec![Err(PurchaseError::OutcomeUnknown); requests.len()]);
+                metrics
+                    .phases
+                    .write
+                    .observe(writing.elapsed().as_secs_f64());
                 let lost = answers
                     .iter()
                     .any(|a| matches!(a, Err(PurchaseError::LockLost)));
@@ -338,7 +349,13 @@ impl Leader {
                 continue;
             }
             let mut batch = batch;
+            let writing = Instant::now();
             let answers = self.sell_retrying(step, &mut batch).await;
+            self.shared
+                .metrics
+                .phases
+                .write
+                .observe(writing.elapsed().as_secs_f64());
             self.answer(batch, answers);
         }
     }
@@ -439,6 +456,11 @@ impl Leader {
             };
             self.dequeued();
             if let Some(order) = self.still_live(order, now) {
+                self.shared
+                    .metrics
+                    .phases
+                    .queue
+                    .observe(now.saturating_duration_since(order.arrived).as_secs_f64());
                 batch.push(order);
             }
         }
@@ -484,6 +506,7 @@ impl Leader {
 
     fn answer(&self, batch: Vec<Order>, answers: Vec<Answer>) {
         let metrics = &self.shared.metrics;
+        let answering = Instant::now();
         metrics.batch_size.observe(batch.len() as f64);
         for (order, answer) in batch.into_iter().zip(answers) {
             if answer.is_ok() {
@@ -492,5 +515,9 @@ impl Leader {
             // A buyer who left after the batch was taken still has their order, if any.
             let _ = order.reply.send(answer);
         }
+        metrics
+            .phases
+            .answer
+            .observe(answering.elapsed().as_secs_f64());
     }
 }

@@ -138,6 +138,9 @@ pub struct SaleParts {
     pub pool: PgPool,
     /// For public reads (`DATABASE_READ_CONNECTIONS`): never the sale's connections.
     pub reads_pool: PgPool,
+    /// For lock holders' batches: sessions that keep one generic plan per statement, on
+    /// the indexes ([`crate::startup`]).
+    pub holders_pool: PgPool,
     pub strategy: LockStrategy,
     pub exclusion: Exclusion,
     pub metrics: Metrics,
@@ -171,6 +174,7 @@ impl Sale {
         );
         let desks = Arc::new(DeskShared {
             pool: parts.pool.clone(),
+            holders_pool: parts.holders_pool,
             bounds: parts.bounds,
             exclusion: parts.exclusion,
             key_prefix: parts.key_prefix,

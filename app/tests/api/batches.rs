@@ -425,3 +425,80 @@ async fn an_optimistic_batch_that_read_before_a_restock_writes_nothing_and_the_r
     .unwrap();
     assert_eq!((stock, orders), (15, 0));
 }
+
+/// How many sequential scans of `orders` PostgreSQL has counted, with the counts of
+/// `session` (the one connection that ran the statements looked at) flushed first.
+async fn orders_seq_scans(session: &PgPool) -> i64 {
+    let mut conn = session.acquire().await.unwrap();
+    // Flushed when the session next goes idle: after this statement.
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query_scalar("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'orders'")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_holders_statement_keeps_to_the_indexes_though_its_plan_was_made_while_orders_was_small(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange: a session as the lock holders' pool makes them (one generic plan per
+    // statement, kept for the session's life), and `orders` small and just analyzed, as
+    // early in a fresh deployment's first sale: the statistics say a scan of the whole
+    // table is cheaper than the index.
+    let pool = pool_options.connect_with(connect).await.unwrap();
+    sqlx::query("INSERT INTO products (name, stock) VALUES ('Phone', 1000000)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO orders (product_id, user_id, quantity) SELECT 1, g, 1 FROM generate_series(1, 20) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE orders").execute(&pool).await.unwrap();
+    let session = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(seckill::startup::holder_sessions(&pool))
+        .await
+        .unwrap();
+    let product = seckill::domain::ProductId::parse("1").unwrap();
+    let before = orders_seq_scans(&session).await;
+
+    // Act: two batches of 32 buyers (the plan is made at the first), as a holder sells them.
+    for batch in 0..2i64 {
+        let users: Vec<i64> = (0..32).map(|u| 1_000 + batch * 100 + u).collect();
+        let quantities = vec![1; users.len()];
+        let written = seckill::repository::sell_as_holder(
+            &session,
+            product,
+            seckill::repository::HolderBatch {
+                users: &users,
+                quantities: &quantities,
+                fence: 1,
+                exact: None,
+                refused: &[],
+            },
+        )
+        .await
+        .unwrap();
+        assert!(
+            matches!(written, seckill::repository::HolderWrite::Committed { ref orders, .. } if orders.len() == 32),
+            "{written:?}"
+        );
+    }
+
+    // Assert: every buyer was looked for with the unique index, never by reading the table
+    // (which, planned once while it was small, it would go on doing as it grows).
+    let after = orders_seq_scans(&session).await;
+    assert_eq!(
+        after - before,
+        0,
+        "the holder's statement scanned the whole orders table"
+    );
+}
