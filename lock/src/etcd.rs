@@ -108,8 +108,8 @@ impl std::fmt::Debug for EtcdLock {
 impl EtcdLock {
     /// Connect to the cluster at `endpoints` (`http://host:port`): a client for each, used
     /// one at a time. A step that cannot reach its member within 5 s, or finds it without a
-    /// leader, goes to the next, until every member was tried once; later steps start at
-    /// the member that answered.
+    /// leader, goes to the next, until every member was tried; later steps start at the
+    /// member that answered.
     ///
     /// # Errors
     /// [`Error::Etcd`] for an endpoint that is not a URL, or none at all.
@@ -179,10 +179,18 @@ impl EtcdLock {
     }
 
     /// Send `request` to the member in use; if it cannot be reached ([`unreachable`]), to
-    /// the next, until every member was tried once. Every step of this backend may run
-    /// twice (see [`Backend`]), so one whose answer was lost with its member may go to
-    /// another: a grant sent again finds its lease there (ids are ours), a join finds its
-    /// key, a delete or revoke finds nothing left to do, a read or keep-alive is harmless.
+    /// the next, until every member was tried. Every step of this backend may run twice
+    /// (see [`Backend`]), so one whose answer was lost with its member may go to another,
+    /// or again to the same: a grant sent again finds its lease there (ids are ours), a
+    /// join finds its key, a delete or revoke finds nothing left to do, a read or
+    /// keep-alive is harmless.
+    ///
+    /// A member that failed without timing out is asked once more before the next: its
+    /// client hands a request the error of an earlier connection attempt whose own request
+    /// was given up meanwhile (tonic's reconnect keeps that error for the next request), so
+    /// after a member came back, its first answer can be the failure of a connection made
+    /// while it was away. A member that timed out is not asked again: that would cost
+    /// another timeout.
     async fn call<T, F, Fut>(&self, request: F) -> Result<T, etcd::Error>
     where
         F: Fn(etcd::Client) -> Fut,
@@ -192,23 +200,29 @@ impl EtcdLock {
         let first = self.current.load(Ordering::Relaxed) % members;
         let mut last_error = None;
         for at in (first..first + members).map(|i| i % members) {
-            match request(self.clients[at].clone()).await {
-                Err(error) if unreachable(&error) => {
-                    tracing::debug!(%error, member = at, "etcd member could not answer");
-                    last_error = Some(error);
-                }
-                answer => {
-                    if at != first {
-                        // Later steps start where this one was answered, unless a step that
-                        // started later has already moved them: its news is newer.
-                        let _ = self.current.compare_exchange(
-                            first,
-                            at,
-                            Ordering::Relaxed,
-                            Ordering::Relaxed,
-                        );
+            for first_try in [true, false] {
+                match request(self.clients[at].clone()).await {
+                    Err(error) if unreachable(&error) => {
+                        tracing::debug!(%error, member = at, "etcd member could not answer");
+                        let again = first_try && !timed_out(&error);
+                        last_error = Some(error);
+                        if !again {
+                            break;
+                        }
                     }
-                    return answer;
+                    answer => {
+                        if at != first {
+                            // Later steps start where this one was answered, unless a step
+                            // that started later has already moved them: its news is newer.
+                            let _ = self.current.compare_exchange(
+                                first,
+                                at,
+                                Ordering::Relaxed,
+                                Ordering::Relaxed,
+                            );
+                        }
+                        return answer;
+                    }
                 }
             }
         }
@@ -499,6 +513,14 @@ fn unreachable(error: &etcd::Error) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether `error` is the client's own timeout (or a deadline that ran out at the member).
+fn timed_out(error: &etcd::Error) -> bool {
+    const CANCELLED: i32 = 1;
+    const DEADLINE_EXCEEDED: i32 = 4;
+    matches!(error, etcd::Error::GRpcStatus(status)
+        if matches!(i32::from(status.code()), CANCELLED | DEADLINE_EXCEEDED))
 }
 
 const FAILED_PRECONDITION: i32 = 9;
