@@ -16,18 +16,30 @@
 //! - the **fence** is the holder key's create revision: etcd's revision is cluster-wide
 //!   and only grows (it survives leader changes and restarts), and keys are granted in
 //!   creation order, so each holder's fence is above every earlier holder's;
-//! - **renewal** is one keep-alive of the key's lease; etcd rounds leases up to whole
-//!   seconds and to its minimum TTL, so the lease it grants is never shorter than the ttl
-//!   asked for, and the holder's lease (counted from when the keep-alive was sent) ends
-//!   first.
+//! - **renewal** is one keep-alive of the key's lease, and only then a read that finds the
+//!   key still at the head of the line; etcd rounds leases up to whole seconds and to its
+//!   minimum TTL, so the lease it grants is never shorter than the ttl asked for, and the
+//!   holder's lease (counted from when the keep-alive was sent) ends first;
+//! - **lease ids are chosen here**, not by etcd, and remembered for their token before
+//!   the grant is sent, so that [`unlock`](Backend::unlock) revokes every lease an
+//!   acquisition may have put a key on: one whose grant or put answer was lost, one whose
+//!   put was still on its way when the wait was given up;
+//! - a **waiter keeps its place** through what a cluster does while it waits (a member
+//!   that dies or restarts, an election, a watch stream that breaks): it reads, watches and
+//!   keeps its lease alive again until the caller's deadline ends the wait. Only a lease
+//!   etcd no longer has, or our key gone, loses the place ([`Error::LostPlace`]).
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client as etcd;
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
-use tokio::time::Instant;
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, GetOptions, LeaseGrantOptions, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, WatchOptions,
+};
+use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::backend::{Attempt, Backend, LockState, Renewal, Turn, Unlock};
 use crate::error::{Error, Result};
@@ -41,7 +53,12 @@ pub const DEFAULT_PREFIX: &str = "distlock/";
 /// The longest key, in bytes.
 const MAX_KEY_BYTES: usize = 1024;
 
-/// Locks in etcd: a [`Backend`] that keeps its own line of waiters. Cheap to clone.
+/// How long each request may take: connecting to a member, and waiting for its answer.
+/// A member that takes longer counts as unreachable, and the request goes to the next.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Locks in etcd: a [`Backend`] that keeps its own line of waiters. Cheap to clone; clones
+/// share their clients and what they remember of the leases they granted.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -64,35 +81,45 @@ pub struct EtcdLock {
     /// that is down, and those fail (etcdv3/etcd-client#39): with one member of three down,
     /// steps would fail that the two others could answer.
     clients: Arc<[etcd::Client]>,
-    /// The member requests go to now: an index into `clients`.
+    /// The member requests go to first: an index into `clients`, moved to the member that
+    /// answered when the one before could not.
     current: Arc<AtomicUsize>,
-    /// Put before every lock key.
+    /// Put before every lock key: empty, or ending with `/`.
     prefix: String,
-    /// Watch events that woke a waiter here: how the no-herd property is observed.
+    /// Deletes of a watched key that woke a waiter here: how the no-herd property is
+    /// observed.
     wake_ups: Arc<AtomicU64>,
+    /// Every lease granted (or being granted) for an acquisition, by key and token, until
+    /// its [`unlock`](Backend::unlock) revokes them: a key whose put answer never came back,
+    /// or whose put was still on its way when the locker gave up the wait, is on one of
+    /// them, and goes with it.
+    leases: Arc<Granted>,
 }
 
 impl std::fmt::Debug for EtcdLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdLock")
             .field("prefix", &self.prefix)
+            .field("members", &self.clients.len())
             .finish_non_exhaustive()
     }
 }
 
 impl EtcdLock {
     /// Connect to the cluster at `endpoints` (`http://host:port`): a client for each, used
-    /// one at a time; a step that cannot reach its member (or finds it without a leader)
-    /// goes to the next, until every member was tried once.
+    /// one at a time. A step that cannot reach its member within 5 s, or finds it without a
+    /// leader, goes to the next, until every member was tried; later steps start at the
+    /// member that answered.
     ///
     /// # Errors
     /// [`Error::Etcd`] for an endpoint that is not a URL, or none at all.
     pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(endpoints: S) -> Result<Self> {
         let options = etcd::ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(5))
-            .with_timeout(Duration::from_secs(5))
-            // A member cut off from the leader refuses instead of answering from its own
-            // (possibly stale) state.
+            .with_connect_timeout(REQUEST_TIMEOUT)
+            .with_timeout(REQUEST_TIMEOUT)
+            // A member cut off from the leader refuses (`UNAVAILABLE`, "no leader") instead
+            // of waiting for one, and ends its watch streams: the step goes to another
+            // member, the waiter watches through another.
             .with_require_leader(true);
         let mut clients = Vec::new();
         for endpoint in endpoints.as_ref() {
@@ -105,7 +132,9 @@ impl EtcdLock {
         Ok(Self::with_clients(clients))
     }
 
-    /// Locks through a client connected elsewhere (every step goes through it).
+    /// Locks through a client connected elsewhere (every step goes through it). Give it a
+    /// request timeout and `with_require_leader(true)`, as [`connect`](Self::connect)
+    /// does: without them, a step sent to a member that lost its leader waits for one.
     pub fn new(client: etcd::Client) -> Self {
         Self::with_clients(vec![client])
     }
@@ -116,46 +145,88 @@ impl EtcdLock {
             current: Arc::new(AtomicUsize::new(0)),
             prefix: DEFAULT_PREFIX.to_owned(),
             wake_ups: Arc::new(AtomicU64::new(0)),
+            leases: Arc::default(),
         }
     }
 
-    /// Put lock keys under `prefix` instead of [`DEFAULT_PREFIX`].
-    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
+    /// Put lock keys under `prefix` instead of [`DEFAULT_PREFIX`]: key `k` is the line
+    /// `<prefix>k/`.
+    ///
+    /// The prefix must be empty or end with `/`: with `x` and key `ab`, and `xa` and key `b`,
+    /// two locks would share the line `xab/`. Handles on one cluster that use different
+    /// prefixes must also not nest them (`a/` and `a/b/`): the line of key `b` under `a/`
+    /// would hold the keys of every lock under `a/b/`. Give each application a prefix of
+    /// its own that does not start with another's (the default included).
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] for a prefix that is not empty and does not end with `/`.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self> {
+        let prefix = prefix.into();
+        if !(prefix.is_empty() || prefix.ends_with('/')) {
+            return Err(Error::InvalidOptions(format!(
+                "etcd key prefix {prefix:?} must be empty or end with '/' (or two locks could share a line)"
+            )));
+        }
+        self.prefix = prefix;
+        Ok(self)
     }
 
-    /// How many times a watch woke a waiter of this client (the key before it went away).
-    /// With one watch per waiter, a release wakes one waiter in all.
+    /// How many times a waiter of this handle was woken because the key it watched (the
+    /// one just before its own) was deleted. With one watch per waiter, a release wakes one
+    /// waiter in all. A watch stream that breaks or is cancelled is not a wake-up.
     pub fn wake_ups(&self) -> u64 {
         self.wake_ups.load(Ordering::Relaxed)
     }
 
-    /// Send `request` to the member in use; if it cannot be reached, to the next, until
-    /// every member was tried once. Every step of this backend may be sent twice (see
-    /// [`Backend`]), so one whose answer was lost with its member may go to another.
+    /// Send `request` to the member in use; if it cannot be reached ([`unreachable`]), to
+    /// the next, until every member was tried. Every step of this backend may run twice
+    /// (see [`Backend`]), so one whose answer was lost with its member may go to another,
+    /// or again to the same: a grant sent again finds its lease there (ids are ours), a
+    /// join finds its key, a delete or revoke finds nothing left to do, a read or
+    /// keep-alive is harmless.
+    ///
+    /// A member that failed without timing out is asked once more before the next: its
+    /// client hands a request the error of an earlier connection attempt whose own request
+    /// was given up meanwhile (tonic's reconnect keeps that error for the next request), so
+    /// after a member came back, its first answer can be the failure of a connection made
+    /// while it was away. A member that timed out is not asked again: that would cost
+    /// another timeout.
     async fn call<T, F, Fut>(&self, request: F) -> Result<T, etcd::Error>
     where
         F: Fn(etcd::Client) -> Fut,
         Fut: Future<Output = Result<T, etcd::Error>>,
     {
-        let mut tries = self.clients.len();
-        loop {
-            let at = self.current.load(Ordering::Acquire);
-            let error = match request(self.clients[at].clone()).await {
-                Err(error) if unreachable(&error) => error,
-                answer => return answer,
-            };
-            tries -= 1;
-            if tries == 0 {
-                return Err(error);
+        let members = self.clients.len();
+        let first = self.current.load(Ordering::Relaxed) % members;
+        let mut last_error = None;
+        for at in (first..first + members).map(|i| i % members) {
+            for first_try in [true, false] {
+                match request(self.clients[at].clone()).await {
+                    Err(error) if unreachable(&error) => {
+                        tracing::debug!(%error, member = at, "etcd member could not answer");
+                        let again = first_try && !timed_out(&error);
+                        last_error = Some(error);
+                        if !again {
+                            break;
+                        }
+                    }
+                    answer => {
+                        if at != first {
+                            // Later steps start where this one was answered, unless a step
+                            // that started later has already moved them: its news is newer.
+                            let _ = self.current.compare_exchange(
+                                first,
+                                at,
+                                Ordering::Relaxed,
+                                Ordering::Relaxed,
+                            );
+                        }
+                        return answer;
+                    }
+                }
             }
-            // On to the next member, unless another step has moved on already.
-            let next = (at + 1) % self.clients.len();
-            let _ = self
-                .current
-                .compare_exchange(at, next, Ordering::AcqRel, Ordering::Acquire);
         }
+        Err(last_error.expect("at least one member"))
     }
 
     /// One transaction, through [`call`](Self::call).
@@ -176,152 +247,334 @@ impl EtcdLock {
         format!("{}{}", self.line_prefix(key), token.as_str())
     }
 
-    /// A lease that outlives `ttl` (etcd counts leases in whole seconds, and may grant
-    /// more than asked): its id and the TTL granted, in seconds.
-    async fn grant(&self, ttl: Duration) -> Result<(i64, i64)> {
+    // The reads of a line. Each is one operation of a transaction, so that the reads a step
+    // needs are made at one revision.
+
+    /// Our own key.
+    fn read_own(&self, key: &str, token: &Token) -> TxnOp {
+        TxnOp::get(self.own_key(key, token), None)
+    }
+
+    /// The first key of the line: the holder's.
+    fn read_head(&self, key: &str) -> TxnOp {
+        let first = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        TxnOp::get(self.line_prefix(key), Some(first))
+    }
+
+    /// The key created just before `revision`: the one a waiter at `revision` watches.
+    fn read_before(&self, key: &str, revision: i64) -> TxnOp {
+        let last_before = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(revision - 1)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(1);
+        TxnOp::get(self.line_prefix(key), Some(last_before))
+    }
+
+    /// Run `reads` in one transaction: the revision they were made at, and what each found.
+    async fn read<const N: usize>(
+        &self,
+        reads: [TxnOp; N],
+    ) -> Result<(i64, [Option<etcd::KeyValue>; N]), etcd::Error> {
+        let answer = self.txn(Txn::new().and_then(reads)).await?;
+        let revision = answer.header().map_or(0, |h| h.revision());
+        let replies = answer.op_responses();
+        Ok((revision, std::array::from_fn(|i| first_kv(replies.get(i)))))
+    }
+
+    /// Our key and the head of the line, read together.
+    async fn look(&self, key: &str, token: &Token) -> Result<Look, etcd::Error> {
+        let (_, [own, head]) = self
+            .read([self.read_own(key, token), self.read_head(key)])
+            .await?;
+        Ok(Look {
+            own: own.map(|kv| Own::of(&kv)),
+            head: head.map(|kv| kv.create_revision()),
+        })
+    }
+
+    /// A new lease id for `token`'s acquisition of `key`, remembered before any grant of
+    /// it is sent. Chosen here rather than by etcd so that it is known even when the
+    /// grant's answer is lost: [`unlock`](Backend::unlock) then revokes it too, instead of
+    /// leaving it (and a key a later put may have hung on it) until it runs out. etcd takes
+    /// any id not in use and refuses one in use (see [`grant`](Self::grant)); two random
+    /// 63-bit ids meet about once in 2^63 grants.
+    fn new_lease(&self, key: &str, token: &Token) -> i64 {
+        let id = loop {
+            let id = rand::random::<i64>() & i64::MAX;
+            if id != 0 {
+                break id;
+            }
+        };
+        self.leases.remember(key, token, id);
+        id
+    }
+
+    /// Grant lease `id` for at least `ttl` (etcd counts leases in whole seconds, and may
+    /// grant more than asked): the TTL granted, in seconds.
+    async fn grant(&self, id: i64, ttl: Duration) -> Result<i64, etcd::Error> {
         let seconds = i64::try_from(ttl.as_millis().div_ceil(1000))
             .unwrap_or(i64::MAX)
             .max(1);
         let granted = self
-            .call(|mut client| async move { client.lease_grant(seconds, None).await })
-            .await?;
-        Ok((granted.id(), granted.ttl()))
-    }
-
-    /// Revoke `lease`; one that is already gone is fine.
-    async fn revoke(&self, lease: i64) {
-        let revoked = self
-            .call(|mut client| async move { client.lease_revoke(lease).await })
+            .call(|mut client| async move {
+                let options = LeaseGrantOptions::new().with_id(id);
+                client.lease_grant(seconds, Some(options)).await
+            })
             .await;
-        if let Err(error) = revoked {
-            tracing::debug!(%error, lease, "lease revoke failed; it runs out by itself");
+        match granted {
+            Ok(granted) => Ok(granted.ttl()),
+            // An earlier send of this grant was applied and its answer lost (`call` sent it
+            // again to another member): the lease is ours, with at least what we asked for.
+            Err(error) if has_status(&error, FAILED_PRECONDITION, "lease already exists") => {
+                Ok(seconds)
+            }
+            Err(error) => Err(error),
         }
     }
 
-    /// One keep-alive of `lease`; `false` if etcd no longer has it.
-    async fn keep_alive(&self, lease: i64) -> Result<bool> {
+    /// Revoke `lease`, which deletes the key on it; `false` if etcd no longer had it.
+    async fn revoke(&self, lease: i64) -> Result<bool, etcd::Error> {
+        match self
+            .call(|mut client| async move { client.lease_revoke(lease).await })
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(error) if lease_not_found(&error) => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Revoke every lease remembered for `token`'s acquisition of `key`, and `also` (the
+    /// lease its key was found on), then forget them. Answers the first error, after trying
+    /// them all; a lease that could not be revoked is forgotten too: nothing keeps it alive
+    /// any more, so it runs out (with any key on it) within its TTL.
+    async fn revoke_all(
+        &self,
+        key: &str,
+        token: &Token,
+        also: Option<i64>,
+    ) -> Result<(), etcd::Error> {
+        let mut leases = self.leases.take(key, token);
+        leases.extend(also.filter(|lease| *lease != 0 && !leases.contains(lease)));
+        let mut first_error = None;
+        for lease in leases {
+            if let Err(error) = self.revoke(lease).await {
+                tracing::warn!(%key, %error, lease, "could not revoke a lease; it runs out by itself");
+                first_error.get_or_insert(error);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// One keep-alive of `lease`; `false` if etcd no longer has it (it answered TTL 0:
+    /// revoked, or run out).
+    async fn keep_alive(&self, lease: i64) -> Result<bool, etcd::Error> {
         match self
             .call(|mut client| async move { client.lease_keep_alive(lease).await })
             .await
         {
             Ok(_) => Ok(true),
+            // etcd-client's answer to TTL 0 ("lease not found"); its only other
+            // `LeaseKeepAliveError`, a request that could not be queued on a channel it has
+            // just made, cannot happen.
             Err(etcd::Error::LeaseKeepAliveError(_)) => Ok(false),
-            Err(error) => Err(error.into()),
+            Err(error) => Err(error),
         }
     }
 
-    /// Move our key (created at `revision`) to a new lease of at least `ttl`: a keep-alive
-    /// starts a lease again with the TTL it was granted, so a longer ttl
+    /// Move our key (`own`) to a new lease of at least `ttl`: a keep-alive starts a lease
+    /// again with the TTL it was granted, so a longer ttl
     /// ([`LockGuard::extend`](crate::LockGuard::extend)) needs a new lease. `false` if our
     /// key is gone.
     async fn re_lease(
         &self,
         key: &str,
         token: &Token,
-        revision: i64,
-        old: i64,
+        own: Own,
         ttl: Duration,
-    ) -> Result<bool> {
-        let (lease, granted) = self.grant(ttl).await?;
-        let own = self.own_key(key, token);
+    ) -> Result<bool, etcd::Error> {
+        let lease = self.new_lease(key, token);
+        let granted = self.grant(lease, ttl).await?;
+        let key_name = self.own_key(key, token);
         let txn = Txn::new()
             .when([Compare::create_revision(
-                own.clone(),
+                key_name.clone(),
                 CompareOp::Equal,
-                revision,
+                own.revision,
             )])
             .and_then([TxnOp::put(
-                own,
+                key_name,
                 granted.to_string(),
                 Some(PutOptions::new().with_lease(lease)),
             )]);
         let moved = self.txn(txn).await?.succeeded();
         // Whichever lease the key is not on now goes.
-        self.revoke(if moved { old } else { lease }).await;
+        let unused = if moved { own.lease } else { lease };
+        match self.revoke(unused).await {
+            Ok(_) => self.leases.forget(key, token, unused),
+            Err(error) => {
+                tracing::debug!(%key, %error, lease = unused, "could not revoke an unused lease; it runs out by itself");
+            }
+        }
         Ok(moved)
     }
 
-    /// Put our key on `lease` unless it is there already (a retried step); answers our
-    /// key's create revision, the lease it is on, and the first key of the line.
-    async fn join(&self, key: &str, token: &Token, (lease, granted): (i64, i64)) -> Result<Joined> {
+    /// Put our key on `lease` (granted for `granted` seconds) unless it is there already (a
+    /// retried step); answers our key's create revision, the lease it is on, and the first
+    /// key of the line.
+    async fn join(
+        &self,
+        key: &str,
+        token: &Token,
+        lease: i64,
+        granted: i64,
+    ) -> Result<Joined, etcd::Error> {
         let own = self.own_key(key, token);
-        let head = || TxnOp::get(self.line_prefix(key), Some(first_created().with_limit(1)));
-        let txn = Txn::new()
-            .when([Compare::create_revision(own.clone(), CompareOp::Equal, 0)])
-            .and_then([
-                // The value is the lease's TTL: a renewal for a longer ttl needs a new lease.
-                TxnOp::put(
-                    own.clone(),
-                    granted.to_string(),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-                head(),
-            ])
-            .or_else([TxnOp::get(own.clone(), None), head()]);
-        let answer = self.txn(txn).await?;
-        let replies = answer.op_responses();
-        let head = first_kv(replies.get(1));
-        if answer.succeeded() {
-            let revision = answer.header().map_or(0, |h| h.revision());
-            return Ok(Joined {
-                revision,
-                lease,
-                head_revision: head.map(|kv| kv.create_revision()),
-            });
-        }
-        // Our key was there from an earlier try: keep it, with its own lease.
-        self.revoke(lease).await;
-        let kv = first_kv(replies.first()).ok_or_else(|| {
-            etcd::Error::Internal("the transaction found our key and then did not".into())
-        })?;
-        Ok(Joined {
-            revision: kv.create_revision(),
-            lease: kv.lease(),
-            head_revision: head.map(|kv| kv.create_revision()),
-        })
-    }
-
-    /// Our key (create revision and lease) and the first key of the line, read together.
-    async fn look(&self, key: &str, token: &Token) -> Result<Look> {
-        let txn = Txn::new().and_then([
-            TxnOp::get(self.own_key(key, token), None),
-            TxnOp::get(self.line_prefix(key), Some(first_created().with_limit(1))),
-        ]);
-        let answer = self.txn(txn).await?;
-        let replies = answer.op_responses();
-        Ok(Look {
-            own: first_kv(replies.first()).map(|kv| Own {
+        loop {
+            let txn = Txn::new()
+                .when([Compare::create_revision(own.clone(), CompareOp::Equal, 0)])
+                .and_then([
+                    // The value is the lease's TTL: a renewal for a longer ttl needs a new
+                    // lease.
+                    TxnOp::put(
+                        own.clone(),
+                        granted.to_string(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    ),
+                    self.read_head(key),
+                ])
+                .or_else([self.read_own(key, token), self.read_head(key)]);
+            let answer = self.txn(txn).await?;
+            let replies = answer.op_responses();
+            let head_revision = first_kv(replies.get(1)).map(|kv| kv.create_revision());
+            if answer.succeeded() {
+                let revision = answer.header().map_or(0, |h| h.revision());
+                return Ok(Joined {
+                    revision,
+                    lease,
+                    head_revision,
+                });
+            }
+            // Our key was there already, from an earlier send of this step.
+            let kv = first_kv(replies.first()).ok_or_else(|| {
+                etcd::Error::Internal("the transaction found our key and then did not".into())
+            })?;
+            let joined = Joined {
                 revision: kv.create_revision(),
                 lease: kv.lease(),
-                granted: kv
-                    .value_str()
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0),
-            }),
-            head: first_kv(replies.get(1)).map(|kv| kv.create_revision()),
-        })
+                head_revision,
+            };
+            if kv.lease() == lease {
+                // `call` sent this very transaction again after its answer was lost: the key
+                // is on our lease, which must stay.
+                return Ok(joined);
+            }
+            // A retried acquisition, with a lease of its own: the key stays where it is, on
+            // the lease of the first try.
+            // TIMING: that lease was last granted or kept alive before this step was sent;
+            // kept alive now, it lasts the ttl from after the caller sent the step.
+            if self.keep_alive(kv.lease()).await? {
+                if self.revoke(lease).await.is_ok() {
+                    self.leases.forget(key, token, lease);
+                }
+                return Ok(joined);
+            }
+            // That lease has just run out, and our key went with it: join again, on ours.
+        }
     }
 }
 
-/// Whether `error` says that the member could not be reached or could not answer, so that
-/// another member may: gRPC's `UNAVAILABLE` (not connected, no leader, shutting down),
-/// `CANCELLED` (the connection closed, the client's timeout), `DEADLINE_EXCEEDED`, or any
-/// status the client made itself from a transport error (a member sends none with a
-/// source: a broken pipe comes as `UNKNOWN`).
+/// Whether `error` says that the member could not be reached or could not answer now, so
+/// that another member may (and a waiter should try again rather than give up its place):
+/// gRPC's `UNAVAILABLE` (not connected, no leader, leader changed, shutting down, a request
+/// that timed out in raft), `CANCELLED` (the connection closed, the client's timeout),
+/// `DEADLINE_EXCEEDED`, etcd's "not leader" (a lease request that reached a member which
+/// had just lost the lead), any status the client made itself from a transport error (a
+/// member sends none with a source: a broken connection comes as `UNKNOWN`), and a
+/// keep-alive stream that ended before its answer.
 fn unreachable(error: &etcd::Error) -> bool {
     const CANCELLED: i32 = 1;
     const DEADLINE_EXCEEDED: i32 = 4;
     const UNAVAILABLE: i32 = 14;
     match error {
         etcd::Error::TransportError(_) => true,
+        // etcd-client's `lease_keep_alive` when the stream ends without an answer.
+        etcd::Error::WatchError(_) => true,
         etcd::Error::GRpcStatus(status) => {
             matches!(
                 i32::from(status.code()),
                 CANCELLED | DEADLINE_EXCEEDED | UNAVAILABLE
-            ) || std::error::Error::source(status).is_some()
+            ) || has_status(error, FAILED_PRECONDITION, "etcdserver: not leader")
+                || std::error::Error::source(status).is_some()
         }
         _ => false,
+    }
+}
+
+/// Whether `error` is the client's own timeout (or a deadline that ran out at the member).
+fn timed_out(error: &etcd::Error) -> bool {
+    const CANCELLED: i32 = 1;
+    const DEADLINE_EXCEEDED: i32 = 4;
+    matches!(error, etcd::Error::GRpcStatus(status)
+        if matches!(i32::from(status.code()), CANCELLED | DEADLINE_EXCEEDED))
+}
+
+const FAILED_PRECONDITION: i32 = 9;
+const NOT_FOUND: i32 = 5;
+
+/// Whether `error` is a gRPC status `code` whose message contains `message`.
+fn has_status(error: &etcd::Error, code: i32, message: &str) -> bool {
+    matches!(error, etcd::Error::GRpcStatus(status)
+        if i32::from(status.code()) == code && status.message().contains(message))
+}
+
+/// etcd's answer to a revoke, or a put, on a lease it does not have.
+fn lease_not_found(error: &etcd::Error) -> bool {
+    has_status(error, NOT_FOUND, "requested lease not found")
+}
+
+/// The leases granted for each acquisition, by key and token, that its unlock has not
+/// revoked yet: the `leases` of an [`EtcdLock`].
+#[derive(Default)]
+struct Granted(Mutex<HashMap<(String, String), Vec<i64>>>);
+
+impl Granted {
+    fn remember(&self, key: &str, token: &Token, lease: i64) {
+        self.lock()
+            .entry((key.to_owned(), token.as_str().to_owned()))
+            .or_default()
+            .push(lease);
+    }
+
+    /// Stop remembering `lease` (it was revoked, or it is gone).
+    fn forget(&self, key: &str, token: &Token, lease: i64) {
+        let mut granted = self.lock();
+        let acquisition = (key.to_owned(), token.as_str().to_owned());
+        if let Some(leases) = granted.get_mut(&acquisition) {
+            leases.retain(|&id| id != lease);
+            if leases.is_empty() {
+                granted.remove(&acquisition);
+            }
+        }
+    }
+
+    /// Every lease remembered for the acquisition, forgotten.
+    fn take(&self, key: &str, token: &Token) -> Vec<i64> {
+        self.lock()
+            .remove(&(key.to_owned(), token.as_str().to_owned()))
+            .unwrap_or_default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Vec<i64>>> {
+        // Never held across an await, and nothing in it panics: a poisoned map is still
+        // a good one.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -341,6 +594,20 @@ struct Look {
     head: Option<i64>,
 }
 
+impl Look {
+    fn we_hold(&self) -> bool {
+        matches!((self.own, self.head), (Some(own), Some(head)) if own.revision == head)
+    }
+
+    /// What a renewal says when our key is not at the head: taken if another key is.
+    fn renewal_lost(&self) -> Renewal {
+        match (self.own, self.head) {
+            (Some(_), _) | (None, Some(_)) => Renewal::Taken,
+            (None, None) => Renewal::Gone,
+        }
+    }
+}
+
 /// Our key in the line.
 #[derive(Clone, Copy)]
 struct Own {
@@ -348,21 +615,22 @@ struct Own {
     revision: i64,
     /// The lease it is on.
     lease: i64,
-    /// That lease's TTL, in seconds.
+    /// That lease's TTL, in seconds (0 if the key's value does not say).
     granted: i64,
 }
 
-impl Look {
-    fn we_hold(&self) -> bool {
-        matches!((self.own, self.head), (Some(own), Some(head)) if own.revision == head)
+impl Own {
+    fn of(kv: &etcd::KeyValue) -> Self {
+        Self {
+            revision: kv.create_revision(),
+            lease: kv.lease(),
+            granted: kv
+                .value_str()
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+        }
     }
-}
-
-/// A range read over a line in creation order.
-fn first_created() -> GetOptions {
-    GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
 }
 
 fn first_kv(reply: Option<&etcd::TxnOpResponse>) -> Option<etcd::KeyValue> {
@@ -374,6 +642,47 @@ fn first_kv(reply: Option<&etcd::TxnOpResponse>) -> Option<etcd::KeyValue> {
 
 fn fence_of(revision: i64) -> Fence {
     Fence::new(u64::try_from(revision).expect("revisions are positive"))
+}
+
+/// How long a waiter waits before it tries again after no member could answer: from
+/// 100 ms, doubling, up to a second or half a renewal period, whichever is shorter.
+///
+/// TIMING: the cap leaves a waiter time to keep its lease alive between tries (a lease
+/// lasts three renewal periods); the start is short because most faults (an election, a
+/// member that died) are over within a few hundred milliseconds for the next try.
+struct Pause {
+    next: Duration,
+    cap: Duration,
+}
+
+impl Pause {
+    const FIRST: Duration = Duration::from_millis(100);
+
+    fn new(renew_every: Duration) -> Self {
+        Self {
+            next: Self::FIRST,
+            cap: (renew_every / 2).clamp(Self::FIRST, Duration::from_secs(1)),
+        }
+    }
+
+    async fn wait(&mut self) {
+        sleep(self.next).await;
+        self.next = (self.next * 2).min(self.cap);
+    }
+
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
+/// What ended a wait on the watch of the key before ours.
+enum Woken {
+    /// The key was deleted.
+    Deleted,
+    /// The stream ended, broke or was cancelled: watch again.
+    Broken(String),
+    /// A keep-alive is due.
+    KeepAlive,
 }
 
 impl Backend for EtcdLock {
@@ -409,146 +718,267 @@ impl Backend for EtcdLock {
 
     /// Put our key; hold if it heads the line, or else take it back at once.
     async fn try_lock(&self, key: &str, token: &Token, ttl: Duration) -> Result<Attempt> {
-        let joined = self.join(key, token, self.grant(ttl).await?).await?;
+        let lease = self.new_lease(key, token);
+        let granted = self.grant(lease, ttl).await?;
+        let joined = self.join(key, token, lease, granted).await?;
         if joined.head_revision == Some(joined.revision) {
             return Ok(Attempt::Acquired(fence_of(joined.revision)));
         }
-        let own = self.own_key(key, token);
-        let _ = self
-            .call(|mut client| {
-                let own = own.clone();
-                async move { client.delete(own, None).await }
-            })
-            .await?;
-        self.revoke(joined.lease).await;
+        // Revoking the lease deletes our key with it. If that fails, the error goes to the
+        // locker, whose unlock deletes the key.
+        self.revoke_all(key, token, Some(joined.lease)).await?;
         Ok(Attempt::Held { expires_in: None })
     }
 
     /// Put our key, then until it heads the line: watch the key created just before it,
-    /// keeping our lease alive meanwhile.
+    /// keeping our lease alive meanwhile. What fails for want of a member (a member down
+    /// or without a leader, a watch stream that breaks) is tried again, without giving up
+    /// the place, until the locker drops this future at the caller's deadline; only a
+    /// lease etcd no longer has, or our key deleted, loses it ([`Error::LostPlace`]).
     async fn lock_in_line(&self, key: &str, token: &Token, ttl: Duration) -> Result<Turn> {
-        // TIMING: the lease runs from when the grant (later, each keep-alive) was sent, and
-        // etcd's lease is at least `ttl`; it is renewed every third of `ttl` while we wait.
-        let mut proven_at = Instant::now();
-        let joined = self.join(key, token, self.grant(ttl).await?).await?;
-        let lease = joined.lease;
-        let mine = joined.revision;
+        // TIMING: a lease runs from when etcd granted it (later, from each keep-alive), which
+        // is after the request was sent, and etcd's lease is at least `ttl`; it is kept
+        // alive every third of `ttl` while we wait.
         let every = (ttl / 3).max(Duration::from_millis(100));
-        let mut waited = false;
-        let lost = || Error::LostPlace {
+        let mut pause = Pause::new(every);
+        let lost = |why| Error::LostPlace {
             key: key.to_owned(),
-            why: "our etcd lease ran out while we waited",
+            why,
         };
-        loop {
-            // The key just before ours, and our own, at one revision.
-            let txn = Txn::new().and_then([
-                TxnOp::get(self.own_key(key, token), None),
-                TxnOp::get(
-                    self.line_prefix(key),
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_max_create_revision(mine - 1)
-                            .with_sort(SortTarget::Create, SortOrder::Descend)
-                            .with_limit(1),
-                    ),
-                ),
-            ]);
-            let answer = self.txn(txn).await?;
-            let read_at = answer.header().map_or(0, |h| h.revision());
-            let replies = answer.op_responses();
-            if first_kv(replies.first()).is_none() {
-                return Err(lost());
+
+        // Join the line.
+        let mut lease = self.new_lease(key, token);
+        let mut asked_at = Instant::now();
+        let joined = loop {
+            let joined = match self.grant(lease, ttl).await {
+                Ok(granted) => self.join(key, token, lease, granted).await,
+                Err(error) => Err(error),
+            };
+            match joined {
+                Ok(joined) => break joined,
+                Err(error) if lease_not_found(&error) => {
+                    // Our lease ran out before our key could be put on it (etcd was out of
+                    // reach for longer than a ttl): a new one.
+                    lease = self.new_lease(key, token);
+                    asked_at = Instant::now();
+                }
+                Err(error) if unreachable(&error) => {
+                    tracing::warn!(%key, %error, "etcd could not answer; joining the line again");
+                    pause.wait().await;
+                }
+                Err(error) => return Err(error.into()),
             }
-            let Some(before) = first_kv(replies.get(1)) else {
+        };
+        pause.reset();
+        let mine = joined.revision;
+        // The lease was granted after `asked_at` (its first grant request); a key found on
+        // another lease (a token used twice) is proven by a keep-alive first.
+        let mut proven_at = asked_at;
+        let mut keep_alive_at = if joined.lease == lease {
+            asked_at + every
+        } else {
+            Instant::now()
+        };
+        let lease = joined.lease;
+
+        let mut waited = false;
+        // The key just before ours (its name and create revision), once read.
+        let mut before: Option<(Vec<u8>, i64)> = None;
+        // The watch of `before`, and the member it was made on.
+        let mut watch: Option<(etcd::WatchStream, usize)> = None;
+        loop {
+            if Instant::now() >= keep_alive_at {
+                let sent = Instant::now();
+                match self.keep_alive(lease).await {
+                    Ok(true) => {
+                        proven_at = sent;
+                        keep_alive_at = sent + every;
+                    }
+                    Ok(false) => return Err(lost("our etcd lease ran out while we waited")),
+                    Err(error) if unreachable(&error) => {
+                        tracing::warn!(%key, %error, "could not keep our etcd lease alive; trying again");
+                        pause.wait().await;
+                        continue;
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+
+            // Our key, and the one just before it, at one revision.
+            let read = self
+                .read([self.read_own(key, token), self.read_before(key, mine)])
+                .await;
+            let (read_at, [own, last_before]) = match read {
+                Ok(read) => read,
+                Err(error) if unreachable(&error) => {
+                    tracing::warn!(%key, %error, "could not read the line; trying again");
+                    pause.wait().await;
+                    continue;
+                }
+                Err(error) => return Err(error.into()),
+            };
+            pause.reset();
+            if own.is_none() {
+                return Err(lost("our etcd key was deleted while we waited"));
+            }
+            let found = last_before.map(|kv| (kv.key().to_vec(), kv.create_revision()));
+            if found != before {
+                if before.is_some() {
+                    // The key we watched is gone, and this read saw it before the watch did
+                    // (or the watch was broken then): a wake-up all the same.
+                    self.wake_ups.fetch_add(1, Ordering::Relaxed);
+                }
+                before = found;
+                watch = None;
+            }
+            let Some((before_key, _)) = &before else {
+                // Our key heads the line.
+                // TIMING: the holder's lease is counted from the last keep-alive (or the
+                // grant); one older than a renewal period (after a wait through faults) is
+                // proven again first, so that the guard starts with two thirds of a lease.
+                if Instant::now() >= proven_at + every {
+                    let sent = Instant::now();
+                    match self.keep_alive(lease).await {
+                        Ok(true) => proven_at = sent,
+                        Ok(false) => {
+                            return Err(lost("our etcd lease ran out while we waited"));
+                        }
+                        Err(error) if unreachable(&error) => {
+                            tracing::warn!(%key, %error, "could not keep our etcd lease alive; trying again");
+                            keep_alive_at = Instant::now();
+                            pause.wait().await;
+                            continue;
+                        }
+                        Err(error) => return Err(error.into()),
+                    }
+                }
                 return Ok(Turn::new(fence_of(mine), proven_at, waited));
             };
             waited = true;
-            // Events after the read, so a delete between the read and the watch is seen.
-            let options = etcd::WatchOptions::new().with_start_revision(read_at + 1);
-            let mut watch = self
-                .call(|mut client| {
-                    let (before, options) = (before.key().to_vec(), options.clone());
-                    async move { client.watch(before, Some(options)).await }
-                })
-                .await?;
-            let mut renew = tokio::time::interval_at(proven_at + every, every);
-            loop {
-                tokio::select! {
-                    message = watch.message() => {
-                        let gone = match message? {
-                            Some(reply) => {
-                                reply.canceled()
-                                    || reply
-                                        .events()
-                                        .iter()
-                                        .any(|event| event.event_type() == etcd::EventType::Delete)
-                            }
-                            None => true,
-                        };
-                        if gone {
-                            self.wake_ups.fetch_add(1, Ordering::Relaxed);
-                            break;
-                        }
+
+            // A watch made through a member that has since failed a step may be silent
+            // (a member stopped, not dead): watch again through the member in use.
+            let in_use = self.current.load(Ordering::Relaxed);
+            if watch.as_ref().is_some_and(|(_, member)| *member != in_use) {
+                watch = None;
+            }
+            if watch.is_none() {
+                // Events after the read, so that a delete between the read and the watch is
+                // seen.
+                let options = WatchOptions::new().with_start_revision(read_at + 1);
+                let made = self
+                    .call(|mut client| {
+                        let (before_key, options) = (before_key.clone(), options.clone());
+                        async move { client.watch(before_key, Some(options)).await }
+                    })
+                    .await;
+                match made {
+                    Ok(stream) => watch = Some((stream, self.current.load(Ordering::Relaxed))),
+                    Err(error) if unreachable(&error) => {
+                        tracing::warn!(%key, %error, "could not watch the line; trying again");
+                        pause.wait().await;
+                        continue;
                     }
-                    _ = renew.tick() => {
-                        let sent = Instant::now();
-                        if !self.keep_alive(lease).await? {
-                            return Err(lost());
-                        }
-                        proven_at = sent;
-                    }
+                    Err(error) => return Err(error.into()),
                 }
+            }
+            let (stream, _) = watch.as_mut().expect("watching");
+            // TIMING: every keep-alive is followed by a read of the line, so a delete that
+            // a watch missed is seen within a renewal period.
+            let woken = loop {
+                tokio::select! {
+                    message = stream.message() => match message {
+                        Ok(Some(reply)) => {
+                            if reply.events().iter().any(|event| {
+                                event.event_type() == etcd::EventType::Delete
+                                    && event.kv().is_some_and(|kv| kv.key() == before_key.as_slice())
+                            }) {
+                                break Woken::Deleted;
+                            }
+                            if reply.canceled() {
+                                break Woken::Broken(format!(
+                                    "cancelled ({}; compacted at {})",
+                                    reply.cancel_reason(),
+                                    reply.compact_revision()
+                                ));
+                            }
+                            // Created, progress, a put of that key: watch on.
+                        }
+                        Ok(None) => break Woken::Broken("the stream ended".into()),
+                        Err(error) => break Woken::Broken(error.to_string()),
+                    },
+                    () = sleep_until(keep_alive_at) => break Woken::KeepAlive,
+                }
+            };
+            match woken {
+                Woken::Deleted => {
+                    self.wake_ups.fetch_add(1, Ordering::Relaxed);
+                    before = None;
+                    watch = None;
+                }
+                Woken::Broken(why) => {
+                    tracing::debug!(%key, %why, "the watch of the key before ours ended; watching again");
+                    watch = None;
+                    pause.wait().await;
+                }
+                Woken::KeepAlive => {}
             }
         }
     }
 
+    /// A keep-alive of our key's lease (or a new lease for a longer ttl), and only then a
+    /// read that finds our key still at the head of the line: a key deleted before the
+    /// keep-alive landed is seen, even if its lease lived on.
+    ///
     /// TIMING: the lease etcd keeps is at least `ttl` from when this was sent (a keep-alive
     /// of a lease granted for at least `ttl`, or a new one for a longer ttl).
     async fn renew(&self, key: &str, token: &Token, ttl: Duration) -> Result<Renewal> {
         let look = self.look(key, token).await?;
-        let Some(own) = look.own else {
-            return Ok(match look.head {
-                Some(_) => Renewal::Taken,
-                None => Renewal::Gone,
-            });
+        let Some(own) = look.own.filter(|_| look.we_hold()) else {
+            return Ok(look.renewal_lost());
         };
-        if !look.we_hold() {
-            return Ok(Renewal::Taken);
-        }
         let kept = if u128::from(own.granted.unsigned_abs()) * 1000 < ttl.as_millis() {
-            self.re_lease(key, token, own.revision, own.lease, ttl)
-                .await?
+            self.re_lease(key, token, own, ttl).await?
         } else {
             self.keep_alive(own.lease).await?
         };
-        Ok(if kept {
+        let after = self.look(key, token).await?;
+        Ok(if kept && after.we_hold() {
             Renewal::Renewed
+        } else if after.own.is_some() || after.head.is_some() {
+            Renewal::Taken
         } else {
             Renewal::Gone
         })
     }
 
+    /// Delete our key (reading the head of the line with it), then revoke every lease this
+    /// acquisition was granted: a put still on its way then finds its lease gone, and a key
+    /// already on one goes with it.
     async fn unlock(&self, key: &str, token: &Token) -> Result<Unlock> {
-        let look = self.look(key, token).await?;
-        let Some(Own { lease, .. }) = look.own else {
-            return Ok(match look.head {
-                Some(_) => Unlock::Taken,
-                None => Unlock::Gone,
-            });
+        // The head is read first: if our key is not there, it is someone else's.
+        let txn = Txn::new().and_then([
+            self.read_head(key),
+            TxnOp::delete(
+                self.own_key(key, token),
+                Some(DeleteOptions::new().with_prev_key()),
+            ),
+        ]);
+        let answer = self.txn(txn).await?;
+        let replies = answer.op_responses();
+        let head = first_kv(replies.first());
+        let deleted = match replies.get(1) {
+            Some(etcd::TxnOpResponse::Delete(delete)) => delete.prev_kvs().first().cloned(),
+            _ => None,
         };
-        let own = self.own_key(key, token);
-        let deleted = self
-            .call(|mut client| {
-                let own = own.clone();
-                async move { client.delete(own, None).await }
-            })
-            .await?;
-        self.revoke(lease).await;
-        Ok(if deleted.deleted() > 0 {
-            Unlock::Released
-        } else {
-            Unlock::Gone
+        // Our key is gone already; a lease that cannot be revoked now only runs out.
+        let _ = self
+            .revoke_all(key, token, deleted.as_ref().map(|kv| kv.lease()))
+            .await;
+        Ok(match (deleted, head) {
+            (Some(_), _) => Unlock::Released,
+            (None, Some(_)) => Unlock::Taken,
+            (None, None) => Unlock::Gone,
         })
     }
 
@@ -576,11 +1006,11 @@ impl Backend for EtcdLock {
         let line = self
             .call(|mut client| {
                 let prefix = prefix.clone();
-                async move {
-                    client
-                        .get(prefix, Some(first_created().with_keys_only()))
-                        .await
-                }
+                let in_order = GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_keys_only();
+                async move { client.get(prefix, Some(in_order)).await }
             })
             .await?;
         let Some(head) = line.kvs().first() else {
@@ -600,33 +1030,89 @@ impl Backend for EtcdLock {
         ))
     }
 
-    /// Delete the head of the line, whoever put it; the next waiter's watch fires.
+    /// Revoke the lease of the head of the line, whoever put it: etcd deletes the key with
+    /// it, the holder's next keep-alive finds its lease gone, and the next waiter's watch
+    /// fires. `true` if there was a head, and it is gone.
     async fn force_unlock(&self, key: &str) -> Result<bool> {
-        let prefix = self.line_prefix(key);
-        let line = self
-            .call(|mut client| {
-                let prefix = prefix.clone();
-                async move {
-                    client
-                        .get(prefix, Some(first_created().with_limit(1)))
-                        .await
-                }
-            })
-            .await?;
-        let Some(head) = line.kvs().first() else {
+        let (_, [head]) = self.read([self.read_head(key)]).await?;
+        let Some(head) = head else {
             return Ok(false);
         };
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                head.key().to_vec(),
-                CompareOp::Equal,
-                head.create_revision(),
-            )])
-            .and_then([TxnOp::delete(head.key().to_vec(), None)]);
-        let deleted = self.txn(txn).await?.succeeded();
-        if deleted {
-            self.revoke(head.lease()).await;
+        let (name, revision) = (head.key().to_vec(), head.create_revision());
+        let mut lease = head.lease();
+        loop {
+            if lease == 0 {
+                // A key on no lease was not put by this backend: deleted, if it is still
+                // the one read.
+                let txn = Txn::new()
+                    .when([Compare::create_revision(
+                        name.clone(),
+                        CompareOp::Equal,
+                        revision,
+                    )])
+                    .and_then([TxnOp::delete(name.clone(), None)]);
+                self.txn(txn).await?;
+                return Ok(true);
+            }
+            // Gone already (run out) is as good.
+            self.revoke(lease).await?;
+            // The holder may have moved its key to a new lease meanwhile (`extend`): then
+            // the key is still there, on that one.
+            let (_, [still]) = self.read([TxnOp::get(name.clone(), None)]).await?;
+            match still {
+                Some(kv) if kv.create_revision() == revision => lease = kv.lease(),
+                _ => return Ok(true),
+            }
         }
-        Ok(deleted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A handle whose member is never reached (the client connects lazily).
+    async fn offline() -> EtcdLock {
+        EtcdLock::connect(["http://127.0.0.1:1"]).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_prefix_must_be_empty_or_end_with_a_slash() {
+        for good in ["", "locks/", "app/locks/"] {
+            let lock = offline().await.with_prefix(good).unwrap();
+            assert_eq!(lock.line_prefix("k"), format!("{good}k/"));
+        }
+        for bad in ["x", "xa", "locks"] {
+            let refused = offline().await.with_prefix(bad);
+            assert!(
+                matches!(refused, Err(Error::InvalidOptions(_))),
+                "{bad:?}: {refused:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_pauses_longer_after_each_failure_up_to_its_cap_and_starts_over_after_a_success()
+     {
+        let mut pause = Pause::new(Duration::from_secs(10));
+        let mut waited = Vec::new();
+        for _ in 0..6 {
+            let started = Instant::now();
+            pause.wait().await;
+            waited.push(started.elapsed());
+        }
+        assert_eq!(
+            waited,
+            [100, 200, 400, 800, 1000, 1000].map(Duration::from_millis)
+        );
+        pause.reset();
+        let started = Instant::now();
+        pause.wait().await;
+        assert_eq!(started.elapsed(), Pause::FIRST);
+        // A short ttl pauses at most half a renewal period, so the lease is kept alive.
+        assert_eq!(
+            Pause::new(Duration::from_millis(600)).cap,
+            Duration::from_millis(300)
+        );
     }
 }

@@ -1,18 +1,26 @@
 //! etcd under faults, against private servers started (and killed, by pid) by each test:
-//! the server killed under a holder, a cluster of three with its leader down and with a
-//! majority down, and a holder cut off from etcd for longer than its lease. The properties
-//! every backend shares run against etcd too, in `tests/properties.rs`.
+//! the server killed under a holder, or restarted under a waiter; a cluster of three with
+//! its leader down, with a majority down, and with the member a waiter talks to down; a
+//! holder cut off from etcd for longer than its lease; and answers lost on their way back
+//! (a proxy that holds them, `AnswerHold`), so that a step is sent again to another member,
+//! or a renewal's read is answered only after a delete. The properties every backend
+//! shares run against etcd too, in `tests/properties.rs`.
 #![cfg(feature = "etcd")]
 
 mod support;
 
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock::{Error, EtcdLock, Fence, LockLost, LockOptions, Locker};
+use distlock::{
+    Attempt, Backend, Error, EtcdLock, Fence, LockLost, LockOptions, Locker, Renewal, Token, Unlock,
+};
 use support::*;
 use testkit::{EtcdCluster, EtcdServer, TcpProxy};
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
 const KEY: &str = "lock_sale_1";
@@ -31,6 +39,20 @@ const MARGIN: Duration = Duration::from_secs(3);
 /// etcd's election timeout (its default), which a leader adds to every lease it takes over.
 const ELECTION: Duration = Duration::from_secs(1);
 
+/// How long `EtcdLock` waits for a member's answer before it sends the step to the next
+/// member (`EtcdLock::connect`).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// TIMING: far beyond a join's few requests on a busy machine.
+const JOINS_WITHIN: Duration = Duration::from_secs(10);
+
+/// A lease that outlasts whatever a test does to etcd meanwhile (a restart, an election on a
+/// busy machine): the holder keeps its lock through it, and only its release frees it.
+///
+/// TIMING: a holder's watchdog renews every 10 s and retries after an error, so its lock
+/// lasts through 20 s without an answer; an etcd restart takes a few seconds.
+const LONG_TTL: Duration = Duration::from_secs(30);
+
 fn options(ttl: Duration, wait: Duration) -> LockOptions {
     LockOptions::builder()
         .ttl(ttl)
@@ -46,6 +68,18 @@ async fn etcd(endpoints: &[String]) -> EtcdLock {
         .expect("a client of the private etcd")
 }
 
+/// Another process: a locker on a backend of its own.
+async fn process(endpoints: &[String], options: LockOptions) -> Locker<EtcdLock> {
+    locker(etcd(endpoints).await, options)
+}
+
+/// `endpoints` starting at member `first`: where a process's requests go first.
+fn from_member(endpoints: &[String], first: usize) -> Vec<String> {
+    let mut endpoints = endpoints.to_vec();
+    endpoints.rotate_left(first);
+    endpoints
+}
+
 /// Starting, restarting and waiting for servers blocks for seconds: off the runtime's
 /// threads, so that watchdogs and waiters keep running meanwhile.
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
@@ -54,20 +88,72 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) 
         .expect("a blocking step panicked")
 }
 
+async fn start_server() -> EtcdServer {
+    blocking(EtcdServer::start).await
+}
+
+async fn start_cluster(members: usize) -> EtcdCluster {
+    blocking(move || EtcdCluster::start(members)).await
+}
+
+/// `server`, started again on its port with its data.
+async fn restarted(mut server: EtcdServer) -> EtcdServer {
+    blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+}
+
+/// `cluster`, once every running member is healthy again (after a kill: the survivors'
+/// election).
+async fn healthy(mut cluster: EtcdCluster) -> EtcdCluster {
+    blocking(move || {
+        cluster.wait_until_healthy(Duration::from_secs(60));
+        cluster
+    })
+    .await
+}
+
+/// Wait until `waiting` contenders wait behind the holder of `KEY`, for up to `bound`.
+async fn until_waiting(endpoints: &[String], waiting: usize, bound: Duration) {
+    within(bound, "the waiters joined the line", async {
+        while etcd_line(endpoints, KEY).await.len() != waiting + 1 {
+            sleep(ms(20)).await;
+        }
+    })
+    .await;
+}
+
+/// A waiter's one acquire, in a task of its own.
+type Waiting = JoinHandle<distlock::Result<distlock::LockGuard<EtcdLock>>>;
+
+/// A process that asks for `KEY` once: its acquire must not fail, whatever etcd goes
+/// through meanwhile.
+fn waits_for(locker: &Locker<EtcdLock>) -> Waiting {
+    let locker = locker.clone();
+    tokio::spawn(async move { locker.acquire(KEY).await })
+}
+
+/// Fail, with what the waiter's acquire answered, if its wait has ended.
+async fn assert_still_waiting(waiter: &mut Waiting, when: &str) {
+    if waiter.is_finished() {
+        let answer = match waiter.await.expect("the waiter's task") {
+            Ok(_) => "the lock".to_owned(),
+            Err(error) => error.to_string(),
+        };
+        panic!("the waiter's acquire ended {when} ({answer}); it should still wait in line");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_holder_is_told_within_its_lease_when_the_server_dies_and_nobody_gets_the_lock_before()
 {
     // Arrange: A holds the lock on a 3 s lease; B is another process that wants it.
-    let mut server = blocking(EtcdServer::start).await;
+    let mut server = start_server().await;
     let endpoints = vec![server.endpoint()];
-    let a = locker(
-        etcd(&endpoints).await,
-        options(TTL, Duration::from_secs(30)),
-    );
-    let b = locker(
-        etcd(&endpoints).await,
-        options(TTL, Duration::from_secs(30)),
-    );
+    let a = process(&endpoints, options(TTL, Duration::from_secs(30))).await;
+    let b = process(&endpoints, options(TTL, Duration::from_secs(30))).await;
     let held = a.acquire(KEY).await.unwrap();
     let told = when_told(&held);
 
@@ -80,11 +166,7 @@ async fn the_holder_is_told_within_its_lease_when_the_server_dies_and_nobody_get
     let (why, told_at) = within(TTL + MARGIN, "the holder was told", told)
         .await
         .unwrap();
-    let server = blocking(move || {
-        server.restart();
-        server
-    })
-    .await;
+    let server = restarted(server).await;
     // TIMING: the restarted etcd gives A's lease its whole TTL again, plus an election
     // timeout; nothing renews it any more, and B gets the lock once it runs out.
     let taken = within(
@@ -126,11 +208,100 @@ async fn the_holder_is_told_within_its_lease_when_the_server_dies_and_nobody_get
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_keeps_its_place_through_a_restart_of_etcd_and_gets_the_lock_when_the_holder_releases()
+ {
+    // Arrange: A holds the lock; B waits in line behind it.
+    let server = start_server().await;
+    let endpoints = vec![server.endpoint()];
+    let patient = options(LONG_TTL, Duration::from_secs(120));
+    let a = process(&endpoints, patient.clone()).await;
+    let b_backend = etcd(&endpoints).await;
+    let b = locker(b_backend.clone(), patient);
+    let held = a.acquire(KEY).await.unwrap();
+    let mut b_waits = waits_for(&b);
+    until_waiting(&endpoints, 1, JOINS_WITHIN).await;
+    let b_place = etcd_line(&endpoints, KEY).await[1].clone();
+
+    // Act: etcd is killed and started again (B's watch breaks, its reads are refused);
+    // then A releases.
+    let mut server = server;
+    server.kill();
+    // TIMING: long enough for B to find etcd gone and try again a few times.
+    sleep(ms(500)).await;
+    assert_still_waiting(&mut b_waits, "while etcd was down").await;
+    let server = restarted(server).await;
+    // TIMING: B reads and watches again within its pause after an error (at most 1 s).
+    sleep(Duration::from_secs(2)).await;
+    assert_still_waiting(&mut b_waits, "after etcd came back").await;
+    assert!(held.release().await.unwrap().was_held());
+    let b_guard = within(Duration::from_secs(20), "B got the lock", b_waits)
+        .await
+        .unwrap()
+        .expect("B's wait in line failed");
+
+    // Assert: B holds with the place it joined at, woken once (by A's release: a broken
+    // watch is no wake-up), and nothing else is left in line.
+    assert_eq!(b_guard.fence(), Fence::new(b_place.revision as u64));
+    assert!(b_guard.was_contended());
+    assert_eq!(b_backend.wake_ups(), 1, "B's wake-ups");
+    assert!(b_guard.release().await.unwrap().was_held());
+    assert!(etcd_line(&endpoints, KEY).await.is_empty());
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_keeps_its_place_and_its_lease_when_the_member_it_talks_to_dies() {
+    // Arrange: a cluster of three; A holds the lock; B waits in line, talking to a follower
+    // (its first endpoint), on a lease it must keep alive past the kill.
+    let cluster = start_cluster(3).await;
+    let endpoints = cluster.endpoints();
+    let leader = cluster.leader().expect("a leader");
+    let follower = (0..3).find(|&i| i != leader).unwrap();
+    // TIMING: a 6 s lease, kept alive every 2 s; no election follows a follower's death, so
+    // A's watchdog renews on time.
+    let ttl = Duration::from_secs(6);
+    let a = process(
+        &from_member(&endpoints, leader),
+        options(ttl, Duration::from_secs(60)),
+    )
+    .await;
+    let b_backend = etcd(&from_member(&endpoints, follower)).await;
+    let b = locker(b_backend.clone(), options(ttl, Duration::from_secs(60)));
+    let held = a.acquire(KEY).await.unwrap();
+    let mut b_waits = waits_for(&b);
+    until_waiting(&endpoints, 1, JOINS_WITHIN).await;
+    let b_place = etcd_line(&endpoints, KEY).await[1].clone();
+
+    // Act: the member B talks to dies; A releases once B's lease would have run out had B
+    // not kept it alive through another member.
+    let mut cluster = cluster;
+    cluster.kill(follower);
+    let cluster = healthy(cluster).await;
+    sleep(ttl + MARGIN).await;
+    assert_still_waiting(&mut b_waits, "after its member died").await;
+    let survivors = from_member(&endpoints, leader);
+    assert_eq!(etcd_line(&survivors, KEY).await[1], b_place, "B's place");
+    assert!(held.is_held());
+    assert!(held.release().await.unwrap().was_held());
+    let b_guard = within(Duration::from_secs(20), "B got the lock", b_waits)
+        .await
+        .unwrap()
+        .expect("B's wait in line failed");
+
+    // Assert: B holds with the place it joined at, woken once.
+    assert_eq!(b_guard.fence(), Fence::new(b_place.revision as u64));
+    assert_eq!(b_backend.wake_ups(), 1, "B's wake-ups");
+    assert!(b_guard.release().await.unwrap().was_held());
+    assert!(etcd_line(&survivors, KEY).await.is_empty());
+    drop(cluster);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_leader_of_three_down_a_held_lock_survives_and_two_processes_still_take_turns() {
     // Arrange: two processes on the whole cluster, and A holding the lock.
     // TIMING: a 20 s lease outlasts the survivors' election on a busy machine (a few
     // election timeouts); renewals every second show soon that the lock lives on after it.
-    let cluster = blocking(|| EtcdCluster::start(3)).await;
+    let cluster = start_cluster(3).await;
     let endpoints = cluster.endpoints();
     let options = LockOptions::builder()
         .ttl(Duration::from_secs(20))
@@ -138,19 +309,16 @@ async fn with_the_leader_of_three_down_a_held_lock_survives_and_two_processes_st
         .wait_timeout(Duration::from_secs(30))
         .build()
         .unwrap();
-    let a = locker(etcd(&endpoints).await, options.clone());
-    let b = locker(etcd(&endpoints).await, options);
-    let held = a.acquire(KEY).await.unwrap();
     let leader = cluster.leader().expect("a leader");
+    // Both start with the leader, so both lose the member they talk to.
+    let a = process(&from_member(&endpoints, leader), options.clone()).await;
+    let b = process(&from_member(&endpoints, leader), options).await;
+    let held = a.acquire(KEY).await.unwrap();
 
     // Act: the leader dies; the two others elect a new one.
     let mut cluster = cluster;
     cluster.kill(leader);
-    let cluster = blocking(move || {
-        cluster.wait_until_healthy(Duration::from_secs(60));
-        cluster
-    })
-    .await;
+    let cluster = healthy(cluster).await;
     let renewals = held.renewals();
     within(
         Duration::from_secs(20),
@@ -163,7 +331,8 @@ async fn with_the_leader_of_three_down_a_held_lock_survives_and_two_processes_st
     )
     .await;
 
-    // Assert: the lock lived through the election, and still excludes B.
+    // Assert: the lock lived through the election, and still excludes B: B is told it is
+    // held, not that etcd could not be reached.
     let new_leader = cluster.leader().expect("a new leader");
     assert_ne!(new_leader, leader);
     assert!(held.is_held());
@@ -204,7 +373,7 @@ async fn with_the_leader_of_three_down_a_held_lock_survives_and_two_processes_st
         holds.windows(2).all(|pair| pair[0].1 < pair[1].1),
         "fences out of order: {holds:?}"
     );
-    assert_eq!(etcd_contenders(&endpoints, KEY).await, Vec::<String>::new());
+    assert!(etcd_line(&endpoints, KEY).await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,10 +381,10 @@ async fn with_two_of_three_down_acquire_fails_by_its_deadline_and_once_they_are_
  {
     // Arrange: a process on the whole cluster, which has taken and given back the lock
     // once (so that its fence is known).
-    let cluster = blocking(|| EtcdCluster::start(3)).await;
+    let cluster = start_cluster(3).await;
     let endpoints = cluster.endpoints();
     let wait = Duration::from_secs(5);
-    let a = locker(etcd(&endpoints).await, options(TTL, wait));
+    let a = process(&endpoints, options(TTL, wait)).await;
     let first = a.acquire(KEY).await.unwrap();
     let first_fence = first.fence();
     assert!(first.release().await.unwrap().was_held());
@@ -233,23 +402,17 @@ async fn with_two_of_three_down_acquire_fails_by_its_deadline_and_once_they_are_
     let tried = within(
         // TIMING: try_acquire has no deadline of its own; each request to etcd has the
         // client's (5 s, `EtcdLock::connect`), and the first that fails ends it.
-        Duration::from_secs(5) + MARGIN,
+        REQUEST_TIMEOUT + MARGIN,
         "try_acquire gave up",
         a.try_acquire(KEY),
     )
     .await;
     let tried_for = started.elapsed();
 
-    // Assert: both failed, clearly and in time.
+    // Assert: both failed, clearly and in time: acquire tried again until its deadline.
     let waited = waited.expect_err("acquired without a quorum");
     println!("acquire without a quorum, after {waited_for:?}: {waited:?}");
-    assert!(
-        matches!(
-            waited,
-            Error::Timeout { .. } | Error::Etcd(_) | Error::LostPlace { .. }
-        ),
-        "{waited:?}"
-    );
+    assert!(matches!(waited, Error::Timeout { .. }), "{waited:?}");
     assert!(
         waited_for <= wait + MARGIN,
         "acquire took {waited_for:?}, its wait is {wait:?}"
@@ -260,6 +423,7 @@ async fn with_two_of_three_down_acquire_fails_by_its_deadline_and_once_they_are_
 
     // Act: both come back.
     let cluster = blocking(move || {
+        let mut cluster = cluster;
         cluster.restart(leader);
         cluster.restart(follower);
         cluster
@@ -267,7 +431,7 @@ async fn with_two_of_three_down_acquire_fails_by_its_deadline_and_once_they_are_
     .await;
 
     // Assert: once the leases of the failed attempts are over, no contender key is left,
-    // and the lock is taken again with a larger fence.
+    // and the lock is taken again with a larger fence, at the first try.
     // TIMING: a key of a failed attempt could only live on its lease, which nothing renews:
     // the new leader gives it its TTL again plus an election timeout.
     within(
@@ -275,7 +439,7 @@ async fn with_two_of_three_down_acquire_fails_by_its_deadline_and_once_they_are_
         "the line emptied once the failed attempts' leases were over",
         async {
             loop {
-                let line = etcd_contenders(&endpoints, KEY).await;
+                let line = etcd_line(&endpoints, KEY).await;
                 if line.is_empty() {
                     break;
                 }
@@ -296,27 +460,20 @@ async fn a_holder_cut_off_past_its_lease_is_told_the_next_holder_gets_a_larger_f
  {
     // Arrange: A reaches etcd through a proxy that the test cuts; B, directly, waits in
     // line behind A; a fenced store has A's write.
-    let server = blocking(EtcdServer::start).await;
+    let server = start_server().await;
     let proxy = TcpProxy::start(server.port());
-    let a = locker(
-        etcd(&[format!("http://127.0.0.1:{}", proxy.port())]).await,
+    let a = process(
+        &[format!("http://127.0.0.1:{}", proxy.port())],
         options(TTL, Duration::from_secs(30)),
-    );
-    let b = locker(
-        etcd(&[server.endpoint()]).await,
-        options(TTL, Duration::from_secs(30)),
-    );
+    )
+    .await;
+    let b = process(&[server.endpoint()], options(TTL, Duration::from_secs(30))).await;
     let store = FencedStore::default();
     let held = a.acquire(KEY).await.unwrap();
     assert!(store.write(held.fence(), "A"));
     let told = when_told(&held);
     let b_waits = keep_acquiring(b, KEY, held.lost());
-    within(Duration::from_secs(10), "B joined the line", async {
-        while a.inspect(KEY).await.unwrap().waiting != Some(1) {
-            sleep(ms(20)).await;
-        }
-    })
-    .await;
+    until_waiting(&[server.endpoint()], 1, JOINS_WITHIN).await;
 
     // Act: A is cut off, as a holder paused or partitioned away would be.
     proxy.cut();
@@ -385,4 +542,289 @@ async fn a_holder_cut_off_past_its_lease_is_told_the_next_holder_gets_a_larger_f
     assert!(again.fence() > b_fence);
     assert!(again.release().await.unwrap().was_held());
     drop(server);
+}
+
+// Answers lost on their way back. A backend on two endpoints of one server, the first
+// through an `AnswerHold`: a step whose answer is held is given up after the client's
+// timeout and sent again, to the same server, through the second.
+
+/// A backend that talks to `server` through `hold` first, and directly once a step through
+/// `hold` got no answer.
+async fn through(hold: &AnswerHold, server: &EtcdServer) -> EtcdLock {
+    etcd(&[hold.endpoint(), server.endpoint()]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_sent_again_after_its_answer_was_lost_keeps_its_key_on_its_lease() {
+    // Arrange: the answer to the transaction that puts our key (the first request to carry
+    // our token) is held.
+    let server = start_server().await;
+    let hold = AnswerHold::start(server.port());
+    let backend = through(&hold, &server).await;
+    let token = Token::new();
+    hold.hold_after(token.as_str());
+
+    // Act: the put is applied, its answer held; the client gives up on it and the same
+    // transaction goes to the other endpoint, where it finds our key.
+    let attempt = within(
+        REQUEST_TIMEOUT + MARGIN * 2,
+        "try_lock answered",
+        backend.try_lock(KEY, &token, LONG_TTL),
+    )
+    .await
+    .unwrap();
+
+    // Assert: the lock is ours, with our key in place on a live lease: renewed, then
+    // released.
+    assert!(
+        hold.held(),
+        "the put's answer went through: nothing was sent again"
+    );
+    let line = etcd_line(&[server.endpoint()], KEY).await;
+    assert_eq!(
+        line.iter().map(|c| c.token.as_str()).collect::<Vec<_>>(),
+        [token.as_str()],
+        "the line after the retried join"
+    );
+    assert_eq!(
+        attempt,
+        Attempt::Acquired(Fence::new(line[0].revision as u64))
+    );
+    assert_eq!(
+        backend.renew(KEY, &token, LONG_TTL).await.unwrap(),
+        Renewal::Renewed
+    );
+    assert_eq!(backend.unlock(KEY, &token).await.unwrap(), Unlock::Released);
+    assert!(etcd_leases(&server.endpoint()).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_is_not_counted_when_the_holders_key_was_deleted_before_its_keep_alive() {
+    // Arrange: we hold the lock; the answer to the renewal's first request (the first to
+    // carry our token from now on) will be held.
+    let server = start_server().await;
+    let hold = AnswerHold::start(server.port());
+    let backend = through(&hold, &server).await;
+    let token = Token::new();
+    let taken = backend.try_lock(KEY, &token, LONG_TTL).await.unwrap();
+    assert!(matches!(taken, Attempt::Acquired(_)), "{taken:?}");
+    hold.hold_after(token.as_str());
+
+    // Act: while that answer is held, our key is deleted and its lease lives on (an
+    // operator's `etcdctl del`; a forced unlock was once a delete and then a revoke); then
+    // the answer goes on and the renewal goes on with it.
+    let renewal = {
+        let (backend, token) = (backend.clone(), token.clone());
+        tokio::spawn(async move { backend.renew(KEY, &token, LONG_TTL).await })
+    };
+    within(
+        REQUEST_TIMEOUT,
+        "the renewal's read went out",
+        hold.until_holding(),
+    )
+    .await;
+    let own = format!("{}{KEY}/{}", distlock::ETCD_DEFAULT_PREFIX, token.as_str());
+    let deleted = etcd_client(&server.endpoint())
+        .await
+        .delete(own, None)
+        .await
+        .unwrap();
+    assert_eq!(deleted.deleted(), 1);
+    hold.release();
+    let renewal = within(REQUEST_TIMEOUT + MARGIN, "the renewal answered", renewal)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // Assert: the keep-alive found a live lease, but no lock: the renewal says it is gone.
+    assert_eq!(renewal, Renewal::Gone);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_given_up_after_a_lost_grant_answer_leaves_neither_key_nor_lease_once_unlocked() {
+    // Arrange: A holds the lock; every answer to the waiter through the hold is held, the
+    // first its lease grant's.
+    let server = start_server().await;
+    let endpoints = vec![server.endpoint()];
+    let a = process(&endpoints, options(LONG_TTL, Duration::from_secs(30))).await;
+    let held = a.acquire(KEY).await.unwrap();
+    let leases_before = etcd_leases(&server.endpoint()).await;
+    let hold = AnswerHold::start(server.port());
+    let waiter = through(&hold, &server).await;
+    let token = Token::new();
+    hold.hold();
+
+    // Act: the grant is applied, its answer held; the client gives up on it and sends it
+    // to the other endpoint, then joins the line there. Then the locker gives up the wait
+    // as at a deadline: it drops the wait and unlocks with the same token.
+    let in_line = {
+        let (waiter, token) = (waiter.clone(), token.clone());
+        tokio::spawn(async move { waiter.lock_in_line(KEY, &token, LONG_TTL).await })
+    };
+    // TIMING: the grant is sent again after the client's timeout.
+    until_waiting(&endpoints, 1, REQUEST_TIMEOUT + JOINS_WITHIN).await;
+    assert!(
+        hold.held(),
+        "the grant's answer went through: nothing was sent again"
+    );
+    in_line.abort();
+    assert!(in_line.await.unwrap_err().is_cancelled());
+    let unlocked = waiter.unlock(KEY, &token).await.unwrap();
+
+    // Assert: at once, not after the lease: the waiter's key is gone, and every lease
+    // granted for it (the first grant's too) was revoked.
+    assert_eq!(unlocked, Unlock::Released);
+    let line = etcd_line(&endpoints, KEY).await;
+    assert_eq!(
+        line.iter().map(|c| c.token.as_str()).collect::<Vec<_>>(),
+        [held.token().as_str()]
+    );
+    assert_eq!(etcd_leases(&server.endpoint()).await, leases_before);
+    assert!(held.release().await.unwrap().was_held());
+}
+
+/// A TCP forwarder in front of one etcd member that can hold back the member's answers, as
+/// a network that loses them would: the requests reach etcd and are applied, and the
+/// client's own timeout gives up on the answer. Every connection through it is closed on
+/// drop.
+struct AnswerHold {
+    port: u16,
+    shared: Arc<HoldState>,
+}
+
+#[derive(Default)]
+struct HoldState {
+    /// While set, answers wait in the forwarder.
+    holding: AtomicBool,
+    /// Hold every answer once a request carrying these bytes has gone through.
+    marker: Mutex<Option<Vec<u8>>>,
+    /// Some answer was held.
+    held: AtomicBool,
+    /// Set on drop: the threads end.
+    stopped: AtomicBool,
+    /// Both ends of every connection, to close them on drop.
+    live: Mutex<Vec<TcpStream>>,
+}
+
+impl AnswerHold {
+    fn start(target: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        let shared = Arc::new(HoldState::default());
+        let accepting = Arc::clone(&shared);
+        std::thread::spawn(move || {
+            while !accepting.stopped.load(Ordering::SeqCst) {
+                let client = match listener.accept() {
+                    Ok((client, _)) => client,
+                    Err(_) => {
+                        std::thread::sleep(ms(5));
+                        continue;
+                    }
+                };
+                client.set_nonblocking(false).unwrap();
+                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
+                    continue;
+                };
+                accepting
+                    .live
+                    .lock()
+                    .unwrap()
+                    .extend([client.try_clone().unwrap(), server.try_clone().unwrap()]);
+                let (c, s) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let (requests, answers) = (Arc::clone(&accepting), Arc::clone(&accepting));
+                std::thread::spawn(move || requests.forward_requests(client, server));
+                std::thread::spawn(move || answers.forward_answers(s, c));
+            }
+        });
+        Self { port, shared }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Hold every answer from now on.
+    fn hold(&self) {
+        self.shared.holding.store(true, Ordering::SeqCst);
+    }
+
+    /// Hold every answer once a request carrying `marker` has gone through (its own
+    /// answer included).
+    fn hold_after(&self, marker: &str) {
+        *self.shared.marker.lock().unwrap() = Some(marker.as_bytes().to_vec());
+    }
+
+    /// Let the answers go on.
+    fn release(&self) {
+        self.shared.holding.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether some answer was held.
+    fn held(&self) -> bool {
+        self.shared.held.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once an answer is being held.
+    async fn until_holding(&self) {
+        while !self.held() {
+            sleep(ms(5)).await;
+        }
+    }
+}
+
+impl HoldState {
+    /// Client to server: forwarded as it comes, watching for the marker (which may span
+    /// two reads).
+    fn forward_requests(&self, mut from: TcpStream, mut to: TcpStream) {
+        let mut buf = [0u8; 16 * 1024];
+        let mut seen = Vec::new();
+        while let Ok(n @ 1..) = from.read(&mut buf) {
+            {
+                let mut marker = self.marker.lock().unwrap();
+                if let Some(wanted) = marker.as_ref() {
+                    seen.extend_from_slice(&buf[..n]);
+                    if seen.windows(wanted.len()).any(|w| w == wanted.as_slice()) {
+                        // Before the request goes on, so that its answer is held too.
+                        self.holding.store(true, Ordering::SeqCst);
+                        *marker = None;
+                        seen.clear();
+                    } else {
+                        let keep = seen.len().saturating_sub(wanted.len());
+                        seen.drain(..keep);
+                    }
+                }
+            }
+            if to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Both);
+        let _ = from.shutdown(Shutdown::Both);
+    }
+
+    /// Server to client: each read waits here while answers are held.
+    fn forward_answers(&self, mut from: TcpStream, mut to: TcpStream) {
+        let mut buf = [0u8; 16 * 1024];
+        while let Ok(n @ 1..) = from.read(&mut buf) {
+            while self.holding.load(Ordering::SeqCst) && !self.stopped.load(Ordering::SeqCst) {
+                self.held.store(true, Ordering::SeqCst);
+                std::thread::sleep(ms(5));
+            }
+            if to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Both);
+        let _ = from.shutdown(Shutdown::Both);
+    }
+}
+
+impl Drop for AnswerHold {
+    fn drop(&mut self) {
+        self.shared.stopped.store(true, Ordering::SeqCst);
+        for stream in self.shared.live.lock().unwrap().drain(..) {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+    }
 }

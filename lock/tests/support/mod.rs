@@ -752,38 +752,79 @@ pub async fn zk_contenders(connect_string: &str, key: &str) -> Vec<String> {
     }
 }
 
-/// The contender keys under `distlock/<key>/` in the etcd cluster at `endpoints`, read by
-/// a client of its own from the first member that answers (a client of all endpoints at
+/// One contender key in an etcd lock's line, as a test reads it.
+#[cfg(feature = "etcd")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdContender {
+    /// The token its name ends with.
+    pub token: String,
+    /// Its create revision: its place in line, and its holder's fence.
+    pub revision: i64,
+    /// The lease it is on.
+    pub lease: i64,
+}
+
+/// A client of the etcd member at `endpoint` alone, for a test to look or act behind the
+/// backend's back.
+#[cfg(feature = "etcd")]
+pub async fn etcd_client(endpoint: &str) -> etcd_client::Client {
+    let options = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(5));
+    etcd_client::Client::connect([endpoint], Some(options))
+        .await
+        .expect("a client of the private etcd")
+}
+
+/// The line of `key` (under the default prefix) in the etcd cluster at `endpoints`, first
+/// created first, read from the first member that answers (a client of all endpoints at
 /// once sends some requests to a member that is down, and they fail).
 #[cfg(feature = "etcd")]
-pub async fn etcd_contenders(endpoints: &[String], key: &str) -> Vec<String> {
+pub async fn etcd_line(endpoints: &[String], key: &str) -> Vec<EtcdContender> {
     let prefix = format!("{}{key}/", distlock::ETCD_DEFAULT_PREFIX);
+    let in_order = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_sort(
+            etcd_client::SortTarget::Create,
+            etcd_client::SortOrder::Ascend,
+        )
+        .with_keys_only();
     let mut errors = Vec::new();
     for endpoint in endpoints {
-        let options = etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(5));
-        let mut client = etcd_client::Client::connect([endpoint], Some(options))
+        let read = etcd_client(endpoint)
             .await
-            .expect("a client to look at the line");
-        let read = client
-            .get(
-                prefix.clone(),
-                Some(
-                    etcd_client::GetOptions::new()
-                        .with_prefix()
-                        .with_keys_only(),
-                ),
-            )
+            .get(prefix.clone(), Some(in_order.clone()))
             .await;
         match read {
             Ok(line) => {
                 return line
                     .kvs()
                     .iter()
-                    .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+                    .map(|kv| EtcdContender {
+                        token: String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned(),
+                        revision: kv.create_revision(),
+                        lease: kv.lease(),
+                    })
                     .collect();
             }
             Err(error) => errors.push(format!("{endpoint}: {error}")),
         }
     }
     panic!("no member could read the line: {errors:?}");
+}
+
+/// Every lease the etcd member at `endpoint` has, in id order.
+#[cfg(feature = "etcd")]
+pub async fn etcd_leases(endpoint: &str) -> Vec<i64> {
+    let mut leases: Vec<i64> = etcd_client(endpoint)
+        .await
+        .leases()
+        .await
+        .expect("listing the leases")
+        .leases()
+        .iter()
+        .map(|lease| lease.id())
+        .collect();
+    leases.sort_unstable();
+    leases
 }
