@@ -687,20 +687,16 @@ enum Woken {
 
 impl Backend for EtcdLock {
     fn check_key(&self, key: &str) -> Result<()> {
-        let reason = if key.is_empty() {
-            "the key is empty"
-        } else if key.len() > MAX_KEY_BYTES {
-            "the key is longer than 1024 bytes"
-        } else if key.contains('/') {
-            // `a` and `a/b` would share a line: `distlock/a/` is a prefix of both.
-            "the key contains '/' (its line would overlap another key's)"
-        } else {
-            return Ok(());
-        };
-        Err(Error::InvalidKey {
-            key: key.chars().take(64).collect(),
-            reason,
-        })
+        crate::keys::check_name(
+            key,
+            MAX_KEY_BYTES,
+            "the key is longer than 1024 bytes",
+            |key| {
+                // `a` and `a/b` would share a line: `distlock/a/` is a prefix of both.
+                key.contains('/')
+                    .then_some("the key contains '/' (its line would overlap another key's)")
+            },
+        )
     }
 
     fn check_options(&self, options: &LockOptions) -> Result<()> {
