@@ -132,7 +132,9 @@ pub struct Settings {
     #[arg(long, env = "MAX_QUANTITY", default_value_t = 5, value_parser = clap::value_parser!(u32).range(range::MAX_QUANTITY))]
     pub max_quantity: u32,
 
-    /// Size of the PostgreSQL connection pool.
+    /// Size of the PostgreSQL connection pool. Lock holders' batches (the lock strategies)
+    /// have a pool of their own of the same size, which opens a connection only when a
+    /// holder needs one: about one per product being sold.
     #[arg(long, env = "DATABASE_MAX_CONNECTIONS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(range::DATABASE_MAX_CONNECTIONS))]
     pub database_max_connections: u32,
 
