@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use support::{LOADTEST, database_url, shared_redis_url};
-use testkit::{RedisSentinels, RedisServer};
+use testkit::{EtcdServer, RedisSentinels, RedisServer, ZooKeeperServer};
 use tokio::time::Instant;
 
 const ADMIN_TOKEN: &str = "faults-admin-token-0123";
@@ -31,6 +31,9 @@ struct Setup<'a> {
     lock_ttl_ms: u64,
     /// `REDLOCK_URLS`, under `LockStrategy::Redlock`.
     redlock_urls: &'a str,
+    /// The ZooKeeper or etcd the instances lock in, under `LockStrategy::ZooKeeper` and
+    /// `LockStrategy::Etcd`.
+    lock_server: Option<&'a LockServer>,
     extra: Vec<(&'static str, String)>,
 }
 
@@ -49,6 +52,7 @@ impl<'a> Setup<'a> {
             work_ms: 0,
             lock_ttl_ms: 5_000,
             redlock_urls: "",
+            lock_server: None,
             extra: Vec::new(),
         }
     }
@@ -70,7 +74,17 @@ async fn start_named(setup: &Setup<'_>, n: usize, label: &str) -> Vec<Instance> 
         lock_wait_ms: 30_000,
         lock_ttl_ms: setup.lock_ttl_ms,
         redlock_urls: setup.redlock_urls,
-        extra: setup.extra.clone(),
+        extra: setup
+            .extra
+            .iter()
+            .cloned()
+            .chain(
+                setup
+                    .lock_server
+                    .map(LockServer::settings)
+                    .unwrap_or_default(),
+            )
+            .collect(),
     };
     let mut instances = Vec::new();
     for i in 0..n {
@@ -117,6 +131,22 @@ async fn buy(client: &reqwest::Client, host: &str, product: i64, user: i64) -> (
     }
 }
 
+/// `seckill_lock_acquisitions_total` of the instance at `host`: locks its leaders took.
+async fn lock_acquisitions(client: &reqwest::Client, host: &str) -> u64 {
+    let text = client
+        .get(format!("{host}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix("seckill_lock_acquisitions_total "))
+        .and_then(|value| value.trim().parse().ok())
+        .expect("/metrics counts the lock's acquisitions")
+}
+
 fn signal(pid: u32, signal: &str) {
     let status = Command::new("kill")
         .args([signal, &pid.to_string()])
@@ -150,14 +180,86 @@ async fn orders_of(pool: &PgPool, product: i64, user: i64) -> i64 {
         .unwrap()
 }
 
-/// Where a test looks to see whether an instance holds a lock: one connection, opened once,
-/// so that each look is a single round trip (a connection per look made the lookers slow
-/// to notice on a busy machine).
+/// A private ZooKeeper or etcd for instances of the `zookeeper` or `etcd` strategy to lock
+/// in; killed by its pid when dropped.
+enum LockServer {
+    ZooKeeper {
+        server: ZooKeeperServer,
+        /// `ZOOKEEPER_SESSION_TIMEOUT_MS` of the instances: how long after it last heard from
+        /// an instance the server expires its session, and the instance's lock with it.
+        session_timeout_ms: u64,
+    },
+    Etcd(EtcdServer),
+}
+
+impl LockServer {
+    /// The server `strategy` locks in, started; `None` for the strategies whose lock lives
+    /// in Redis or PostgreSQL. Under `zookeeper` the instances' sessions time out after
+    /// `lock_ttl_ms`, the shortest the service allows: a lock lives as long as its session,
+    /// and no holder may count on it for longer.
+    fn start_for(strategy: LockStrategy, lock_ttl_ms: u64) -> Option<Self> {
+        match strategy {
+            LockStrategy::ZooKeeper => Some(Self::ZooKeeper {
+                server: ZooKeeperServer::start(),
+                session_timeout_ms: lock_ttl_ms,
+            }),
+            LockStrategy::Etcd => Some(Self::Etcd(EtcdServer::start())),
+            _ => None,
+        }
+    }
+
+    /// The settings that point an instance at it.
+    fn settings(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Self::ZooKeeper {
+                server,
+                session_timeout_ms,
+            } => vec![
+                ("ZOOKEEPER_CONNECT", server.connect_string()),
+                (
+                    "ZOOKEEPER_SESSION_TIMEOUT_MS",
+                    session_timeout_ms.to_string(),
+                ),
+            ],
+            Self::Etcd(server) => vec![("ETCD_ENDPOINTS", server.endpoint())],
+        }
+    }
+
+    /// A probe of the locks in it.
+    async fn probe(&self) -> LockProbe {
+        match self {
+            Self::ZooKeeper { server, .. } => LockProbe::ZooKeeper(
+                zookeeper_client::Client::connect(&server.connect_string())
+                    .await
+                    .unwrap(),
+            ),
+            Self::Etcd(server) => {
+                let options =
+                    etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(5));
+                LockProbe::Etcd(Box::new(
+                    etcd_client::Client::connect([server.endpoint()], Some(options))
+                        .await
+                        .unwrap(),
+                ))
+            }
+        }
+    }
+}
+
+/// Where a test looks to see whether an instance holds a lock, and which: one connection,
+/// opened once, so that each look is a single round trip (a connection per look made the
+/// lookers slow to notice on a busy machine).
 enum LockProbe {
     /// The lock key in Redis.
     Redis(redis::aio::MultiplexedConnection),
     /// The lock table in PostgreSQL.
     Table(PgPool),
+    /// The lock's node in ZooKeeper, `/distlock/<key>`: its children are the contenders'
+    /// ephemeral sequential nodes, and the lowest sequence holds the lock.
+    ZooKeeper(zookeeper_client::Client),
+    /// The lock's keys in etcd, `distlock/<key>/<token>`, each on its contender's lease: the
+    /// lowest create revision holds the lock. (Boxed: the client is large.)
+    Etcd(Box<etcd_client::Client>),
 }
 
 impl LockProbe {
@@ -172,22 +274,45 @@ impl LockProbe {
 
     /// Whether a live lock on `key` exists.
     async fn held(&mut self, key: &str) -> bool {
+        self.holder(key).await.is_some()
+    }
+
+    /// Who holds the lock on `key`, if anyone: its token in Redis and in the table, its
+    /// node's name in ZooKeeper, its key in etcd.
+    async fn holder(&mut self, key: &str) -> Option<String> {
         match self {
-            Self::Redis(conn) => {
-                redis::cmd("EXISTS")
-                    .arg(key)
-                    .query_async::<i64>(conn)
-                    .await
-                    .unwrap()
-                    == 1
-            }
+            Self::Redis(conn) => redis::cmd("GET").arg(key).query_async(conn).await.unwrap(),
             Self::Table(pool) => sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM distlock_locks WHERE name = $1 AND expires_at > clock_timestamp())",
+                "SELECT token FROM distlock_locks WHERE name = $1 AND expires_at > clock_timestamp()",
             )
             .bind(key)
-            .fetch_one(&*pool)
+            .fetch_optional(&*pool)
             .await
-            .unwrap_or(false),
+            .unwrap_or(None),
+            Self::ZooKeeper(client) => {
+                let lock_node = format!("{}/{key}", distlock::ZK_DEFAULT_ROOT);
+                let children = match client.list_children(&lock_node).await {
+                    Ok(children) => children,
+                    Err(zookeeper_client::Error::NoNode) => Vec::new(),
+                    Err(error) => panic!("listing {lock_node}: {error}"),
+                };
+                // ZooKeeper ends each name with ten digits of the lock node's sequence.
+                children
+                    .into_iter()
+                    .min_by_key(|name| name[name.len().saturating_sub(10)..].to_owned())
+            }
+            Self::Etcd(client) => {
+                let line = format!("{}{key}/", distlock::ETCD_DEFAULT_PREFIX);
+                let first_created = etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_sort(etcd_client::SortTarget::Create, etcd_client::SortOrder::Ascend)
+                    .with_limit(1)
+                    .with_keys_only();
+                let head = client.get(line, Some(first_created)).await.unwrap();
+                head.kvs()
+                    .first()
+                    .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+            }
         }
     }
 
@@ -207,7 +332,18 @@ struct LockHeld {
     /// The first purchase's answer, once it comes.
     first: tokio::task::JoinHandle<(u16, String)>,
     url: String,
+    /// `<prefix>lock_sale_<product>`.
+    lock_key: String,
+    /// What saw the lock taken, open for more looks; closed by whoever uses it last.
+    probe: LockProbe,
+    /// Who took it ([`LockProbe::holder`]).
+    holder: String,
+    /// The first purchase took the lock after this instant: when the last look that found
+    /// it free began (or, if none did, when the purchase was sent).
+    taken_after: Instant,
     _cleanup: testkit::PrefixCleanup,
+    /// Dropped last, after the instances that lock in it.
+    _lock_server: Option<LockServer>,
 }
 
 async fn hold_the_lock_on_instance_0(
@@ -221,37 +357,84 @@ async fn hold_the_lock_on_instance_0(
     let redis = shared_redis_url();
     let prefix = testkit::unique_prefix("fault");
     let cleanup = testkit::PrefixCleanup::new(&redis, &prefix);
+    let lock_server = LockServer::start_for(strategy, lock_ttl_ms);
     let mut setup = Setup::new(&url, &redis, &prefix, strategy);
     setup.work_ms = work_ms;
     setup.lock_ttl_ms = lock_ttl_ms;
+    setup.lock_server = lock_server.as_ref();
     let instances = start(&setup, n).await;
     let product = create_product(&instances[1].url, 10).await;
     let client = client();
+    let lock_key = format!("{prefix}lock_sale_{product}");
+    let mut probe = match (&lock_server, strategy) {
+        (Some(server), _) => server.probe().await,
+        (None, LockStrategy::PgLock) => LockProbe::table(&url).await,
+        (None, _) => LockProbe::redis(&redis).await,
+    };
+    let mut taken_after = Instant::now();
     let first = {
         let (client, host) = (client.clone(), instances[0].url.clone());
         tokio::spawn(async move { buy(&client, &host, product, 1).await })
     };
-    let lock_key = format!("{prefix}lock_sale_{product}");
-    let mut probe = match strategy {
-        LockStrategy::PgLock => LockProbe::table(&url).await,
-        _ => LockProbe::redis(&redis).await,
-    };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !probe.held(&lock_key).await {
+    let holder = loop {
+        let looked_at = Instant::now();
+        if let Some(holder) = probe.holder(&lock_key).await {
+            break holder;
+        }
+        taken_after = looked_at;
         assert!(
             Instant::now() < deadline,
             "the first buyer never took the lock"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // The lock service has granted the lock before the instance knows it: under ZooKeeper
+    // its acquire goes on after its node is made (it reads the line and proves its session
+    // with a write), and a SIGSTOP then would catch it still acquiring. Once it counts the
+    // lock taken, its purchase goes straight into its work.
+    while lock_acquisitions(&client, &instances[0].url).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "instance 0 never counted the lock taken"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    probe.close().await;
     LockHeld {
         instances,
         product,
         client,
         first,
         url,
+        lock_key,
+        probe,
+        holder,
+        taken_after,
         _cleanup: cleanup,
+        _lock_server: lock_server,
+    }
+}
+
+impl LockHeld {
+    /// Look until the lock is no longer the first purchase's (it ran out, or another holds
+    /// it): when the first look that saw so came back (the lock was lost before that
+    /// instant); `None` if `other` finished while the first purchase was still seen holding
+    /// it.
+    async fn wait_until_the_first_holder_loses_it<T>(
+        &mut self,
+        other: &tokio::task::JoinHandle<T>,
+    ) -> Option<Instant> {
+        loop {
+            // Whether it had finished before this look.
+            let finished = other.is_finished();
+            if self.probe.holder(&self.lock_key).await.as_ref() != Some(&self.holder) {
+                return Some(Instant::now());
+            }
+            if finished {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
 
@@ -287,17 +470,33 @@ async fn an_instance_killed_while_holding_the_lock_holds_up_the_others_one_lease
     assert_books_balance(books::read(&sale.url, product).await.unwrap(), 2);
 }
 
-async fn paused_past_its_lease_is_fenced_off(connect: PgConnectOptions, strategy: LockStrategy) {
+/// A purchase on instance 0 takes the lock (`lock_ttl_ms`) and is paused inside it; another
+/// instance sells meanwhile; the resumed holder must be fenced off. Returns, for the caller
+/// to hold against the lease, the time from just before the paused holder took the lock
+/// ([`LockHeld::taken_after`]) until a look had seen it lose the lock: no shorter than it
+/// kept it. `None` if the other instance sold while it was still seen holding.
+async fn paused_past_its_lease_is_fenced_off(
+    connect: PgConnectOptions,
+    strategy: LockStrategy,
+    lock_ttl_ms: u64,
+) -> Option<Duration> {
     // Arrange: a purchase on instance 0 is inside its critical section (3 s of work, under a
-    // 1 s lease its watchdog renews).
+    // lease of `lock_ttl_ms` its watchdog renews).
     // TIMING: the SIGSTOP below must land within those 3 s, before the purchase finishes.
-    let sale = hold_the_lock_on_instance_0(&connect, strategy, 2, 3_000, 1_000).await;
+    let mut sale = hold_the_lock_on_instance_0(&connect, strategy, 2, 3_000, lock_ttl_ms).await;
     let (client, product, pid) = (sale.client.clone(), sale.product, sale.instances[0].pid());
 
-    // Act: SIGSTOP it (its watchdog freezes too) for well over the 1 s lease; another
-    // instance takes the lock and sells meanwhile; then SIGCONT.
+    // Act: SIGSTOP it (its watchdog and its ZooKeeper heartbeats freeze too) for well over
+    // its lease; another instance takes the lock and sells meanwhile, while a probe notes
+    // when the paused holder loses the lock; then SIGCONT.
     signal(pid, "-STOP");
-    let (status, _) = buy(&client, &sale.instances[1].url, product, 2).await;
+    let stopped_at = Instant::now();
+    let other = {
+        let (client, host) = (client.clone(), sale.instances[1].url.clone());
+        tokio::spawn(async move { buy(&client, &host, product, 2).await })
+    };
+    let lost_at = sale.wait_until_the_first_holder_loses_it(&other).await;
+    let (status, _) = other.await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     signal(pid, "-CONT");
     let (paused_status, paused_code) = sale.first.await.unwrap();
@@ -312,6 +511,13 @@ async fn paused_past_its_lease_is_fenced_off(connect: PgConnectOptions, strategy
     let books = books::read(&sale.url, product).await.unwrap();
     assert_eq!((books.orders, books.stock), (1, 9), "{books:?}");
     assert_books_balance(books, 1);
+    let held_for = lost_at.map(|lost_at| lost_at - sale.taken_after);
+    eprintln!(
+        "{strategy:?}: after the lock was taken, the holder was stopped within {:?} and lost it within {held_for:?}",
+        stopped_at - sale.taken_after
+    );
+    sale.probe.close().await;
+    held_for
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -319,7 +525,7 @@ async fn an_instance_paused_past_its_lease_is_fenced_off_when_it_resumes(
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    paused_past_its_lease_is_fenced_off(connect, LockStrategy::Redis).await;
+    paused_past_its_lease_is_fenced_off(connect, LockStrategy::Redis, 1_000).await;
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -327,7 +533,65 @@ async fn under_the_lock_table_an_instance_paused_past_its_lease_is_fenced_off_to
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    paused_past_its_lease_is_fenced_off(connect, LockStrategy::PgLock).await;
+    paused_past_its_lease_is_fenced_off(connect, LockStrategy::PgLock, 1_000).await;
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn under_zookeeper_an_instance_paused_past_its_session_is_fenced_off_when_it_resumes(
+    _pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange, act: instances on a private ZooKeeper whose sessions, and locks, last 2 s.
+    // TIMING: the lock is an ephemeral node of the holder's session, deleted when the server
+    // expires the session: no sooner than one session timeout after the last request it
+    // had from the holder (rounded up to its 500 ms tick), on the same monotonic clock as
+    // ours. The holder's watchdog renewals and heartbeats stop with the SIGSTOP. Its acquire
+    // ended with requests sent after its node was made, itself after `taken_after`: its
+    // lock lasts at least 2 s from then. The other instance gets the lock only then, and
+    // the pause lasts until it has sold (after its own 3 s of work), well past the session
+    // timeout. 2 s is the service's ttl too (it refuses a session shorter than its ttl),
+    // and within what the server grants (2 ticks, 1 s, to 60 s).
+    const SESSION_TIMEOUT_MS: u64 = 2_000;
+    let held_for =
+        paused_past_its_lease_is_fenced_off(connect, LockStrategy::ZooKeeper, SESSION_TIMEOUT_MS)
+            .await;
+
+    // Assert: the other instance did not get the lock before the paused one's session could
+    // have expired. By the reckoning above no margin is needed; 0.25 s is kept for what it
+    // may have missed, and a session of half the timeout would still show.
+    let held_for = held_for.expect("the other instance sold while the paused one held the lock");
+    let bound = Duration::from_millis(SESSION_TIMEOUT_MS - 250);
+    assert!(
+        held_for >= bound,
+        "the paused holder lost its lock {held_for:?} after it took it, before its session could have expired ({bound:?})"
+    );
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn under_etcd_an_instance_paused_past_its_lease_is_fenced_off_when_it_resumes(
+    _pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange, act: instances on a private etcd, their locks on leases of 2 s.
+    // TIMING: the lock is a key on a lease of the ttl rounded up to whole seconds and to
+    // etcd's minimum (1.5 election timeouts, 1 s by default, rounded up: 2 s), which runs
+    // from its grant (or last keep-alive); the holder's keep-alives stop with the SIGSTOP,
+    // and etcd deletes the key once the lease has run out (it looks every 500 ms). The
+    // other instance gets the lock only then, and the pause lasts until it has sold (after
+    // its own 3 s of work), well past the lease.
+    const LEASE_MS: u64 = 2_000;
+    let held_for = paused_past_its_lease_is_fenced_off(connect, LockStrategy::Etcd, LEASE_MS).await;
+
+    // Assert: the other instance did not get the lock before the paused one's lease could
+    // have run out. The key was put after `taken_after`, but its lease was granted just
+    // before the put: the 0.5 s of margin is for a busy machine that delays the put after
+    // the grant.
+    let held_for = held_for.expect("the other instance sold while the paused one held the lock");
+    let bound = Duration::from_millis(LEASE_MS - 500);
+    assert!(
+        held_for >= bound,
+        "the paused holder lost its lock {held_for:?} after it took it, before its lease could have run out ({bound:?})"
+    );
 }
 
 /// How Redis comes back while the holder is paused.
