@@ -26,8 +26,8 @@
 //!   session alive there, and the ensemble keeps it at least one session timeout longer;
 //!   the node's stat, read after it on the same session, must name that session as its
 //!   owner. (A plain read would not do: a follower that lags may answer it for a session
-//!   the leader has already expired.) The options' ttl must not be longer than the session
-//!   timeout (checked);
+//!   the leader has already expired.) The options' ttl must not be longer than half the
+//!   session timeout (checked; [`ZkLock::max_ttl`] says why);
 //! - **the lease of each lock is kept here too.** The session outlives any one lock: the
 //!   client keeps it alive while the process runs, whether or not a guard still renews. So
 //!   this handle keeps, for every node it made, the instant until which its holder may
@@ -50,10 +50,10 @@
 //! (a new ZooKeeper client) and goes on with it. Nodes of the old session are gone with it,
 //! so every guard taken under it reports its lock lost.
 //!
-//! Limits: the sequence suffix is a 32-bit counter per lock node, read here as unsigned so
-//! that its wrap past 2^31 keeps the order; a lock node that sees 2^32 contenders without
-//! ever being empty (its container is deleted when empty, and the counter starts over)
-//! would misorder its line.
+//! Limits: the sequence suffix is a 32-bit counter per lock node, which wraps; the line is
+//! read on a circle (it starts after the widest gap between two contenders), which is right
+//! as long as the contenders of one lock span less than half the circle: fewer than 2^31
+//! creates and deletes between the oldest waiter's and the newest's.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -102,8 +102,8 @@ const LOCK_NODE: zk::CreateOptions<'static> =
 ///     .session_timeout(Duration::from_secs(10))
 ///     .connect()
 ///     .await?;
-/// let options = LockOptions::builder().ttl(Duration::from_secs(10)).build()?;
-/// let locker = Locker::new(zk, options)?; // ttl must not exceed the session timeout
+/// let options = LockOptions::builder().ttl(Duration::from_secs(5)).build()?;
+/// let locker = Locker::new(zk, options)?; // ttl at most half the session timeout
 /// let guard = locker.acquire("lock_sale_1").await?;
 /// // ... write with guard.fence() ...
 /// guard.release().await?;
@@ -135,8 +135,12 @@ struct Inner {
     claims: Mutex<HashMap<String, Claim>>,
     /// Wakes the reaper: a claim fell due sooner than it planned, or the handle is gone.
     reap_now: Arc<Notify>,
-    /// Whether the reaper task has been started (in the first runtime that made a claim).
+    /// Whether the reaper task has been started.
     reaper_started: AtomicBool,
+    /// The runtime the handle was made on: new sessions (whose client runs its connection
+    /// on the runtime that opens it) and the reaper run there, not on whichever runtime a
+    /// caller happens to be on (an HTTP worker's, a short-lived one).
+    runtime: tokio::runtime::Handle,
 }
 
 impl Drop for Inner {
@@ -189,9 +193,9 @@ pub struct ZkLockBuilder {
 
 impl ZkLockBuilder {
     /// How long the ensemble keeps the session (and with it every lock node it created)
-    /// once it stops hearing from this client: the longest lease a lock may have. The
-    /// server bounds it to its `minSessionTimeout`..`maxSessionTimeout` (by default 2 to 20
-    /// ticks). Default 10 s.
+    /// once it stops hearing from this client; a lock's ttl may be at most half of it
+    /// ([`ZkLock::max_ttl`]). The server bounds it to its
+    /// `minSessionTimeout`..`maxSessionTimeout` (by default 2 to 20 ticks). Default 10 s.
     pub fn session_timeout(mut self, timeout: Duration) -> Self {
         self.session_timeout = timeout;
         self
@@ -244,6 +248,7 @@ impl ZkLockBuilder {
                 claims: Mutex::new(HashMap::new()),
                 reap_now: Arc::new(Notify::new()),
                 reaper_started: AtomicBool::new(false),
+                runtime: tokio::runtime::Handle::current(),
             }),
         })
     }
@@ -371,10 +376,23 @@ impl ZkLock {
         }
     }
 
-    /// Replace the session `failed` is on with a new one (unless another caller did).
+    /// Replace the session `failed` is on with a new one (unless another caller did), in a
+    /// task on the handle's own runtime: the new client runs its connection there, and a
+    /// caller that stops waiting (a deadline, a readiness probe's time-out) does not stop
+    /// the replacement half-way.
     async fn replace(&self, failed: &zk::Client) -> Result<()> {
+        let lock = self.clone();
+        let failed = failed.session_id();
+        self.inner
+            .runtime
+            .spawn(async move { lock.replace_now(failed).await })
+            .await
+            .unwrap_or(Err(Error::ZooKeeper(zk::Error::ClientClosed)))
+    }
+
+    async fn replace_now(&self, failed: zk::SessionId) -> Result<()> {
         let _one = self.inner.reconnecting.lock().await;
-        if self.current().session_id() != failed.session_id() {
+        if self.current().session_id() != failed {
             return Ok(());
         }
         tracing::warn!("ZooKeeper session ended; opening a new one");
@@ -400,15 +418,30 @@ impl ZkLock {
         }
     }
 
-    /// A ttl longer than the session timeout would let the holder count on a lock after
-    /// the ensemble gave it away.
+    /// The longest ttl a lock on the current session may have: half the session timeout.
+    ///
+    // TIMING: a holder's lease runs one ttl from when its last proof (a write through the
+    // leader) was sent, but the leader does not count that write as a sign of life: it
+    // learns of the session's activity from the follower the client is connected to, which
+    // reports it at most every half server tick, and the client is quiet for at most 0.15
+    // of the session timeout T between messages (zookeeper-client pings after 3/20 of T).
+    // So the leader may expire the session as early as T - 0.15 T - tick / 2 after the
+    // proof was sent, and a server tick is at most T / 2 (ZooKeeper grants no session
+    // shorter than two ticks): 0.6 T at worst. A ttl of at most T / 2 ends first.
+    pub fn max_ttl(&self) -> Duration {
+        self.session_timeout() / 2
+    }
+
+    /// A ttl longer than [`max_ttl`](Self::max_ttl) would let the holder count on a lock
+    /// after the ensemble gave it away.
     fn check_ttl(&self, ttl: Duration) -> Result<()> {
         let session = self.session_timeout();
-        if ttl > session {
+        if ttl > self.max_ttl() {
             return Err(Error::InvalidOptions(format!(
-                "ttl {ttl:?} is longer than the ZooKeeper session timeout {session:?} the server granted: \
-                 a lock lives only as long as its session, so the holder could believe it held a lock \
-                 the ensemble had already given away"
+                "ttl {ttl:?} is longer than half the ZooKeeper session timeout {session:?} the server granted: \
+                 a lock lives only as long as its session, and the ensemble may expire a session \
+                 0.6 of its timeout after the holder last proved it alive, so the holder could believe \
+                 it held a lock the ensemble had already given away"
             )));
         }
         Ok(())
@@ -461,18 +494,15 @@ impl ZkLock {
         }
     }
 
-    /// Start the reaper, once, in the current runtime.
+    /// Start the reaper, once, on the handle's own runtime.
     fn start_reaper(&self) {
-        if tokio::runtime::Handle::try_current().is_err() {
-            return;
-        }
         if self
             .inner
             .reaper_started
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            tokio::spawn(reap(
+            self.inner.runtime.spawn(reap(
                 Arc::downgrade(&self.inner),
                 Arc::clone(&self.inner.reap_now),
             ));
@@ -705,8 +735,7 @@ async fn reap(inner: Weak<Inner>, wake: Arc<Notify>) {
 #[derive(Debug, Clone)]
 struct Node {
     name: String,
-    /// ZooKeeper's 32-bit counter, read as unsigned so that its wrap past 2^31 (to
-    /// negative numbers) keeps the order.
+    /// ZooKeeper's 32-bit counter (printed signed: past 2^31 it is negative), on a circle.
     sequence: u32,
     czxid: i64,
 }
@@ -730,6 +759,24 @@ impl Line {
             })
             .collect();
         nodes.sort_by_key(|node| node.sequence);
+        // The counter is 32 bits and wraps (it counts every create and delete of a child
+        // while the lock node lives, and a busy lock node lives on: ZooKeeper deletes an
+        // empty container only at its next check, a minute apart by default). The live
+        // contenders always sit within a small arc of the circle, so the line starts after
+        // the widest gap between two neighbours, the wrap included.
+        if let (Some(first), Some(last)) = (nodes.first(), nodes.last()) {
+            let around = first.sequence.wrapping_sub(last.sequence);
+            let widest = nodes
+                .windows(2)
+                .enumerate()
+                .map(|(i, pair)| (pair[1].sequence.wrapping_sub(pair[0].sequence), i + 1))
+                .max_by_key(|&(gap, _)| gap);
+            if let Some((gap, start)) = widest
+                && gap > around
+            {
+                nodes.rotate_left(start);
+            }
+        }
         Line(nodes)
     }
 
@@ -830,12 +877,24 @@ impl Backend for ZkLock {
     /// a new node would stand at the back of the line.
     async fn lock_in_line(&self, key: &str, token: &Token, ttl: Duration) -> Result<Turn> {
         self.check_ttl(ttl)?;
-        let client = self
-            .on_session(|client| async move {
-                self.join(&client, key, token).await?;
-                Ok(client)
-            })
-            .await?;
+        // A create that could not be sent or answered is tried again (our node, if it was
+        // made, is found by token) until the locker's deadline drops this future.
+        let client = loop {
+            let joined = self
+                .on_session(|client| async move {
+                    self.join(&client, key, token).await?;
+                    Ok(client)
+                })
+                .await;
+            match joined {
+                Ok(client) => break client,
+                Err(error) if transient(&error) => {
+                    tracing::debug!(%key, %error, "ZooKeeper unreachable while joining the line; trying again");
+                    sleep(RETRY_AFTER).await;
+                }
+                Err(error) => return Err(error),
+            }
+        };
         let turn = self.wait_for_turn(&client, key, token).await?;
         self.lease_until(token, ttl);
         Ok(turn)
@@ -1086,13 +1145,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_line_keeps_creation_order_when_the_counter_wraps_past_2_pow_32() {
+        // 4294967294 and 4294967295 are printed -2 and -1; then the counter wraps to 0.
+        let names = vec![
+            "c-0000000001".to_owned(),
+            "a--0000000002".to_owned(),
+            "d-0000000003".to_owned(),
+            "b--0000000001".to_owned(),
+        ];
+
+        let line = Line::of(names);
+
+        let order: Vec<&str> = line.0.iter().map(|node| node.name.as_str()).collect();
+        assert_eq!(
+            order,
+            [
+                "a--0000000002",
+                "b--0000000001",
+                "c-0000000001",
+                "d-0000000003"
+            ]
+        );
+    }
+
+    #[test]
     fn the_line_keeps_creation_order_across_the_sequence_counters_wrap_past_2_pow_31() {
         let names = vec![
-            "b-2147483647".to_owned(),
             "c--2147483648".to_owned(),
-            "a-0000000007".to_owned(),
-            "d--0000000001".to_owned(),
-            "a-token-with-dashes-0000000009".to_owned(),
+            "b-2147483647".to_owned(),
+            "d--2147483647".to_owned(),
+            "a-token-with-dashes-2147483646".to_owned(),
             "not-a-contender".to_owned(),
         ];
 
@@ -1102,11 +1184,10 @@ mod tests {
         assert_eq!(
             order,
             [
-                "a-0000000007",
-                "a-token-with-dashes-0000000009",
+                "a-token-with-dashes-2147483646",
                 "b-2147483647",
                 "c--2147483648",
-                "d--0000000001"
+                "d--2147483647"
             ]
         );
     }

@@ -102,6 +102,23 @@ impl ZooKeeperServer {
     pub fn mode(&self) -> Option<String> {
         self.ensemble.mode(0)
     }
+
+    /// The id of the last transaction the server applied (`srvr`'s `Zxid`), `None` if it
+    /// does not serve: every write (a create, a delete, a check transaction, a session
+    /// opened or closed) moves it on.
+    pub fn last_zxid(&self) -> Option<u64> {
+        last_zxid(self.port())
+    }
+}
+
+/// The id of the last transaction the server on `port` applied (`srvr`'s `Zxid`), `None`
+/// if nothing serves there.
+pub fn last_zxid(port: u16) -> Option<u64> {
+    let srvr = four_letter_word(port, "srvr")?;
+    let hex = srvr
+        .lines()
+        .find_map(|line| line.strip_prefix("Zxid: 0x"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
 }
 
 /// A real ZooKeeper ensemble of `n` private members on free ports (client, quorum and
@@ -434,6 +451,10 @@ fn spawn(member: &Member) -> Child {
             "-XX:TieredStopAtLevel=1",
             "-Djava.awt.headless=true",
             "-Dzookeeper.jmx.log4j.disable=true",
+            // Empty container nodes are left alone for a day, not deleted at the next
+            // minute's check: the server then writes only what clients ask it to, and a test
+            // can see that nothing wrote (`ZooKeeperServer::last_zxid`).
+            "-Dznode.container.checkIntervalMs=86400000",
             "-Dorg.slf4j.simpleLogger.showDateTime=true",
             "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
             "-cp",

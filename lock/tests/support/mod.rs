@@ -96,6 +96,20 @@ pub trait Harness {
     fn fences_are_assigned(&self) -> bool {
         false
     }
+    /// Check that nothing renews the lock `token` held on `key`, now that its guard is
+    /// released or dropped (the lock itself is gone). By default: put it back, with a lease
+    /// that a watchdog still running would renew in time, and see it expire.
+    fn assert_nothing_renews(
+        &self,
+        key: &str,
+        token: &str,
+        renew_every: Duration,
+    ) -> impl Future<Output = ()>
+    where
+        Self: Sized,
+    {
+        put_back_and_see_it_expire(self, key, token, renew_every)
+    }
 }
 
 /// Wait (up to 10 s) until `key` has no live lock; `why` names what should have freed it.
@@ -113,19 +127,29 @@ pub async fn wait_until_free<H: Harness>(h: &H, key: &str, why: &str) {
         .unwrap_or_else(|_| panic!("{why}"));
 }
 
-/// Put `token` back in `key` and check that nothing renews it. The lease put back outlasts
-/// two renewal periods of the watchdog that held it, so a watchdog still running for that
-/// token would certainly renew it in time and keep it alive; a stopped one lets it expire.
+/// Check that nothing renews the lock `token` held on `key` once its guard is gone
+/// ([`Harness::assert_nothing_renews`]).
 pub async fn assert_nothing_renews<H: Harness>(
     h: &H,
     key: &str,
     token: &str,
     renew_every: Duration,
 ) {
-    // TIMING: ZooKeeper and etcd end a lease only at a tick (ZooKeeper rounds a session's
-    // end up to its next half-second tick) or expiry run (etcd's, every half second), and
-    // not below their shortest one: the harness's short lease, waited out twice over, and
-    // a second more for the rounding and a busy machine.
+    h.assert_nothing_renews(key, token, renew_every).await;
+}
+
+/// Put `token` back in `key` and check that nothing renews it. The lease put back outlasts
+/// two renewal periods of the watchdog that held it, so a watchdog still running for that
+/// token would certainly renew it in time and keep it alive; a stopped one lets it expire.
+async fn put_back_and_see_it_expire<H: Harness>(
+    h: &H,
+    key: &str,
+    token: &str,
+    renew_every: Duration,
+) {
+    // TIMING: etcd ends a lease only at an expiry run (every half second), and not below its
+    // shortest lease: the harness's short lease, waited out twice over, and a second more
+    // for a busy machine.
     let lease = (renew_every * 2 + ms(200)).max(ms(h.short_ms()));
     h.put(key, token, lease).await;
     tokio::time::sleep(lease + lease.max(ms(800)) + ms(1_000)).await;
@@ -528,6 +552,33 @@ impl Harness for ZkHarness {
 
     fn fences_are_assigned(&self) -> bool {
         true
+    }
+
+    /// A ZooKeeper renewal is a write (a transaction that checks the holder's node, sent
+    /// through the leader), but it proves only a node of the renewing session's own: a node
+    /// put back on another session is never kept alive by it, so the default check would
+    /// pass whatever the watchdog did. What a watchdog still running does do is write: it
+    /// finds the token's node put back and sends its check. Nothing else writes to this
+    /// private server meanwhile (no test step runs, the put-back node's session lives on for
+    /// its lease, and empty lock nodes are not reaped during a test), so no transaction may
+    /// happen while the put-back node lives, at least two renewal periods.
+    async fn assert_nothing_renews(&self, key: &str, token: &str, renew_every: Duration) {
+        let lease = (renew_every * 2 + ms(400)).max(ms(self.short_ms()));
+        self.put(key, token, lease).await;
+        let port = self.server.port();
+        let zxid = || {
+            tokio::task::spawn_blocking(move || {
+                testkit::zookeeper::last_zxid(port).expect("the server's last zxid")
+            })
+        };
+        let before = zxid().await.unwrap();
+        // TIMING: the put-back node's session ends no sooner than its lease.
+        tokio::time::sleep(lease * 3 / 4).await;
+        let after = zxid().await.unwrap();
+        assert_eq!(
+            after, before,
+            "something wrote to ZooKeeper (a renewal?) after the release"
+        );
     }
 }
 
