@@ -146,6 +146,12 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 25_000, value_parser = clap::value_parser!(i64).range(1..=10_000_000))]
     pub stock: i64,
 
+    /// Products each run sells at once: the run's stock is split over them (the first ones
+    /// taking the remainder) and its buyers spread over them (buyer b buys product
+    /// (b - 1) % N only). Every product's books must balance, and all of them together.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    pub products: u64,
+
     /// Distinct buyers in each batched run (more than the stock, so it sells out). The
     /// per-request runs get as many buyers per unit.
     #[arg(long, default_value_t = 37_500, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]

@@ -92,10 +92,17 @@ fn median_known(values: impl IntoIterator<Item = Option<f64>>) -> Option<f64> {
     (!known.is_empty()).then(|| median(&known))
 }
 
+/// Rates as whole numbers with separators, as in the median's column; ratios to `digits`.
 fn per_round(values: &[f64], digits: usize) -> String {
     values
         .iter()
-        .map(|v| format!("{v:.digits$}"))
+        .map(|v| {
+            if digits == 0 {
+                rate(*v)
+            } else {
+                format!("{v:.digits$}")
+            }
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -386,7 +393,8 @@ impl Report {
             "seckill: the run's instances (utime + stime); PostgreSQL: the postmaster and its children, backends that ended included; \
              Redis: its process; load generator: wrk or pgbench (getrusage of this process's children); \
              machine: /proc/stat, all CPUs busy; other: the machine less the rest (other processes, this one included); \
-             machine busy: the machine's CPU time over cores × the run's seconds. n/a: could not be read (a process gone, a server not on this machine)."
+             machine busy: the machine's CPU time over cores × the run's seconds. n/a: could not be read (a process gone, a server not on this machine). \
+             The kernel counts each part in clock ticks (10 ms at the usual 100 Hz), so a small \"other\" may come out a little below zero."
         );
     }
 }
