@@ -12,8 +12,8 @@
 //!   (b) the same instance at 1,000 connections.
 //! - (c) three instances of `redis`, one product, 1,000 connections in all: three wrk
 //!   processes at once, one per instance (334/333/333).
-//! - (d) the same three instances, `--products` products at once: each wrk process sends its
-//!   requests to the products in turn.
+//! - (d) the same three instances, `--products` products at once: each wrk thread sends its
+//!   requests to the products in turn (round robin).
 //! - The other strategies on one instance, 64 connections: `pg-atomic`, `pg-row` and
 //!   `pg-lock` batched, `redis` and `pg-atomic` with `BATCH_MAX=1` (the per-request
 //!   baseline). Batched `redis` is (a).
@@ -156,8 +156,8 @@ async fn measure(
 
     let id = std::process::id();
     println!("setting up: the ceiling's database, and the instances of every configuration");
-    started.ceiling =
-        Some(Ceiling::create(postgres_url, format!("seckill_bench_{id}_ceiling"), dir).await?);
+    let ceiling = Ceiling::create(postgres_url, format!("seckill_bench_{id}_ceiling"), dir).await?;
+    let ceiling = &*started.ceiling.insert(ceiling);
     let deployments = [
         ("one", LockStrategy::Redis, None, 1),
         ("three", LockStrategy::Redis, None, THREE),
@@ -173,9 +173,8 @@ async fn measure(
             .deployments
             .push(deploy(postgres_url, redis_url, name, strategy, batch, count).await?);
     }
-    let ceiling = started.ceiling.as_ref().expect("created above");
     let [one, three, others @ ..] = started.deployments.as_slice() else {
-        unreachable!("seven deployments");
+        bail!("bench-http starts seven sets of instances, and has fewer");
     };
     // The products: one for (a) and (b), one for (c), `--products` for (d), one for each
     // other strategy, and a sold-out one beside (a)'s.
