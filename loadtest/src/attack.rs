@@ -3,13 +3,15 @@
 //!
 //! **Buyers.** User ids `1..=buyers`. Goose users take the next buyer who has no final answer
 //! yet (a 201, a 409, any other 4xx); a buyer told 503 `busy`, or who got no answer, is
-//! tried again later. One buyer in ten (`user_id % 10 == 0`) makes their first purchase
+//! tried again later. With several products on sale, buyer `b` buys product `(b - 1) % N`
+//! only, so consecutive buyers spread over the products and each product's books can be
+//! checked on their own. One buyer in ten (`user_id % 10 == 0`) makes their first purchase
 //! twice at the same moment, on two different instances, while the stock lasts: at most one
 //! of the two may get an order.
 //!
-//! **When it stops.** As soon as the sale is decided: every buyer has a final answer, or
-//! every buyer has tried and a `sold_out` came after the last restock. `--run-time` is only
-//! the upper bound.
+//! **When it stops.** As soon as the sale is decided, product by product: every buyer of it
+//! has a final answer, or every buyer of it has tried and a `sold_out` for it came after its
+//! last restock. `--run-time` is only the upper bound.
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
@@ -55,7 +57,7 @@ impl Cancel {
 /// What the attack does besides buying.
 #[derive(Debug, Clone, Default)]
 pub struct Extras {
-    /// Units to add once half the stock is sold (0: no restock).
+    /// Units to add to each product once half its stock is sold (0: no restock).
     pub restock: i64,
     /// Ctrl-C, for an attack that must stop even if it came before goose started.
     pub cancel: Option<Cancel>,
@@ -143,9 +145,19 @@ fn percentile(samples: &Mutex<Vec<u64>>, p: f64) -> Duration {
     Duration::from_micros(all[((all.len() - 1) as f64 * p).round() as usize])
 }
 
-/// What one attack did.
+/// A product on sale in an attack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Product {
+    pub id: i64,
+    /// Units it was created with.
+    pub stock: i64,
+}
+
+/// What one attack did, all products together; `products` has each product's part.
 pub struct AttackReport {
+    /// The first product's id (the only one's, in an attack on one product).
     pub product_id: i64,
+    /// Units of every product together.
     pub initial_stock: i64,
     pub buyers: u64,
     /// Concurrent goose users.
@@ -167,9 +179,46 @@ pub struct AttackReport {
     /// the attack ended; `false` when `--run-time` ended it first, or a threshold or Ctrl-C
     /// stopped it.
     pub decided: bool,
+    /// Each product's part of the attack, in the order given.
+    pub products: Vec<ProductReport>,
+}
+
+/// One product's part of an attack: its buyers and their answers.
+#[derive(Debug, Clone)]
+pub struct ProductReport {
+    pub product_id: i64,
+    pub initial_stock: i64,
+    /// Its buyers: those `b` with `(b - 1) % products` its index.
+    pub buyers: u64,
+    /// The answers about it alone.
+    pub tally: Arc<Tally>,
+    pub unanswered_buyers: u64,
+    pub buyers_with_two_201s: u64,
+    pub lost_answers: Vec<u64>,
 }
 
 impl AttackReport {
+    /// The attack as seen by product `index` alone, to judge its books on their own: its
+    /// buyers, answers and stock; the load (users, timing, goose's error) shared.
+    pub fn product(&self, index: usize) -> Option<AttackReport> {
+        let part = self.products.get(index)?;
+        Some(AttackReport {
+            product_id: part.product_id,
+            initial_stock: part.initial_stock,
+            buyers: part.buyers,
+            users: self.users,
+            tally: Arc::clone(&part.tally),
+            elapsed: self.elapsed,
+            full_load_at: self.full_load_at,
+            unanswered_buyers: part.unanswered_buyers,
+            buyers_with_two_201s: part.buyers_with_two_201s,
+            lost_answers: part.lost_answers.clone(),
+            goose_error: self.goose_error.clone(),
+            decided: self.decided,
+            products: vec![part.clone()],
+        })
+    }
+
     /// Orders per second at full load: the orders answered from the moment every user was
     /// running to the last order, over that window. Before full load (a sale over during the
     /// ramp-up), from the first order to the last.
@@ -209,8 +258,8 @@ const FINAL: u8 = 2;
 struct Plan {
     hosts: Vec<String>,
     admin_token: Option<String>,
-    product_id: i64,
-    initial_stock: i64,
+    /// The products on sale: buyer `b` buys at `shelves[(b - 1) % len]`.
+    shelves: Vec<Shelf>,
     extras: Extras,
     users: usize,
     started: Instant,
@@ -220,18 +269,56 @@ struct Plan {
     orders: Vec<AtomicU8>,
     /// Hands out buyers, round robin.
     next: AtomicU64,
-    tried: AtomicU64,
-    answered: AtomicU64,
     /// Goose users that have made their first request.
     users_started: Mutex<std::collections::HashSet<usize>>,
     full_load_at_us: AtomicU64,
-    /// When the last restock committed, since the start, in µs (0: none yet).
-    restocked_at_us: AtomicU64,
-    restock_started: AtomicBool,
     decided: AtomicBool,
+    /// Every answer, all products together.
     tally: Arc<Tally>,
     /// One pooled client for all users: keep-alive connections to every host.
     client: reqwest::Client,
+}
+
+/// One product's sale within an attack.
+struct Shelf {
+    product: Product,
+    /// How many buyers buy here.
+    buyers: u64,
+    /// The answers about this product alone (each is in the plan's tally too).
+    tally: Arc<Tally>,
+    tried: AtomicU64,
+    answered: AtomicU64,
+    /// When its last restock committed, since the start, in µs (0: none yet).
+    restocked_at_us: AtomicU64,
+    restock_started: AtomicBool,
+}
+
+/// `stock` units over `products` products, the first ones taking the remainder; each
+/// product gets at least one unit only if `stock >= products`.
+pub fn split_stock(stock: i64, products: u64) -> Vec<i64> {
+    let n = products.max(1) as i64;
+    (0..n)
+        .map(|i| stock / n + i64::from(i < stock % n))
+        .collect()
+}
+
+/// Create `count` products selling `stock` units between them ([`split_stock`]), through
+/// the first host's admin API.
+///
+/// # Errors
+/// As [`create_product`].
+pub async fn create_products(
+    host: &str,
+    admin_token: &str,
+    stock: i64,
+    count: u64,
+) -> anyhow::Result<Vec<Product>> {
+    let mut products = Vec::new();
+    for stock in split_stock(stock, count) {
+        let id = create_product(host, admin_token, stock).await?;
+        products.push(Product { id, stock });
+    }
+    Ok(products)
 }
 
 /// Create the product through the first host's admin API.
@@ -272,18 +359,28 @@ pub fn refuse_ignored_options(config: &GooseConfiguration) -> anyhow::Result<()>
     Ok(())
 }
 
-/// Run goose against `hosts` with `config`, buying product `product_id` as buyers
-/// `1..=buyers`, until the sale is decided or `--run-time` (default 60 s) ends it.
+/// Run goose against `hosts` with `config`, buying `products` as buyers `1..=buyers` (buyer
+/// `b` buys product `(b - 1) % products.len()`), until the sale is decided or `--run-time`
+/// (default 60 s) ends it.
+///
+/// # Errors
+/// Goose options this attack would ignore; no product, or fewer buyers than products;
+/// goose failing to start.
 pub async fn run(
     mut config: GooseConfiguration,
     hosts: &[String],
     admin_token: Option<&str>,
-    product_id: i64,
-    initial_stock: i64,
+    products: &[Product],
     buyers: u64,
     extras: Extras,
 ) -> anyhow::Result<AttackReport> {
     refuse_ignored_options(&config)?;
+    if products.is_empty() || buyers < products.len() as u64 {
+        bail!(
+            "an attack needs a product and at least one buyer per product ({} products, {buyers} buyers)",
+            products.len()
+        );
+    }
     if config.run_time.is_none() {
         config.run_time = Some("60".into());
     }
@@ -296,20 +393,27 @@ pub async fn run(
     let plan = Arc::new(Plan {
         hosts: hosts.to_vec(),
         admin_token: admin_token.map(str::to_owned),
-        product_id,
-        initial_stock,
+        shelves: split_stock(buyers as i64, products.len() as u64)
+            .into_iter()
+            .zip(products)
+            .map(|(buyers, product)| Shelf {
+                product: *product,
+                buyers: buyers as u64,
+                tally: Arc::default(),
+                tried: AtomicU64::new(0),
+                answered: AtomicU64::new(0),
+                restocked_at_us: AtomicU64::new(0),
+                restock_started: AtomicBool::new(false),
+            })
+            .collect(),
         extras,
         users,
         started: Instant::now(),
         buyers: (0..buyers).map(|_| AtomicU8::new(UNTRIED)).collect(),
         orders: (0..buyers).map(|_| AtomicU8::new(0)).collect(),
         next: AtomicU64::new(0),
-        tried: AtomicU64::new(0),
-        answered: AtomicU64::new(0),
         users_started: Mutex::new(Default::default()),
         full_load_at_us: AtomicU64::new(0),
-        restocked_at_us: AtomicU64::new(0),
-        restock_started: AtomicBool::new(false),
         decided: AtomicBool::new(false),
         tally: Arc::clone(&tally),
         client: reqwest::Client::builder()
@@ -347,29 +451,44 @@ pub async fn run(
     }
     let goose_error = goose.err().map(|error| error.to_string());
     let full_load = plan.full_load_at_us.load(Ordering::SeqCst);
-    let unanswered =
-        (plan.buyers.len() as u64).saturating_sub(plan.answered.load(Ordering::SeqCst));
-    // A buyer whose answer was lost but who got a 201 on a later try is not a lost answer:
-    // their order is counted among the 201s already.
-    let lost_answers = without_201(tally.lost_answers(), &plan.orders);
-    let two = plan
-        .orders
+    let parts: Vec<ProductReport> = plan
+        .shelves
         .iter()
-        .filter(|o| o.load(Ordering::SeqCst) > 1)
-        .count() as u64;
+        .enumerate()
+        .map(|(index, shelf)| ProductReport {
+            product_id: shelf.product.id,
+            initial_stock: shelf.product.stock,
+            buyers: shelf.buyers,
+            tally: Arc::clone(&shelf.tally),
+            unanswered_buyers: shelf
+                .buyers
+                .saturating_sub(shelf.answered.load(Ordering::SeqCst)),
+            buyers_with_two_201s: plan
+                .orders
+                .iter()
+                .skip(index)
+                .step_by(plan.shelves.len())
+                .filter(|o| o.load(Ordering::SeqCst) > 1)
+                .count() as u64,
+            // A buyer whose answer was lost but who got a 201 on a later try is not a lost
+            // answer: their order is counted among the 201s already.
+            lost_answers: without_201(shelf.tally.lost_answers(), &plan.orders),
+        })
+        .collect();
     Ok(AttackReport {
-        product_id,
-        initial_stock,
+        product_id: products[0].id,
+        initial_stock: products.iter().map(|p| p.stock).sum(),
         buyers,
         users,
-        tally,
         elapsed: plan.started.elapsed(),
         full_load_at: (full_load > 0).then(|| Duration::from_micros(full_load)),
-        unanswered_buyers: unanswered,
-        buyers_with_two_201s: two,
-        lost_answers,
+        unanswered_buyers: parts.iter().map(|p| p.unanswered_buyers).sum(),
+        buyers_with_two_201s: parts.iter().map(|p| p.buyers_with_two_201s).sum(),
+        lost_answers: without_201(tally.lost_answers(), &plan.orders),
+        tally,
         goose_error,
         decided,
+        products: parts,
     })
 }
 
@@ -384,7 +503,7 @@ fn show_progress(plan: Arc<Plan>) -> Option<tokio::task::JoinHandle<()>> {
             tokio::time::sleep(Duration::from_secs(1)).await;
             let t = &plan.tally;
             let created = t.count(&t.created);
-            let stock = plan.initial_stock + t.count(&t.restocked) as i64;
+            let stock = plan.initial_stock() + t.count(&t.restocked) as i64;
             eprint!(
                 "\r\x1b[Ksold {created}/{stock}, {} orders/s | 201 {created}, 409 sold out {}, 409 already {}, 503 busy {}, other 4xx {}, other 5xx {}, no answer {}",
                 created - last,
@@ -404,6 +523,16 @@ fn show_progress(plan: Arc<Plan>) -> Option<tokio::task::JoinHandle<()>> {
 impl Plan {
     fn since_start_us(&self) -> u64 {
         self.started.elapsed().as_micros() as u64
+    }
+
+    /// Units of every product at the start.
+    fn initial_stock(&self) -> i64 {
+        self.shelves.iter().map(|s| s.product.stock).sum()
+    }
+
+    /// Where buyer `buyer` (from 1) buys.
+    fn shelf_of(&self, buyer: u64) -> &Shelf {
+        &self.shelves[((buyer - 1) % self.shelves.len() as u64) as usize]
     }
 
     /// The next buyer without a final answer, or `None` when every buyer has one.
@@ -433,28 +562,28 @@ impl Plan {
         }
     }
 
-    /// The sale is decided: every buyer answered, or all tried and stock ran out since the
-    /// last restock.
+    /// The sale is decided when it is for every product: every buyer of it answered, or all
+    /// of them tried and its stock ran out since its last restock.
     fn check_decided(&self) {
-        let n = self.buyers.len() as u64;
-        let all_answered = self.answered.load(Ordering::SeqCst) >= n;
-        let all_tried = self.tried.load(Ordering::SeqCst) >= n;
-        let restock_pending =
-            self.extras.restock > 0 && self.restocked_at_us.load(Ordering::SeqCst) == 0;
-        let sold_out = self.tally.count(&self.tally.sold_out_after_restock) > 0;
-        if (all_answered || (all_tried && sold_out && !restock_pending))
-            && !self.decided.swap(true, Ordering::SeqCst)
-        {
+        let decided = self.shelves.iter().all(|shelf| {
+            let all_answered = shelf.answered.load(Ordering::SeqCst) >= shelf.buyers;
+            let all_tried = shelf.tried.load(Ordering::SeqCst) >= shelf.buyers;
+            let restock_pending =
+                self.extras.restock > 0 && shelf.restocked_at_us.load(Ordering::SeqCst) == 0;
+            let sold_out = shelf.tally.count(&shelf.tally.sold_out_after_restock) > 0;
+            all_answered || (all_tried && sold_out && !restock_pending)
+        });
+        if decided && !self.decided.swap(true, Ordering::SeqCst) {
             goose::trigger_killswitch("the sale is decided");
         }
     }
 
-    /// Restock once, when half the stock is sold.
-    async fn maybe_restock(&self) {
-        let half = (self.initial_stock / 2).max(1) as u64;
+    /// Restock `shelf`'s product once, when half its stock is sold.
+    async fn maybe_restock(&self, shelf: &Shelf) {
+        let half = (shelf.product.stock / 2).max(1) as u64;
         if self.extras.restock <= 0
-            || self.tally.count(&self.tally.created) < half
-            || self.restock_started.swap(true, Ordering::SeqCst)
+            || shelf.tally.count(&shelf.tally.created) < half
+            || shelf.restock_started.swap(true, Ordering::SeqCst)
         {
             return;
         }
@@ -464,17 +593,20 @@ impl Plan {
         let host = &self.hosts[0];
         let answer = self
             .client
-            .post(format!("{host}/api/products/{}/restock", self.product_id))
+            .post(format!("{host}/api/products/{}/restock", shelf.product.id))
             .bearer_auth(token)
             .json(&json!({"add": self.extras.restock}))
             .send()
             .await;
         match answer {
             Ok(response) if response.status() == 200 => {
-                self.tally
-                    .restocked
-                    .fetch_add(self.extras.restock as u64, Ordering::SeqCst);
-                self.restocked_at_us
+                for tally in [&self.tally, &shelf.tally] {
+                    tally
+                        .restocked
+                        .fetch_add(self.extras.restock as u64, Ordering::SeqCst);
+                }
+                shelf
+                    .restocked_at_us
                     .store(self.since_start_us().max(1), Ordering::SeqCst);
             }
             other => eprintln!("the restock failed: {other:?}"),
@@ -491,8 +623,8 @@ struct Answer {
     sent_us: u64,
 }
 
-async fn send(plan: &Plan, host: &str, buyer: u64) -> Answer {
-    let url = format!("{host}/api/products/{}/purchase", plan.product_id);
+async fn send(plan: &Plan, host: &str, product: i64, buyer: u64) -> Answer {
+    let url = format!("{host}/api/products/{product}/purchase");
     let sent_us = plan.since_start_us();
     let sent = Instant::now();
     let answer = plan
@@ -550,23 +682,30 @@ async fn purchase(user: &mut GooseUser, plan: &Plan) -> TransactionResult {
     let first = plan.buyers[index]
         .compare_exchange(UNTRIED, TRIED, Ordering::SeqCst, Ordering::SeqCst)
         .is_ok();
+    let shelf = plan.shelf_of(buyer);
+    let product = shelf.product.id;
     if first {
-        plan.tried.fetch_add(1, Ordering::SeqCst);
+        shelf.tried.fetch_add(1, Ordering::SeqCst);
     }
     let hosts = plan.hosts.len() as u64;
     let host = &plan.hosts[(buyer % hosts) as usize];
-    let twin = first && buyer % 10 == 0 && plan.tally.count(&plan.tally.sold_out) == 0;
+    let twin = first && buyer % 10 == 0 && shelf.tally.count(&shelf.tally.sold_out) == 0;
     let answers = if twin {
-        plan.tally.twins.fetch_add(1, Ordering::Relaxed);
+        for tally in [&plan.tally, &shelf.tally] {
+            tally.twins.fetch_add(1, Ordering::Relaxed);
+        }
         let other = &plan.hosts[((buyer + 1) % hosts) as usize];
-        let (a, b) = tokio::join!(send(plan, host, buyer), send(plan, other, buyer));
+        let (a, b) = tokio::join!(
+            send(plan, host, product, buyer),
+            send(plan, other, product, buyer)
+        );
         vec![a, b]
     } else {
-        vec![send(plan, host, buyer).await]
+        vec![send(plan, host, product, buyer).await]
     };
     let mut final_answer = false;
     for answer in &answers {
-        final_answer |= record(plan, buyer, twin, answer);
+        final_answer |= record(plan, shelf, buyer, twin, answer);
         let error = error_of(answer);
         user.record_custom_request_duration(
             "POST",
@@ -579,16 +718,38 @@ async fn purchase(user: &mut GooseUser, plan: &Plan) -> TransactionResult {
         .await?;
     }
     if final_answer && plan.buyers[index].swap(FINAL, Ordering::SeqCst) != FINAL {
-        plan.answered.fetch_add(1, Ordering::SeqCst);
+        shelf.answered.fetch_add(1, Ordering::SeqCst);
     }
-    plan.maybe_restock().await;
+    plan.maybe_restock(shelf).await;
     plan.check_decided();
     Ok(())
 }
 
-/// Count one answer; `true` when it is final for the buyer.
-fn record(plan: &Plan, buyer: u64, twin: bool, answer: &Answer) -> bool {
-    let tally = &plan.tally;
+/// Count one answer, in the attack's tally and in its product's; `true` when it is final
+/// for the buyer.
+fn record(plan: &Plan, shelf: &Shelf, buyer: u64, twin: bool, answer: &Answer) -> bool {
+    let now_us = plan.since_start_us();
+    let restocked_at = shelf.restocked_at_us.load(Ordering::SeqCst);
+    if answer.status == Some(201) {
+        plan.orders[(buyer - 1) as usize].fetch_add(1, Ordering::SeqCst);
+    }
+    let mut final_answer = false;
+    for tally in [&plan.tally, &shelf.tally] {
+        final_answer = count(tally, buyer, twin, answer, restocked_at, now_us);
+    }
+    final_answer
+}
+
+/// Count one answer in `tally`, given when the buyer's product was last restocked and when
+/// the answer came (µs since the start); `true` when it is final for the buyer.
+fn count(
+    tally: &Tally,
+    buyer: u64,
+    twin: bool,
+    answer: &Answer,
+    restocked_at_us: u64,
+    now_us: u64,
+) -> bool {
     let micros = answer.elapsed.as_micros() as u64;
     tally.latencies_us.lock().unwrap().push(micros);
     let lost = || tally.lost_answers.lock().unwrap().push(buyer);
@@ -596,18 +757,12 @@ fn record(plan: &Plan, buyer: u64, twin: bool, answer: &Answer) -> bool {
         (Some(201), _) => {
             tally.created.fetch_add(1, Ordering::Relaxed);
             tally.created_latencies_us.lock().unwrap().push(micros);
-            tally
-                .created_at_us
-                .lock()
-                .unwrap()
-                .push(plan.since_start_us());
-            plan.orders[(buyer - 1) as usize].fetch_add(1, Ordering::SeqCst);
+            tally.created_at_us.lock().unwrap().push(now_us);
             true
         }
         (Some(409), "sold_out") => {
             tally.sold_out.fetch_add(1, Ordering::Relaxed);
-            let restocked_at = plan.restocked_at_us.load(Ordering::SeqCst);
-            if answer.sent_us >= restocked_at {
+            if answer.sent_us >= restocked_at_us {
                 tally.sold_out_after_restock.fetch_add(1, Ordering::Relaxed);
             }
             true
@@ -682,6 +837,13 @@ pub async fn orders_of(host: &str, product_id: i64, buyers: &[u64]) -> anyhow::R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_stock_is_split_over_the_products_the_first_ones_taking_the_remainder() {
+        assert_eq!(split_stock(25_000, 1), [25_000]);
+        assert_eq!(split_stock(10, 4), [3, 3, 2, 2]);
+        assert_eq!(split_stock(10, 4).iter().sum::<i64>(), 10);
+    }
 
     #[test]
     fn a_buyer_who_lost_an_answer_then_got_a_201_is_not_a_lost_answer() {

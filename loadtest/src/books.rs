@@ -2,7 +2,9 @@
 //!
 //! A PASS must mean that a real sale took place and balanced: it cannot pass with nothing
 //! sold, with refused requests, with buyers wrongly told "sold out", or with a flood of
-//! `busy` answers.
+//! `busy` answers. With several products on sale, every check must hold for each product on
+//! its own as well as for all of them together: two products whose errors cancel out in the
+//! sum do not balance.
 
 use std::fmt::Write as _;
 
@@ -34,6 +36,37 @@ impl Books {
     pub fn balance(&self) -> bool {
         self.supplied == self.stock + self.sold && self.stock >= 0
     }
+
+    /// Units sold beyond what was supplied.
+    pub fn oversold(&self) -> i64 {
+        (self.sold - self.supplied).max(0)
+    }
+
+    /// Units sold that the stock does not show taken: what lost updates left behind.
+    pub fn lost_updates(&self) -> i64 {
+        self.sold - (self.supplied - self.stock)
+    }
+
+    /// The books of several products added up.
+    pub fn sum(all: impl IntoIterator<Item = Books>) -> Books {
+        all.into_iter().fold(
+            Books {
+                stock: 0,
+                orders: 0,
+                sold: 0,
+                supplied: 0,
+                users_with_several_orders: 0,
+            },
+            |a, b| Books {
+                stock: a.stock + b.stock,
+                orders: a.orders + b.orders,
+                sold: a.sold + b.sold,
+                supplied: a.supplied + b.supplied,
+                users_with_several_orders: a.users_with_several_orders
+                    + b.users_with_several_orders,
+            },
+        )
+    }
 }
 
 /// Judge the attack `report` made on the instances at `host`: read the books from
@@ -46,9 +79,34 @@ pub async fn judge(
     host: &str,
     database_url: &str,
 ) -> anyhow::Result<Verdict> {
+    if report.products.len() > 1 {
+        return judge_each(report, host, database_url).await;
+    }
     let books = read(database_url, report.product_id).await?;
     let committed = crate::attack::orders_of(host, report.product_id, &report.lost_answers).await?;
     Ok(Verdict::judge(report, books, committed))
+}
+
+/// [`judge`] for an attack on several products: each product judged on its own books and
+/// answers, all of them together on the sum, and the verdicts combined
+/// ([`Verdict::combine`]).
+async fn judge_each(
+    report: &AttackReport,
+    host: &str,
+    database_url: &str,
+) -> anyhow::Result<Verdict> {
+    let mut each = Vec::new();
+    let mut committed_in_all = 0;
+    for index in 0..report.products.len() {
+        let part = report.product(index).expect("an index of the products");
+        let books = read(database_url, part.product_id).await?;
+        let committed = crate::attack::orders_of(host, part.product_id, &part.lost_answers).await?;
+        committed_in_all += committed;
+        each.push((part.product_id, Verdict::judge(&part, books, committed)));
+    }
+    let books = Books::sum(each.iter().map(|(_, v)| v.books));
+    let total = Verdict::judge(report, books, committed_in_all);
+    Ok(Verdict::combine(total, each))
 }
 
 pub async fn read(database_url: &str, product_id: i64) -> anyhow::Result<Books> {
@@ -109,7 +167,10 @@ pub struct Check {
 #[derive(Debug)]
 pub struct Verdict {
     pub checks: Vec<Check>,
+    /// All products together.
     pub books: Books,
+    /// Each product's books, by id.
+    pub products: Vec<(i64, Books)>,
 }
 
 /// Names of the checks, for callers that look for one.
@@ -219,7 +280,38 @@ impl Verdict {
                 detail: error.clone(),
             });
         }
-        Self { checks, books }
+        Self {
+            checks,
+            books,
+            products: vec![(report.product_id, books)],
+        }
+    }
+
+    /// One verdict for an attack on several products: `total` (all of them together), each
+    /// check failing where it failed for any product too, its detail then naming those
+    /// products and what the first of them showed; each product's books kept.
+    pub fn combine(mut total: Verdict, each: Vec<(i64, Verdict)>) -> Verdict {
+        for check in &mut total.checks {
+            let failed: Vec<(i64, &Check)> = each
+                .iter()
+                .filter_map(|(id, verdict)| {
+                    let own = verdict.checks.iter().find(|c| c.name == check.name)?;
+                    (!own.pass).then_some((*id, own))
+                })
+                .collect();
+            if let Some((_, first)) = failed.first() {
+                let ids: Vec<String> = failed.iter().map(|(id, _)| id.to_string()).collect();
+                check.pass = false;
+                check.detail = format!(
+                    "{}; failed for product(s) {}, the first: {}",
+                    check.detail,
+                    ids.join(", "),
+                    first.detail
+                );
+            }
+        }
+        total.products = each.iter().map(|(id, v)| (*id, v.books)).collect();
+        total
     }
 
     pub fn passed(&self) -> bool {
@@ -235,7 +327,15 @@ impl Verdict {
     pub fn render(&self, report: &AttackReport) -> String {
         let t = &report.tally;
         let mut out = String::new();
-        let _ = writeln!(out, "\n=== BOOKS (product {}) ===", report.product_id);
+        let ids: Vec<String> = self.products.iter().map(|(id, _)| id.to_string()).collect();
+        match ids.as_slice() {
+            [_, _, ..] => {
+                let _ = writeln!(out, "\n=== BOOKS (products {}) ===", ids.join(", "));
+            }
+            _ => {
+                let _ = writeln!(out, "\n=== BOOKS (product {}) ===", report.product_id);
+            }
+        }
         let _ = writeln!(
             out,
             "answers: {} requests, {} created, {} sold out, {} already purchased, {} busy, {} other 4xx, {} other 5xx, {} unanswered; {} restocked",
@@ -270,6 +370,19 @@ impl Verdict {
             t.created_latency(0.99),
             report.elapsed.as_secs_f64(),
         );
+        if self.products.len() > 1 {
+            for (id, b) in &self.products {
+                let _ = writeln!(
+                    out,
+                    "product {id}: supplied {} = stock {} + sold {}? {}; {} orders",
+                    b.supplied,
+                    b.stock,
+                    b.sold,
+                    if b.balance() { "yes" } else { "NO" },
+                    b.orders
+                );
+            }
+        }
         let _ = writeln!(out, "{:<24} {:<6} detail", "check", "result");
         for check in &self.checks {
             let result = if check.pass { "PASS" } else { "FAIL" };
@@ -329,6 +442,7 @@ mod tests {
             goose_error: None,
             decided: unanswered == 0,
             tally: Arc::new(tally),
+            products: Vec::new(),
         }
     }
 
@@ -499,6 +613,44 @@ mod tests {
         };
         let verdict = Verdict::judge(&report(|t| answers(t, 130, 70), 0), oversold, 0);
         assert_eq!(failed(&verdict), [NO_OVERSELL, NO_LOST_UPDATE]);
+    }
+
+    #[test]
+    fn two_products_whose_errors_cancel_out_in_the_sum_fail_on_their_own_books() {
+        // Product 1 sold 50 but its stock shows 49 taken; product 2 sold 49 and shows 50 taken.
+        // Together: supplied 100 = stock 1 + sold 99, and 99 orders answered.
+        let one = Books {
+            stock: 1,
+            orders: 50,
+            sold: 50,
+            supplied: 50,
+            users_with_several_orders: 0,
+        };
+        let two = Books {
+            stock: 0,
+            orders: 49,
+            sold: 49,
+            supplied: 50,
+            users_with_several_orders: 0,
+        };
+        let total = Verdict::judge(&report(|t| answers(t, 99, 0), 0), Books::sum([one, two]), 0);
+        assert!(total.passed(), "{total:?}");
+        let each = vec![
+            (1, Verdict::judge(&report(|t| answers(t, 50, 0), 0), one, 0)),
+            (2, Verdict::judge(&report(|t| answers(t, 49, 0), 0), two, 0)),
+        ];
+
+        let verdict = Verdict::combine(total, each);
+
+        assert_eq!(failed(&verdict), [NO_LOST_UPDATE]);
+        let detail = &verdict
+            .checks
+            .iter()
+            .find(|c| c.name == NO_LOST_UPDATE)
+            .unwrap()
+            .detail;
+        assert!(detail.contains("failed for product(s) 1, 2"), "{detail}");
+        assert_eq!(verdict.products, [(1, one), (2, two)]);
     }
 
     #[test]

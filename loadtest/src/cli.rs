@@ -34,9 +34,12 @@ pub struct Cli {
 pub enum Command {
     /// Start fresh instances for each lock strategy, attack each the same way, compare.
     Demo(DemoArgs),
-    /// Measure one instance with wrk (Debian's `wrk` package): orders/s of every strategy,
-    /// batched and per request, the sold-out path against `/healthz`, and 1,000 buyers
-    /// against 64.
+    /// Measure instances with wrk (Debian's `wrk` package) against the ceiling, PostgreSQL
+    /// selling from one row with nothing in front of it (pgbench, from Debian's
+    /// `postgresql-client`): `redis` on one instance at 64 and 1,000 connections, on three
+    /// instances, and on three instances selling --products products at once; the other
+    /// strategies, batched and per request; the sold-out path against `/healthz`; and the CPU
+    /// each order costs, split by where it is spent.
     BenchHttp(BenchArgs),
     /// A fault soak: a sale with restocks on instances of its own while a nemesis injects
     /// faults drawn from a seed (kills, pauses past the lease, Redis and PostgreSQL
@@ -143,6 +146,12 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 25_000, value_parser = clap::value_parser!(i64).range(1..=10_000_000))]
     pub stock: i64,
 
+    /// Products each run sells at once: the run's stock is split over them (the first ones
+    /// taking the remainder) and its buyers spread over them (buyer b buys product
+    /// (b - 1) % N only). Every product's books must balance, and all of them together.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    pub products: u64,
+
     /// Distinct buyers in each batched run (more than the stock, so it sells out). The
     /// per-request runs get as many buyers per unit.
     #[arg(long, default_value_t = 37_500, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
@@ -194,6 +203,11 @@ pub struct BenchArgs {
     /// Rounds; the runs alternate and each figure is the median of its rounds.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=50))]
     pub rounds: u64,
+
+    /// Products sold at once in the run of three instances over several products: each wrk
+    /// thread sends its requests to them in turn (round robin).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(2..=1_000))]
+    pub products: u64,
 }
 
 /// How `chaos` runs. It starts everything it uses itself (a private PostgreSQL and Redis on

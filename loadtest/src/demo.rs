@@ -2,7 +2,9 @@
 //! chart.
 //!
 //! Each run (a strategy, batched or per request) gets a fresh database and its own
-//! instances, and ends once its sale is decided or at `--max-seconds`. What a run shows is
+//! instances, and ends once its sale is decided or at `--max-seconds`. With `--products N`
+//! each run sells N products at once, its stock split over them and its buyers spread over
+//! them; every product's books must balance on their own, and all of them together. What a run shows is
 //! its [`RowVerdict`]: a safe strategy must keep its books, and `none` must break them. A
 //! run that reaches the time bound before it sells out is `INCOMPLETE`, which is not a
 //! failure by itself; a broken invariant always is.
@@ -276,14 +278,30 @@ fn announce(args: &DemoArgs, runs: &[Run]) -> String {
     // books take a few seconds on a two-core machine; 15 s is a generous allowance.
     let bound = runs.len() as u64 * (args.max_seconds + 15);
     format!(
-        "demo: {} runs, {} instance(s) each, {} users; each run ends once its sale is decided, or after {} s.\n\
+        "demo: {} runs, {} instance(s) each, {} product(s) at once, {} users; each run ends once its sale is decided, or after {} s.\n\
          The default run takes 1 to 3 minutes on a two-core machine; this one at most about {} minutes, if every run reached its time bound.",
         runs.len(),
         args.instances,
+        args.products,
         args.users,
         args.max_seconds,
         bound.div_ceil(60)
     )
+}
+
+/// Why `runs` cannot sell `--products` products (each needs a unit and a buyer), if so.
+pub fn check_products(args: &DemoArgs, runs: &[Run]) -> Result<(), String> {
+    let n = args.products;
+    match runs.iter().find(|r| r.stock < n as i64 || r.buyers < n) {
+        Some(run) => Err(format!(
+            "--products {n}: every product needs a unit and a buyer, and the {} run (BATCH_MAX={}) has {} units and {} buyers: raise --stock, --per-request-stock or --buyers, or lower --products",
+            run.strategy.name(),
+            run.batch_max,
+            run.stock,
+            run.buyers
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Run the demo; `Ok(true)` when no row fails it ([`RowVerdict::fails_the_demo`]).
@@ -291,6 +309,7 @@ pub async fn run(args: DemoArgs, cancel: Cancel) -> anyhow::Result<bool> {
     let started = Instant::now();
     let info = RunInfo::now();
     let runs = runs(&args);
+    check_products(&args, &runs).map_err(anyhow::Error::msg)?;
     println!("{}", announce(&args, &runs));
     let postgres = servers::postgres(args.database_url.as_deref()).await?;
     say_where("PostgreSQL", &postgres);
@@ -335,8 +354,13 @@ pub async fn run(args: DemoArgs, cancel: Cancel) -> anyhow::Result<bool> {
         if cancel.is_set() {
             break;
         }
+        let over = if args.products > 1 {
+            format!(" over {} products", args.products)
+        } else {
+            String::new()
+        };
         println!(
-            "--- {} (BATCH_MAX={}), run {} of {}: {} units, {} buyers; {} so far ---",
+            "--- {} (BATCH_MAX={}), run {} of {}: {} units{over}, {} buyers; {} so far ---",
             run.strategy.name(),
             run.batch_max,
             i + 1,
@@ -558,7 +582,8 @@ impl Setup<'_> {
         database_url: &str,
     ) -> anyhow::Result<Figures> {
         let args = self.args;
-        let product = attack::create_product(&hosts[0], ADMIN_TOKEN, run.stock).await?;
+        let products =
+            attack::create_products(&hosts[0], ADMIN_TOKEN, run.stock, args.products).await?;
         let mut goose = GooseConfiguration::default();
         goose.users = Some(args.users as usize);
         goose.increase_rate = Some(args.users.to_string());
@@ -569,8 +594,7 @@ impl Setup<'_> {
             goose,
             hosts,
             Some(ADMIN_TOKEN),
-            product,
-            run.stock,
+            &products,
             run.buyers,
             Extras {
                 restock: 0,
@@ -612,7 +636,6 @@ fn consensus_settings(
 
 fn figures(report: &AttackReport, verdict: Verdict, split: Vec<u64>) -> Figures {
     let t = &report.tally;
-    let books = verdict.books;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     Figures {
         orders_per_sec: report.orders_per_sec(),
@@ -620,8 +643,10 @@ fn figures(report: &AttackReport, verdict: Verdict, split: Vec<u64>) -> Figures 
         p99_ms: ms(t.latency(0.99)),
         created_p50_ms: ms(t.created_latency(0.50)),
         created_p99_ms: ms(t.created_latency(0.99)),
-        oversold: (books.sold - books.supplied).max(0),
-        lost_updates: books.sold - (books.supplied - books.stock),
+        // Product by product: one product's oversell is not made good by another's unsold
+        // units.
+        oversold: verdict.products.iter().map(|(_, b)| b.oversold()).sum(),
+        lost_updates: verdict.products.iter().map(|(_, b)| b.lost_updates()).sum(),
         busy_share: t.busy_share(),
         split,
         verdict,
@@ -648,11 +673,12 @@ pub fn table(args: &DemoArgs, info: &RunInfo, rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\n=== DEMO: {} instances per run, {} users, WORK_MS={}; {:.1} buyers per unit ===\n\
+        "\n=== DEMO: {} instances per run, {} product(s) per run, {} users, WORK_MS={}; {:.1} buyers per unit ===\n\
          date: {}; machine: {}; command: {}\n\
          orders/s at full load; latency of every purchase attempt, then of those that got an order (201);\n\
-         batch: BATCH_MAX (1 = one purchase per transaction, the per-request baseline)",
+         batch: BATCH_MAX (1 = one purchase per transaction, the per-request baseline); stock: of all products together",
         args.instances,
+        args.products,
         args.users,
         args.work_ms,
         args.buyers as f64 / args.stock as f64,
@@ -733,9 +759,14 @@ fn draw_chart(args: &DemoArgs, info: &RunInfo, rows: &[Row]) -> anyhow::Result<(
         .unwrap_or_default();
     let header = Header {
         title: format!(
-            "seckill demo: {} instances per strategy, {} units on sale{per_request}, {} users",
+            "seckill demo: {} instances per strategy, {} units on sale{per_request}{}, {} users",
             args.instances,
             chart::thousands(args.stock as u64),
+            if args.products > 1 {
+                format!(" over {} products", args.products)
+            } else {
+                String::new()
+            },
             args.users
         ),
         lines: vec![
@@ -769,6 +800,7 @@ mod tests {
             NO_SERVER_ERROR,
         ];
         Verdict {
+            products: vec![(1, books)],
             checks: names
                 .into_iter()
                 .map(|name| Check {
@@ -959,6 +991,18 @@ mod tests {
             panic!("not the demo");
         };
         args
+    }
+
+    #[test]
+    fn every_run_must_have_a_unit_and_a_buyer_for_each_product() {
+        let args = demo_args(&["--products", "4"]);
+        assert_eq!(check_products(&args, &runs(&args)), Ok(()));
+        assert_eq!(args.products, 4);
+        assert_eq!(demo_args(&[]).products, 1);
+
+        let args = demo_args(&["--products", "4", "--per-request-stock", "3"]);
+        let refused = check_products(&args, &runs(&args)).unwrap_err();
+        assert!(refused.contains("3 units"), "{refused}");
     }
 
     #[test]

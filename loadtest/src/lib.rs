@@ -8,7 +8,8 @@
 //! - `servers`: the demo's PostgreSQL, Redis, ZooKeeper and etcd, private ones on a bare
 //!   machine.
 //! - `demo`: every strategy, one comparison table, `chart`: its SVG.
-//! - `bench`: one instance per configuration, measured with wrk.
+//! - `bench`: instances measured with wrk against the ceiling (pgbench), with the CPU per
+//!   order by where it is spent.
 //! - `chaos`: a fault soak: a seeded nemesis, every answer recorded, a checker of the whole
 //!   history against PostgreSQL.
 //!

@@ -49,7 +49,10 @@ async fn attack(
         .database_url
         .as_deref()
         .context("--database-url (or DATABASE_URL) is needed to check the books")?;
-    let product = attack::create_product(&args.hosts[0], admin_token, args.stock).await?;
+    let product = attack::Product {
+        id: attack::create_product(&args.hosts[0], admin_token, args.stock).await?,
+        stock: args.stock,
+    };
     let extras = Extras {
         restock: args.restock,
         cancel: None,
@@ -58,8 +61,7 @@ async fn attack(
         goose,
         &args.hosts,
         Some(admin_token),
-        product,
-        args.stock,
+        &[product],
         args.buyers,
         extras,
     )

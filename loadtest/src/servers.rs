@@ -403,7 +403,7 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 /// The `process_id` of the Redis server at `url`, if one answers within a second.
-fn redis_pid(url: &str) -> Option<u32> {
+pub(crate) fn redis_pid(url: &str) -> Option<u32> {
     let client = redis::Client::open(url).ok()?;
     let mut conn = client
         .get_connection_with_timeout(Duration::from_secs(1))
