@@ -53,8 +53,8 @@ pub struct Settings {
 
     /// ZooKeeper session timeout asked for under LOCK_STRATEGY=zookeeper, in ms: the lease
     /// of every lock (the ensemble keeps a lock as long as its holder's session, up to this
-    /// long after it last heard from the instance). Must be at least LOCK_TTL_MS, and the
-    /// server must grant that much (its maxSessionTimeout, 20 ticks = 40 s by default):
+    /// long after it last heard from the instance). Must be at least twice LOCK_TTL_MS, and
+    /// the server must grant that much (its maxSessionTimeout, 20 ticks = 40 s by default):
     /// start-up fails otherwise, saying both numbers.
     #[arg(long, env = "ZOOKEEPER_SESSION_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(range::ZOOKEEPER_SESSION_TIMEOUT_MS))]
     pub zookeeper_session_timeout_ms: u64,
@@ -396,10 +396,10 @@ impl Settings {
             );
         }
         if self.lock_strategy == LockStrategy::ZooKeeper
-            && self.zookeeper_session_timeout_ms < self.lock_ttl_ms
+            && self.zookeeper_session_timeout_ms < 2 * self.lock_ttl_ms
         {
             return Err(format!(
-                "ZOOKEEPER_SESSION_TIMEOUT_MS ({}) must be at least LOCK_TTL_MS ({}) under LOCK_STRATEGY=zookeeper: a lock lives only as long as its session, so a holder counting on a longer lease could write after the ensemble gave the lock away",
+                "ZOOKEEPER_SESSION_TIMEOUT_MS ({}) must be at least twice LOCK_TTL_MS ({}) under LOCK_STRATEGY=zookeeper: a lock lives only as long as its session, and the ensemble may end a session 0.6 of its timeout after the holder last proved it alive, so a holder counting on a longer lease could write after the ensemble gave the lock away",
                 self.zookeeper_session_timeout_ms, self.lock_ttl_ms
             ));
         }
@@ -576,17 +576,17 @@ mod tests {
     }
 
     #[test]
-    fn under_zookeeper_the_session_must_last_at_least_the_lock_ttl() {
+    fn under_zookeeper_the_session_must_last_at_least_twice_the_lock_ttl() {
         let mut settings = Settings::new("postgres://x", "redis://r");
         settings.lock_strategy = LockStrategy::ZooKeeper;
         assert_eq!(settings.check(), Ok(()), "the defaults fit together");
-        settings.lock_ttl_ms = 12_000;
+        settings.lock_ttl_ms = 5_001;
         let why = settings.check().unwrap_err();
         assert!(
             why.contains("ZOOKEEPER_SESSION_TIMEOUT_MS (10000)"),
             "{why}"
         );
-        assert!(why.contains("LOCK_TTL_MS (12000)"), "{why}");
+        assert!(why.contains("twice LOCK_TTL_MS (5001)"), "{why}");
         // The session timeout means nothing to the other strategies.
         settings.lock_strategy = LockStrategy::Etcd;
         assert_eq!(settings.check(), Ok(()));

@@ -362,20 +362,21 @@ async fn exclusion(
                     )
                 })?;
             // The server bounds the session timeout to its own minSessionTimeout ..
-            // maxSessionTimeout; the lock's lease must not outlive the session.
+            // maxSessionTimeout; a lock's lease may be at most half the session's.
             let granted = zk.session_timeout();
-            if granted < settings.lock_ttl() {
+            if zk.max_ttl() < settings.lock_ttl() {
                 anyhow::bail!(
-                    "ZooKeeper at {connect} granted a session timeout of {} ms, below LOCK_TTL_MS ({} ms) \
-                     (ZOOKEEPER_SESSION_TIMEOUT_MS asked for {} ms): a lock lives only as long as its \
-                     session, so a holder could write after the ensemble gave its lock away. Lower \
-                     LOCK_TTL_MS to at most {} ms, or raise the servers' maxSessionTimeout (zoo.cfg) \
-                     to at least {} ms",
+                    "ZooKeeper at {connect} granted a session timeout of {} ms, less than twice \
+                     LOCK_TTL_MS ({} ms) (ZOOKEEPER_SESSION_TIMEOUT_MS asked for {} ms): a lock \
+                     lives only as long as its session, and the ensemble may end a session 0.6 of \
+                     its timeout after the holder last proved it alive, so a holder could write \
+                     after the ensemble gave its lock away. Lower LOCK_TTL_MS to at most {} ms, \
+                     or raise the servers' maxSessionTimeout (zoo.cfg) to at least {} ms",
                     granted.as_millis(),
                     settings.lock_ttl_ms,
                     settings.zookeeper_session_timeout_ms,
-                    granted.as_millis(),
-                    settings.lock_ttl_ms,
+                    zk.max_ttl().as_millis(),
+                    2 * settings.lock_ttl_ms,
                 );
             }
             let locker = Locker::new(zk, options()?).context("invalid lock settings")?;

@@ -1063,7 +1063,7 @@ mod tests {
             servers::ZOOKEEPER_MAX_SESSION_TIMEOUT_MS,
             settings.zookeeper_session_timeout_ms
         );
-        assert!(settings.zookeeper_session_timeout_ms >= settings.lock_ttl_ms);
+        assert!(settings.zookeeper_session_timeout_ms >= 2 * settings.lock_ttl_ms);
     }
 
     #[test]

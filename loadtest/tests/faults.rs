@@ -195,13 +195,14 @@ enum LockServer {
 impl LockServer {
     /// The server `strategy` locks in, started; `None` for the strategies whose lock lives
     /// in Redis or PostgreSQL. Under `zookeeper` the instances' sessions time out after
-    /// `lock_ttl_ms`, the shortest the service allows: a lock lives as long as its session,
-    /// and no holder may count on it for longer.
+    /// twice `lock_ttl_ms`, the shortest the service allows: a lock lives as long as its
+    /// session, and the ensemble may end a session 0.6 of its timeout after the holder last
+    /// proved it alive (`ZkLock::max_ttl`).
     fn start_for(strategy: LockStrategy, lock_ttl_ms: u64) -> Option<Self> {
         match strategy {
             LockStrategy::ZooKeeper => Some(Self::ZooKeeper {
                 server: ZooKeeperServer::start(),
-                session_timeout_ms: lock_ttl_ms,
+                session_timeout_ms: 2 * lock_ttl_ms,
             }),
             LockStrategy::Etcd => Some(Self::Etcd(EtcdServer::start())),
             _ => None,
@@ -549,12 +550,15 @@ async fn under_zookeeper_an_instance_paused_past_its_session_is_fenced_off_when_
     // ended with requests sent after its node was made, itself after `taken_after`: its
     // lock lasts at least 2 s from then. The other instance gets the lock only then, and
     // the pause lasts until it has sold (after its own 3 s of work), well past the session
-    // timeout. 2 s is the service's ttl too (it refuses a session shorter than its ttl),
-    // and within what the server grants (2 ticks, 1 s, to 60 s).
+    // timeout. The service's ttl is half of it (it refuses a session shorter than twice its
+    // ttl), and 2 s is within what the server grants (2 ticks, 1 s, to 60 s).
     const SESSION_TIMEOUT_MS: u64 = 2_000;
-    let held_for =
-        paused_past_its_lease_is_fenced_off(connect, LockStrategy::ZooKeeper, SESSION_TIMEOUT_MS)
-            .await;
+    let held_for = paused_past_its_lease_is_fenced_off(
+        connect,
+        LockStrategy::ZooKeeper,
+        SESSION_TIMEOUT_MS / 2,
+    )
+    .await;
 
     // Assert: the other instance did not get the lock before the paused one's session could
     // have expired. By the reckoning above no margin is needed; 0.25 s is kept for what it

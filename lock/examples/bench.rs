@@ -462,8 +462,9 @@ async fn consensus(
     prefix: &str,
 ) -> anyhow::Result<()> {
     use distlock::{EtcdLock, ZkLock};
+    // A ttl of at most half the ZooKeeper session (`ZkLock::max_ttl`), the same for all three.
     let options = LockOptions::builder()
-        .ttl(Duration::from_secs(10))
+        .ttl(Duration::from_secs(5))
         .wait_timeout(Duration::from_secs(60))
         .build()?;
     let signals = ReleaseSignals::connect(&redis::Client::open(args.redis_url.as_str())?).await?;

@@ -980,7 +980,9 @@ impl Backend for EtcdLock {
 
     /// etcd's revision cannot be set back, so a holder's fence is already above every
     /// earlier one: this only checks that we still hold the lock, and refuses a `seen` at
-    /// or above our fence, which cannot have come from this cluster while we hold it.
+    /// or above our fence ([`Error::FenceOutOfReach`]), which cannot have come from this
+    /// cluster while it keeps its data (another backend's fence, or this cluster's before
+    /// it was rebuilt from empty or restored from an older backup).
     async fn advance_fence(&self, key: &str, token: &Token, seen: Fence) -> Result<Option<Fence>> {
         let look = self.look(key, token).await?;
         let Some(own) = look.own.filter(|_| look.we_hold()) else {

@@ -959,8 +959,9 @@ impl Backend for ZkLock {
     /// ZooKeeper's fences cannot be set back (a zxid only grows), so a holder's fence is
     /// already above every earlier one: this proves that we still hold the lock (as
     /// [`renew`](Backend::renew) does) and answers our own fence, or refuses a `seen` at or
-    /// above it, which cannot have come from this ensemble while we hold the lock
-    /// ([`Error::FenceOutOfReach`]: another backend's fence).
+    /// above it, which cannot have come from this ensemble while it keeps its data
+    /// ([`Error::FenceOutOfReach`]: another backend's fence, or this ensemble's before it
+    /// was rebuilt from empty or restored from an older backup).
     async fn advance_fence(&self, key: &str, token: &Token, seen: Fence) -> Result<Option<Fence>> {
         let ours = self
             .on_session(|client| async move {

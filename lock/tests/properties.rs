@@ -113,6 +113,9 @@ async fn a_stale_guards_release_does_not_delete_the_next_holders_lock<H: Harness
     let locker = locker(h.backend().await, short_unwatched(short));
     let a = locker.try_acquire(&key).await.unwrap();
     sleep(ms(2 * short)).await;
+    // TIMING: the store frees it by itself soon after the lease (a Redis or etcd expiry,
+    // ZkLock's reaper): wait until it has, rather than count on a margin.
+    wait_until_free(&h, &key, "the lapsed lease did not free the lock").await;
     assert!(!a.is_held());
     // B's lease is long: the steps below must not outlast it on a busy machine.
     let b = locker
@@ -558,6 +561,9 @@ async fn a_stale_holder_cannot_advance_its_fence<H: Harness>(h: H) {
     let locker = locker(h.backend().await, short_unwatched(short));
     let stale = locker.try_acquire(&key).await.unwrap();
     sleep(ms(2 * short)).await;
+    // TIMING: the store frees it by itself soon after the lease (a Redis or etcd expiry,
+    // ZkLock's reaper): wait until it has, rather than count on a margin.
+    wait_until_free(&h, &key, "the lapsed lease did not free the lock").await;
     // The newer lease is long: a short one could run out before its release below when
     // the machine is busy (it did, in CI, against PostgreSQL).
     let newer = locker
@@ -770,6 +776,9 @@ async fn extend_after_the_lease_ran_out_says_not_held<H: Harness>(h: H) {
     let locker = locker(h.backend().await, short_unwatched(short));
     let guard = locker.try_acquire(&key).await.unwrap();
     sleep(ms(2 * short + 600)).await;
+    // TIMING: the store frees it by itself soon after the lease (a Redis or etcd expiry,
+    // ZkLock's reaper): wait until it has, rather than count on a margin.
+    wait_until_free(&h, &key, "the lapsed lease did not free the lock").await;
 
     // Act
     let extended = guard.extend(ms(30_000)).await;

@@ -18,9 +18,11 @@ use tokio::time::{Instant, sleep};
 
 const KEY: &str = "lock_sale_1";
 
-/// The session of the holders that lose their lock: short, so that the tests are quick, and
-/// the ttl is the same (a ttl may not be longer than the session).
+/// The session of the holders that lose their lock: short, so that the tests are quick.
 const SESSION: Duration = Duration::from_secs(3);
+
+/// Their locks' ttl: as long as the session allows (half of it: `ZkLock::max_ttl`).
+const TTL: Duration = Duration::from_millis(1_500);
 
 /// TIMING: what a busy two-core machine may add to a bound that the lock itself keeps (a
 /// lease that runs out, a session the server expires): scheduling, a JVM that is slow to
@@ -64,10 +66,10 @@ async fn the_holder_is_told_within_its_session_when_the_server_dies_and_nobody_g
     let mut server = blocking(ZooKeeperServer::start).await;
     let connect_string = server.connect_string();
     let a_backend = zk(&connect_string, SESSION).await;
-    let a = locker(a_backend.clone(), options(SESSION, Duration::from_secs(30)));
+    let a = locker(a_backend.clone(), options(TTL, Duration::from_secs(30)));
     let b = locker(
         zk(&connect_string, SESSION).await,
-        options(SESSION, Duration::from_secs(30)),
+        options(TTL, Duration::from_secs(30)),
     );
     let held = a.acquire(KEY).await.unwrap();
     let told = when_told(&held);
@@ -78,7 +80,7 @@ async fn the_holder_is_told_within_its_session_when_the_server_dies_and_nobody_g
     let b_wants = keep_acquiring(b, KEY, held.lost());
     // TIMING: the watchdog's last renewal was sent at most a renewal period (ttl / 3)
     // before the kill, and the holder's lease is counted from there: told within one ttl.
-    let (why, told_at) = within(SESSION + MARGIN, "the holder was told", told)
+    let (why, told_at) = within(TTL + MARGIN, "the holder was told", told)
         .await
         .unwrap();
     // TIMING: the client library gives its session up 7/5 of the session timeout after it
@@ -120,7 +122,7 @@ async fn the_holder_is_told_within_its_session_when_the_server_dies_and_nobody_g
         taken.at.duration_since(killed)
     );
     assert!(
-        told_after <= SESSION + MARGIN,
+        told_after <= TTL + MARGIN,
         "told {told_after:?} after the kill"
     );
     assert_eq!(why, LockLost::Unreachable);
@@ -212,7 +214,7 @@ async fn with_the_leader_of_three_down_a_held_lock_survives_and_two_processes_st
     let connect_string = ensemble.connect_string();
     let session = Duration::from_secs(20);
     let options = LockOptions::builder()
-        .ttl(session)
+        .ttl(session / 2)
         .renew_interval(Duration::from_secs(1))
         .wait_timeout(Duration::from_secs(30))
         .build()
@@ -297,7 +299,10 @@ async fn with_two_of_three_down_acquire_fails_by_its_deadline_and_once_they_are_
     let connect_string = ensemble.connect_string();
     let session = Duration::from_secs(4);
     let wait = Duration::from_secs(5);
-    let a = locker(zk(&connect_string, session).await, options(session, wait));
+    let a = locker(
+        zk(&connect_string, session).await,
+        options(session / 2, wait),
+    );
     let first = a.acquire(KEY).await.unwrap();
     let first_fence = first.fence();
     assert!(first.release().await.unwrap().was_held());
@@ -386,10 +391,10 @@ async fn a_holder_cut_off_past_its_session_is_told_the_next_holder_gets_a_larger
     let server = blocking(ZooKeeperServer::start).await;
     let proxy = TcpProxy::start(server.port());
     let a_backend = zk(&format!("127.0.0.1:{}", proxy.port()), SESSION).await;
-    let a = locker(a_backend, options(SESSION, Duration::from_secs(30)));
+    let a = locker(a_backend, options(TTL, Duration::from_secs(30)));
     let b = locker(
         zk(&server.connect_string(), SESSION).await,
-        options(SESSION, Duration::from_secs(30)),
+        options(TTL, Duration::from_secs(30)),
     );
     let store = FencedStore::default();
     let held = a.acquire(KEY).await.unwrap();
@@ -406,7 +411,7 @@ async fn a_holder_cut_off_past_its_session_is_told_the_next_holder_gets_a_larger
     // Act: A is cut off, as a holder paused or partitioned away would be.
     proxy.cut();
     let cut = Instant::now();
-    let (why, told_at) = within(SESSION + MARGIN, "the holder was told", told)
+    let (why, told_at) = within(TTL + MARGIN, "the holder was told", told)
         .await
         .unwrap();
     // TIMING: the server expires A's session one session timeout (rounded up to a tick)
@@ -423,7 +428,7 @@ async fn a_holder_cut_off_past_its_session_is_told_the_next_holder_gets_a_larger
         taken.at.duration_since(cut)
     );
     assert!(
-        told_after <= SESSION + MARGIN,
+        told_after <= TTL + MARGIN,
         "told {told_after:?} after the cut"
     );
     assert_eq!(why, LockLost::Unreachable);

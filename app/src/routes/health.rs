@@ -5,6 +5,7 @@ use actix_web::{HttpResponse, web};
 use serde::Serialize;
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use utoipa::ToSchema;
 
@@ -24,18 +25,57 @@ pub struct Health {
     /// The last answer and when it was made: checks run one at a time and at most once per
     /// [`FRESH`], so a flood of `/readyz` cannot flood PostgreSQL with connections.
     last: tokio::sync::Mutex<Option<(Instant, StatusCode, Readiness)>>,
+    /// The runtime the sale's leaders run on, where the ZooKeeper and etcd probe runs.
+    runtime: tokio::runtime::Handle,
+    /// The ZooKeeper or etcd probe that outlasted a check's time limit and still runs: the
+    /// next check waits for it instead of starting another.
+    probe: tokio::sync::Mutex<Option<JoinHandle<bool>>>,
 }
 
 /// How long a readiness answer is reused.
 const FRESH: Duration = Duration::from_secs(1);
 
 impl Health {
+    /// Checks with these; made on the runtime the sale's leaders run on (its probe of
+    /// ZooKeeper or etcd runs there).
     pub fn new(postgres: PgConnectOptions, redis: RedisLink, probe_key: String) -> Self {
         Self {
             postgres,
             redis,
             probe_key,
             last: tokio::sync::Mutex::new(None),
+            runtime: tokio::runtime::Handle::current(),
+            probe: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Whether the lock service answers a read of a lock nobody takes, within `limit`.
+    ///
+    /// The read runs in a task on the sale's runtime, and one that outlasts `limit` is not
+    /// cut short: it can finish what it started, a new ZooKeeper session (whose client then
+    /// runs on that runtime, not on an HTTP worker's) or a move to another etcd member, so an
+    /// instance nobody sends purchases to while it is unready still comes back once the
+    /// service does. The next check waits for it rather than starting another.
+    async fn lock_service_answers<B: distlock::Backend>(
+        &self,
+        locker: &distlock::Locker<B>,
+        limit: Duration,
+    ) -> bool {
+        let mut running = self.probe.lock().await;
+        let mut probe = match running.take() {
+            Some(probe) if !probe.is_finished() => probe,
+            _ => {
+                let (locker, key) = (locker.clone(), self.probe_key.clone());
+                self.runtime
+                    .spawn(async move { locker.inspect(&key).await.is_ok() })
+            }
+        };
+        match tokio::time::timeout(limit, &mut probe).await {
+            Ok(answered) => answered.unwrap_or(false),
+            Err(_) => {
+                *running = Some(probe);
+                false
+            }
         }
     }
 }
@@ -159,26 +199,19 @@ async fn check(sale: &Sale, health: &Health) -> (StatusCode, Readiness) {
         }
         _ => None,
     };
-    // A read of a lock nobody takes, on the locks' own session or client. Under ZooKeeper it
-    // also opens a new session when the last one expired (the backend does before any
-    // step), so an instance that nobody sends purchases to while it is unready still comes
-    // back once the ensemble does.
-    let answers =
-        |inspected: Option<distlock::Result<distlock::LockState>>| matches!(inspected, Some(Ok(_)));
     let (zookeeper, etcd) = match sale.exclusion() {
         Exclusion::ZooKeeper(locker) => {
-            let read = tokio::time::timeout(limit, locker.inspect(&health.probe_key)).await;
+            let answers = health.lock_service_answers(locker, limit).await;
             let session = format!("{:?}", locker.backend().zookeeper().state());
             let consensus = Consensus {
-                answers: answers(read.ok()),
+                answers,
                 session: Some(session),
             };
             (Some(consensus), None)
         }
         Exclusion::Etcd(locker) => {
-            let read = tokio::time::timeout(limit, locker.inspect(&health.probe_key)).await;
             let consensus = Consensus {
-                answers: answers(read.ok()),
+                answers: health.lock_service_answers(locker, limit).await,
                 session: None,
             };
             (None, Some(consensus))

@@ -265,8 +265,10 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
 /// above `stored`, the fence in `product`'s row (`ours` is the best it can give). This holder
 /// does hold the lock (a stale one is told `NotHeld`), so the number came from elsewhere:
 /// another lock backend wrote the row under its own fences (the service ran with another
-/// `LOCK_STRATEGY` on this database), and no holder of this backend could ever write it.
-/// Nothing is written (a 500: retrying cannot help until an operator acts).
+/// `LOCK_STRATEGY` on this database), or this backend's servers were rebuilt from empty or
+/// restored from an older backup (ZooKeeper's zxids and etcd's revisions started over), and
+/// no holder of this backend as it is could ever write it. Nothing is written (a 500:
+/// retrying cannot help until an operator acts).
 pub(crate) fn fence_from_another_backend(
     product: ProductId,
     stored: u64,
@@ -277,17 +279,17 @@ pub(crate) fn fence_from_another_backend(
         stored_fence = stored,
         our_fence = ours,
         "product {product} cannot be sold under this lock: its stored fence ({stored}) is above \
-         every fence this lock backend can hand out ({ours}), so it was written under another \
-         lock backend: switching LOCK_STRATEGY on a database keeps the old backend's fences. \
-         Nothing was written. To go on with this backend, stop every instance that still runs \
-         the old LOCK_STRATEGY, then reset the fences: \
-         UPDATE products SET fence = 0 (a holder of the old backend that writes after that \
-         would no longer be refused)"
+         every fence this lock backend can hand out ({ours}). Either another lock backend wrote \
+         it (switching LOCK_STRATEGY on a database keeps the old backend's fences), or this \
+         backend's servers were rebuilt from empty or restored from an older backup (their \
+         numbering started over). Nothing was written. To go on, stop every instance that \
+         still runs another LOCK_STRATEGY, then reset the fences: UPDATE products SET fence = 0 \
+         (a holder of the old backend that writes after that would no longer be refused)"
     );
     PurchaseError::Internal(format!(
-        "product {product}'s stored fence ({stored}) was written under another lock backend \
-         (LOCK_STRATEGY changed on this database); with every instance of the old strategy \
-         stopped, reset it: UPDATE products SET fence = 0"
+        "product {product}'s stored fence ({stored}) is above every fence this lock backend can \
+         hand out: another LOCK_STRATEGY wrote it, or the lock's servers were rebuilt or restored; \
+         with every instance of another strategy stopped, reset it: UPDATE products SET fence = 0"
     ))
 }
 

@@ -190,7 +190,7 @@ async fn an_unreachable_zookeeper_stops_start_up_naming_zookeeper_connect(pool: 
     // A short session: the client tries for about one session timeout before it gives up.
     let mut settings = on_zookeeper(format!("127.0.0.1:{}", testkit::free_port()), "no-zk");
     settings.zookeeper_session_timeout_ms = 2_000;
-    settings.lock_ttl_ms = 2_000;
+    settings.lock_ttl_ms = 1_000;
     let message = build_error(settings, pool).await;
     assert!(message.contains("ZOOKEEPER_CONNECT"), "{message}");
 }

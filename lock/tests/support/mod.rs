@@ -426,18 +426,20 @@ pub struct ZkHarness {
     client: zookeeper_client::Client,
 }
 
-/// The session timeout of the suite's sessions: longer than any ttl the suite asks for (a
-/// ttl may not exceed it), so that no session ends during a test: a lock the suite lets run
+/// The session timeout of the suite's sessions: at least twice any ttl the suite asks for (a
+/// ttl may be at most half of it), so that no session ends during a test: a lock the suite lets run
 /// out is deleted by the backend's reaper when its lease ends, as a lease ends on Redis.
 #[cfg(feature = "zookeeper")]
-pub const ZK_SESSION: Duration = Duration::from_secs(60);
+pub const ZK_SESSION: Duration = Duration::from_secs(120);
 
 #[cfg(feature = "zookeeper")]
 impl ZkHarness {
     pub async fn start() -> Self {
-        let server = tokio::task::spawn_blocking(testkit::ZooKeeperServer::start)
-            .await
-            .unwrap();
+        let server = tokio::task::spawn_blocking(|| {
+            testkit::ZooKeeperServer::start_with_max_session_timeout(ZK_SESSION)
+        })
+        .await
+        .unwrap();
         let client = zookeeper_client::Client::connect(&server.connect_string())
             .await
             .expect("a session on the private ZooKeeper");
