@@ -96,9 +96,10 @@ pub struct Settings {
     #[arg(long, env = "LOCK_WAIT_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(range::LOCK_WAIT_MS))]
     pub lock_wait_ms: u64,
 
-    /// Most purchases sold in one transaction. 1 sells one purchase per lock hold and per
+    /// Most purchases sold in one transaction: a batch takes whatever waits, up to this, so
+    /// batches grow only while the queue is long. 1 sells one purchase per lock hold and per
     /// transaction: the per-request baseline.
-    #[arg(long, env = "BATCH_MAX", default_value_t = 64, value_parser = clap::value_parser!(u32).range(range::BATCH_MAX))]
+    #[arg(long, env = "BATCH_MAX", default_value_t = 256, value_parser = clap::value_parser!(u32).range(range::BATCH_MAX))]
     pub batch_max: u32,
 
     /// How long an instance alone keeps a product's lock while buyers keep queueing, in ms,
@@ -106,8 +107,9 @@ pub struct Settings {
     /// While other instances want the product (an acquisition of this one found the lock
     /// held, or timed out, within the last second), a hold sells one batch, whatever this is. Must be below
     /// half of LOCK_WAIT_MS, or the buyers of other instances would give up waiting for
-    /// their turn.
-    #[arg(long, env = "HOLD_MS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(range::HOLD_MS))]
+    /// their turn; another instance that comes to want the product waits at most this long
+    /// for its first turn.
+    #[arg(long, env = "HOLD_MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(range::HOLD_MS))]
     pub hold_ms: u64,
 
     /// Purchases that may queue for one product in one instance; beyond it, new arrivals get

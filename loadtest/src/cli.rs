@@ -133,8 +133,8 @@ pub struct DemoArgs {
     #[arg(long, value_delimiter = ',', default_value = "redis,pg-atomic", value_parser = strategy_or_nothing)]
     pub per_request: Vec<Option<seckill::LockStrategy>>,
 
-    /// BATCH_MAX of the batched runs.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    /// BATCH_MAX of the batched runs (the service's default).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch_max: u32,
 
     /// Instances per run, each a separate process.

@@ -1020,7 +1020,7 @@ mod tests {
                 .filter(|r| r.strategy == strategy && r.batch_max > 1)
                 .collect::<Vec<_>>();
             assert_eq!(batched.len(), 1, "{strategy:?}: {planned:?}");
-            assert_eq!(batched[0].batch_max, 64, "{strategy:?}");
+            assert_eq!(batched[0].batch_max, 256, "{strategy:?}");
             assert_eq!(batched[0].stock, 25_000, "{strategy:?}");
         }
         assert!(announce(&demo_args(&[]), &planned).starts_with("demo: 11 runs"));

@@ -359,7 +359,7 @@ fn every_setting_of_seckill_help_is_in_the_settings_table_with_its_flag_and_defa
         settings_problems(&left_out, &command),
         ["LOCK_TTL_MS is a setting, but not in the table"]
     );
-    let drifted = operations.replace("| `--batch-max` | `64` |", "| `--batch-max` | `32` |");
+    let drifted = operations.replace("| `--batch-max` | `256` |", "| `--batch-max` | `32` |");
     assert_eq!(settings_problems(&drifted, &command).len(), 1);
     let invented = operations.replace(
         "| `BATCH_MAX` |",

@@ -221,13 +221,4 @@ tps = 856.123456 (without initial connection time)
         assert!(statement.contains(&format!("generate_series(1, {ORDERS_PER_COMMIT})")));
         assert!(statement.contains(":product"));
     }
-
-    #[test]
-    fn the_ceiling_commits_as_many_orders_as_the_services_default_batch() {
-        use clap::Parser;
-        let settings =
-            seckill::Settings::try_parse_from(["seckill", "--database-url", "postgres://x"])
-                .unwrap();
-        assert_eq!(u64::from(settings.batch_max), ORDERS_PER_COMMIT);
-    }
 }
