@@ -998,21 +998,16 @@ impl Backend for EtcdLock {
                 // grant); one older than a renewal period (after a wait through faults) is
                 // proven again first, so that the guard starts with two thirds of a lease.
                 if Instant::now() >= proven_at + every {
-                    let sent = Instant::now();
-                    match self.keep_alive(lease).await {
-                        Ok(true) => proven_at = sent,
-                        Ok(false) => {
-                            return Err(lost("our etcd lease ran out while we waited"));
-                        }
-                        Err(error) if unreachable(&error) => {
-                            tracing::warn!(%key, %error, "could not keep our etcd lease alive; trying again");
-                            keep_alive_at = Instant::now();
-                            pause.wait().await;
-                            continue;
-                        }
-                        Err(error) => return Err(error.into()),
-                    }
+                    // Due now: the top of the loop keeps the lease alive, and only a read
+                    // after that can hand us the lock. A keep-alive proves the lease, not
+                    // the key: our key deleted between the read above and the keep-alive
+                    // (its lease living on) would be a turn for a key that is gone, while
+                    // the waiter behind us, woken by that delete, takes the lock too.
+                    keep_alive_at = Instant::now();
+                    continue;
                 }
+                // This read was made after the last keep-alive (`proven_at`), which the top
+                // of the loop sends before it reads.
                 return Ok(Turn::new(fence_of(mine), proven_at, waited));
             };
             waited = true;

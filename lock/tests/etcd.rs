@@ -4,8 +4,8 @@
 //! the member a holder, another process and a readiness probe talk to hung (SIGSTOP); a
 //! holder cut off from etcd for longer than its lease; and answers lost on their way back
 //! (a proxy that holds them, `AnswerHold`), so that a step is sent again to another member,
-//! or a renewal's read is answered only after a delete. The properties every backend
-//! shares run against etcd too, in `tests/properties.rs`.
+//! or a renewal's or a waiter's read is answered only after a delete. The properties every
+//! backend shares run against etcd too, in `tests/properties.rs`.
 #![cfg(feature = "etcd")]
 
 mod support;
@@ -794,6 +794,70 @@ async fn a_wait_given_up_after_a_lost_grant_answer_leaves_neither_key_nor_lease_
     assert!(held.release().await.unwrap().was_held());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_key_is_deleted_after_the_read_that_put_it_first_does_not_get_the_lock() {
+    // Arrange: A holds the lock; W waits in line behind it, through a hold, on a 6 s lease
+    // kept alive every 2 s. W's requests wait longer than any answer is held here, so a
+    // held answer comes late instead of being sent again elsewhere.
+    let server = start_server().await;
+    let endpoints = vec![server.endpoint()];
+    let a = process(&endpoints, options(LONG_TTL, Duration::from_secs(30))).await;
+    let held = a.acquire(KEY).await.unwrap();
+    let hold = AnswerHold::start(server.port());
+    let w = EtcdLock::builder([hold.endpoint()])
+        .request_timeout(Duration::from_secs(30))
+        .connect()
+        .await
+        .unwrap();
+    let token = Token::new();
+    let in_line = {
+        let (w, token) = (w.clone(), token.clone());
+        tokio::spawn(async move { w.lock_in_line(KEY, &token, Duration::from_secs(6)).await })
+    };
+    until_waiting(&endpoints, 1, JOINS_WITHIN).await;
+    // One of W's reads after a keep-alive (the first request to carry its token from now
+    // on) goes by, held for a moment: A releases right after it, not while a read of the
+    // line is on its way (it could then find nobody before W, and be answered at once).
+    // TIMING: the next keep-alive and read are 2 s away.
+    hold.hold_after(token.as_str());
+    within(JOINS_WITHIN, "W's periodic read", hold.until_holding()).await;
+    hold.release();
+    assert!(!in_line.is_finished(), "W's wait ended before A released");
+
+    // Act: A releases; the answer to W's next read of the line (woken by the release),
+    // which finds nobody before W, is held while W's key is deleted (its lease lives on)
+    // and until a keep-alive is due; then it goes on.
+    hold.hold_after(token.as_str());
+    assert!(held.release().await.unwrap().was_held());
+    within(JOINS_WITHIN, "W's read went out", hold.until_holding()).await;
+    let own = format!("{}{KEY}/{}", distlock::ETCD_DEFAULT_PREFIX, token.as_str());
+    let deleted = etcd_client(&server.endpoint())
+        .await
+        .delete(own, None)
+        .await
+        .unwrap();
+    assert_eq!(deleted.deleted(), 1);
+    // TIMING: the read went out less than a keep-alive period (2 s) after W's last
+    // keep-alive (milliseconds, as it was woken then); answered 3 s later, a keep-alive is
+    // due then, and W's 6 s lease has not run out (if it had, W would lose its place for
+    // that reason instead).
+    sleep(Duration::from_secs(3)).await;
+    hold.release();
+    let turn = within(Duration::from_secs(20), "W's wait ended", in_line)
+        .await
+        .unwrap();
+
+    // Assert: W is not handed the lock for a key that is gone (the keep-alive that followed
+    // found its lease alive): the line is empty, and W's place is lost.
+    assert!(
+        matches!(turn, Err(Error::LostPlace { why, .. }) if why.contains("key was deleted")),
+        "{turn:?}"
+    );
+    assert!(etcd_line(&endpoints, KEY).await.is_empty());
+    assert_eq!(w.unlock(KEY, &token).await.unwrap(), Unlock::Gone);
+    assert!(etcd_leases(&server.endpoint()).await.is_empty());
+}
+
 /// A TCP forwarder in front of one etcd member that can hold back the member's answers, as
 /// a network that loses them would: the requests reach etcd and are applied, and the
 /// client's own timeout gives up on the answer. Every connection through it is closed on
@@ -861,8 +925,9 @@ impl AnswerHold {
     }
 
     /// Hold every answer once a request carrying `marker` has gone through (its own
-    /// answer included).
+    /// answer included). [`held`](Self::held) starts over.
     fn hold_after(&self, marker: &str) {
+        self.shared.held.store(false, Ordering::SeqCst);
         *self.shared.marker.lock().unwrap() = Some(marker.as_bytes().to_vec());
     }
 
