@@ -102,7 +102,7 @@ pub struct EtcdLock {
     /// observed.
     wake_ups: Arc<AtomicU64>,
     /// Every lease granted (or being granted) for an acquisition, by key and token, until
-    /// its [`unlock`](Backend::unlock) revokes them: a key whose put answer never came back,
+    /// its [`unlock`](Backend::unlock) revokes them (or, failing, forgets them): a key whose put answer never came back,
     /// or whose put was still on its way when the locker gave up the wait, is on one of
     /// them, and goes with it.
     leases: Arc<Granted>,
@@ -487,7 +487,18 @@ impl EtcdLock {
         token: &Token,
         also: Option<i64>,
     ) -> Result<(), etcd::Error> {
-        let mut leases = self.leases.take(key, token);
+        self.revoke_each(key, self.leases.take(key, token), also)
+            .await
+    }
+
+    /// Revoke `leases` (taken from what is remembered for an acquisition of `key`), and
+    /// `also`. Answers the first error, after trying them all.
+    async fn revoke_each(
+        &self,
+        key: &str,
+        mut leases: Vec<i64>,
+        also: Option<i64>,
+    ) -> Result<(), etcd::Error> {
         leases.extend(also.filter(|lease| *lease != 0 && !leases.contains(lease)));
         let mut first_error = None;
         for lease in leases {
@@ -711,6 +722,12 @@ impl Granted {
         self.lock()
             .remove(&(key.to_owned(), token.as_str().to_owned()))
             .unwrap_or_default()
+    }
+
+    /// How many acquisitions have leases remembered.
+    #[cfg(test)]
+    fn acquisitions(&self) -> usize {
+        self.lock().len()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Vec<i64>>> {
@@ -1110,8 +1127,15 @@ impl Backend for EtcdLock {
 
     /// Delete our key (reading the head of the line with it), then revoke every lease this
     /// acquisition was granted: a put still on its way then finds its lease gone, and a key
-    /// already on one goes with it.
+    /// already on one goes with it. When the delete fails, the leases are forgotten all the
+    /// same, unrevoked: they run out within their TTL.
     async fn unlock(&self, key: &str, token: &Token) -> Result<Unlock> {
+        // Forgotten first, whatever happens next (an error, a caller that gives up): by now
+        // nothing keeps these leases alive (the locker drops a wait in line and stops the
+        // watchdog before it unlocks), so one this cannot revoke runs out within its TTL,
+        // with any key on it. Kept after a failure, every unlock of an outage would leave
+        // its entry here for good.
+        let leases = self.leases.take(key, token);
         // The head is read first: if our key is not there, it is someone else's.
         let txn = Txn::new().and_then([
             self.read_head(key),
@@ -1129,7 +1153,7 @@ impl Backend for EtcdLock {
         };
         // Our key is gone already; a lease that cannot be revoked now only runs out.
         let _ = self
-            .revoke_all(key, token, deleted.as_ref().map(|kv| kv.lease()))
+            .revoke_each(key, leases, deleted.as_ref().map(|kv| kv.lease()))
             .await;
         Ok(match (deleted, head) {
             (Some(_), _) => Unlock::Released,
@@ -1291,6 +1315,25 @@ mod tests {
             .connect()
             .await;
         assert!(matches!(built, Err(Error::InvalidOptions(_))), "{built:?}");
+    }
+
+    #[tokio::test]
+    async fn unlocks_that_fail_leave_nothing_remembered_of_their_acquisitions() {
+        // Arrange: a handle whose member is never reached, as in an outage.
+        let lock = offline().await;
+
+        // Act: acquisitions whose grant fails (a lease is remembered before it is sent),
+        // each followed by the locker's unlock, which fails too.
+        for _ in 0..10 {
+            let token = Token::new();
+            let tried = lock.try_lock("k", &token, Duration::from_secs(5)).await;
+            assert!(tried.is_err(), "{tried:?}");
+            let unlocked = lock.unlock("k", &token).await;
+            assert!(unlocked.is_err(), "{unlocked:?}");
+        }
+
+        // Assert: the leases nobody keeps alive run out by themselves; none is kept here.
+        assert_eq!(lock.leases.acquisitions(), 0);
     }
 
     #[tokio::test]
