@@ -27,7 +27,12 @@
 //! - a **waiter keeps its place** through what a cluster does while it waits (a member
 //!   that dies or restarts, an election, a watch stream that breaks): it reads, watches and
 //!   keeps its lease alive again until the caller's deadline ends the wait. Only a lease
-//!   etcd no longer has, or our key gone, loses the place ([`Error::LostPlace`]).
+//!   etcd no longer has, or our key gone, loses the place ([`Error::LostPlace`]);
+//! - **one member at a time**, each request bounded by the request timeout (1 s by
+//!   default): a member that does not answer in time (hung: stopped, or black-holed with its
+//!   TCP connection up) or cannot answer is passed over at once, for this step and the ones
+//!   after it, so a hung member costs one request timeout, not every step. The ttl must
+//!   leave a renewal room for that ([`check_options`](Backend::check_options)).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -53,9 +58,13 @@ pub const DEFAULT_PREFIX: &str = "distlock/";
 /// The longest key, in bytes.
 const MAX_KEY_BYTES: usize = 1024;
 
-/// How long each request may take: connecting to a member, and waiting for its answer.
-/// A member that takes longer counts as unreachable, and the request goes to the next.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a connection with a stream open on it (a watch) is pinged (HTTP/2
+/// keep-alive), so that a watch through a member that stopped answering breaks, and is
+/// made again through a member that answers, instead of waiting for ever.
+///
+/// TIMING: etcd sends a GOAWAY ("too many pings") to a client that pings more often than
+/// its `--grpc-keepalive-min-time` (5 s by default); 10 s stays above it.
+const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(10);
 
 /// Locks in etcd: a [`Backend`] that keeps its own line of waiters. Cheap to clone; clones
 /// share their clients and what they remember of the leases they granted.
@@ -81,16 +90,19 @@ pub struct EtcdLock {
     /// that is down, and those fail (etcdv3/etcd-client#39): with one member of three down,
     /// steps would fail that the two others could answer.
     clients: Arc<[etcd::Client]>,
-    /// The member requests go to first: an index into `clients`, moved to the member that
-    /// answered when the one before could not.
+    /// The member requests go to first: an index into `clients`, moved on to the next member
+    /// as soon as a request to this one times out or fails (see [`ask`](Self::ask)).
     current: Arc<AtomicUsize>,
+    /// How long one request may take at one member before it is given up there and sent
+    /// to the next ([`EtcdLockBuilder::request_timeout`]).
+    request_timeout: Duration,
     /// Put before every lock key: empty, or ending with `/`.
     prefix: String,
     /// Deletes of a watched key that woke a waiter here: how the no-herd property is
     /// observed.
     wake_ups: Arc<AtomicU64>,
     /// Every lease granted (or being granted) for an acquisition, by key and token, until
-    /// its [`unlock`](Backend::unlock) revokes them: a key whose put answer never came back,
+    /// its [`unlock`](Backend::unlock) revokes them (or, failing, forgets them): a key whose put answer never came back,
     /// or whose put was still on its way when the locker gave up the wait, is on one of
     /// them, and goes with it.
     leases: Arc<Granted>,
@@ -101,48 +113,125 @@ impl std::fmt::Debug for EtcdLock {
         f.debug_struct("EtcdLock")
             .field("prefix", &self.prefix)
             .field("members", &self.clients.len())
+            .field("request_timeout", &self.request_timeout)
             .finish_non_exhaustive()
     }
 }
 
-impl EtcdLock {
-    /// Connect to the cluster at `endpoints` (`http://host:port`): a client for each, used
-    /// one at a time. A step that cannot reach its member within 5 s, or finds it without a
-    /// leader, goes to the next, until every member was tried; later steps start at the
-    /// member that answered.
+/// Settings for [`EtcdLock`]: the cluster's endpoints and how long one request may take.
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until `connect` is called"]
+pub struct EtcdLockBuilder {
+    endpoints: Vec<String>,
+    request_timeout: Duration,
+}
+
+impl EtcdLockBuilder {
+    /// How long one request may take at one member (connecting included) before it is
+    /// given up there and sent to the next member. Default
+    /// [`EtcdLock::DEFAULT_REQUEST_TIMEOUT`], 1 s: etcd answers a durable write in
+    /// milliseconds, so a member that has not answered in a second is taken as hung.
+    ///
+    /// With more than one member, [`Locker::new`](crate::Locker::new) refuses a ttl that
+    /// leaves a renewal less than two of these (see [`EtcdLock::connect`]).
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// A client for each endpoint, used one at a time (see [`EtcdLock::connect`]).
     ///
     /// # Errors
-    /// [`Error::Etcd`] for an endpoint that is not a URL, or none at all.
-    pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(endpoints: S) -> Result<Self> {
+    /// [`Error::InvalidOptions`] for a zero request timeout; [`Error::Etcd`] for an
+    /// endpoint that is not a URL, or none at all.
+    pub async fn connect(self) -> Result<EtcdLock> {
+        let timeout = self.request_timeout;
+        if timeout.is_zero() {
+            return Err(Error::InvalidOptions(
+                "the etcd request timeout is zero: no request could be answered".into(),
+            ));
+        }
         let options = etcd::ConnectOptions::new()
-            .with_connect_timeout(REQUEST_TIMEOUT)
-            .with_timeout(REQUEST_TIMEOUT)
+            .with_connect_timeout(timeout)
+            // The member learns the deadline too (gRPC's `grpc-timeout`); `ask` bounds the
+            // whole request on our side, a stream's first answer included.
+            .with_timeout(timeout)
+            // Pings only while a stream is open: etcd counts pings on an idle connection
+            // against the client.
+            .with_keep_alive(KEEP_ALIVE_EVERY, timeout)
+            .with_keep_alive_while_idle(false)
             // A member cut off from the leader refuses (`UNAVAILABLE`, "no leader") instead
             // of waiting for one, and ends its watch streams: the step goes to another
             // member, the waiter watches through another.
             .with_require_leader(true);
         let mut clients = Vec::new();
-        for endpoint in endpoints.as_ref() {
+        for endpoint in &self.endpoints {
             // Connects lazily: a member that is down now is tried when a step needs it.
             clients.push(etcd::Client::connect([endpoint], Some(options.clone())).await?);
         }
         if clients.is_empty() {
             return Err(etcd::Error::InvalidArgs("no etcd endpoint".into()).into());
         }
-        Ok(Self::with_clients(clients))
+        Ok(EtcdLock::with_clients(clients, timeout))
+    }
+}
+
+impl EtcdLock {
+    /// How long one request may take at one member unless
+    /// [`EtcdLockBuilder::request_timeout`] says otherwise.
+    pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+
+    /// Settings for locks on the cluster at `endpoints` (`http://host:port`): set the
+    /// request timeout, then [`connect`](EtcdLockBuilder::connect).
+    pub fn builder<E: AsRef<str>, S: AsRef<[E]>>(endpoints: S) -> EtcdLockBuilder {
+        EtcdLockBuilder {
+            endpoints: endpoints
+                .as_ref()
+                .iter()
+                .map(|e| e.as_ref().to_owned())
+                .collect(),
+            request_timeout: Self::DEFAULT_REQUEST_TIMEOUT,
+        }
     }
 
-    /// Locks through a client connected elsewhere (every step goes through it). Give it a
-    /// request timeout and `with_require_leader(true)`, as [`connect`](Self::connect)
-    /// does: without them, a step sent to a member that lost its leader waits for one.
+    /// Connect to the cluster at `endpoints` (`http://host:port`) with the default request
+    /// timeout (1 s; [`builder`](Self::builder) sets another): a client for each member,
+    /// used one at a time.
+    ///
+    /// Each request waits at most the request timeout for its member. A member that does
+    /// not answer in time (hung: stopped, or black-holed with its connection up), cannot be
+    /// reached, or has no leader is passed over at once: the step goes to the next member,
+    /// and so do the steps after it, until every member was tried. A hung member thus costs
+    /// one request timeout, once, and not one per step. With more than one member,
+    /// [`Locker::new`](crate::Locker::new) refuses a ttl that leaves a renewal (or a waiter's
+    /// keep-alive) less than two request timeouts: one to give up on a hung member, one for
+    /// another to answer.
+    ///
+    /// # Errors
+    /// [`Error::Etcd`] for an endpoint that is not a URL, or none at all.
+    pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(endpoints: S) -> Result<Self> {
+        Self::builder(endpoints).connect().await
+    }
+
+    /// Locks through a client connected elsewhere (every step goes through it, so there is
+    /// no other member to go to). Each request is bounded by
+    /// [`DEFAULT_REQUEST_TIMEOUT`](Self::DEFAULT_REQUEST_TIMEOUT). Give the client
+    /// `with_require_leader(true)`, as [`connect`](Self::connect) does: without it, a step
+    /// sent to a member that lost its leader waits for one.
     pub fn new(client: etcd::Client) -> Self {
-        Self::with_clients(vec![client])
+        Self::with_clients(vec![client], Self::DEFAULT_REQUEST_TIMEOUT)
     }
 
-    fn with_clients(clients: Vec<etcd::Client>) -> Self {
+    /// How long one request may take at one member.
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    fn with_clients(clients: Vec<etcd::Client>, request_timeout: Duration) -> Self {
         Self {
             clients: clients.into(),
             current: Arc::new(AtomicUsize::new(0)),
+            request_timeout,
             prefix: DEFAULT_PREFIX.to_owned(),
             wake_ups: Arc::new(AtomicU64::new(0)),
             leases: Arc::default(),
@@ -194,39 +283,79 @@ impl EtcdLock {
     async fn call<T, F, Fut>(&self, request: F) -> Result<T, etcd::Error>
     where
         F: Fn(etcd::Client) -> Fut,
-        Fut: Future<Output = Result<T, etcd::Error>>,
+        Fut: Future<Output = Result<T, etcd::Error>> + Send + 'static,
+        T: Send + 'static,
     {
         let members = self.clients.len();
         let first = self.current.load(Ordering::Relaxed) % members;
         let mut last_error = None;
         for at in (first..first + members).map(|i| i % members) {
-            for first_try in [true, false] {
-                match request(self.clients[at].clone()).await {
+            for last_try in [false, true] {
+                match self
+                    .ask(at, last_try, request(self.clients[at].clone()))
+                    .await
+                {
                     Err(error) if unreachable(&error) => {
                         tracing::debug!(%error, member = at, "etcd member could not answer");
-                        let again = first_try && !timed_out(&error);
+                        let again = !last_try && !timed_out(&error);
                         last_error = Some(error);
                         if !again {
                             break;
                         }
                     }
-                    answer => {
-                        if at != first {
-                            // Later steps start where this one was answered, unless a step
-                            // that started later has already moved them: its news is newer.
-                            let _ = self.current.compare_exchange(
-                                first,
-                                at,
-                                Ordering::Relaxed,
-                                Ordering::Relaxed,
-                            );
-                        }
-                        return answer;
-                    }
+                    answer => return answer,
                 }
             }
         }
         Err(last_error.expect("at least one member"))
+    }
+
+    /// `request` to member `at`, bounded by the request timeout. If the member does not
+    /// answer in time, or fails on our `last_try` of it, `current` moves on to the next
+    /// member before anything else is tried, so that the steps after this one start there
+    /// (unless a step has moved it already: its news is as new).
+    ///
+    /// The request runs in a task of its own, which moves `current` even when the caller
+    /// has given up meanwhile: a renewal the watchdog cancels at the end of its lease, a
+    /// wait dropped at its deadline, or a readiness probe under a timeout no longer than
+    /// ours (the service's `/readyz` gives `inspect` 1 s, the default request timeout). A
+    /// caller that gives up before the member has had its request timeout would otherwise
+    /// leave `current` on the hung member, and every later step would start there again.
+    /// The task ends within the request timeout; it sends nothing more.
+    async fn ask<T, Fut>(&self, at: usize, last_try: bool, request: Fut) -> Result<T, etcd::Error>
+    where
+        Fut: Future<Output = Result<T, etcd::Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (current, members, timeout) = (
+            Arc::clone(&self.current),
+            self.clients.len(),
+            self.request_timeout,
+        );
+        let asked = tokio::spawn(async move {
+            let answer = match tokio::time::timeout(timeout, request).await {
+                Ok(answer) => answer,
+                Err(_) => Err(no_answer_within(timeout)),
+            };
+            if let Err(error) = &answer
+                && (timed_out(error) || (last_try && unreachable(error)))
+            {
+                let _ = current.compare_exchange(
+                    at,
+                    (at + 1) % members,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+            }
+            answer
+        });
+        match asked.await {
+            Ok(answer) => answer,
+            Err(ended) if ended.is_panic() => std::panic::resume_unwind(ended.into_panic()),
+            Err(ended) => Err(etcd::Error::Internal(format!(
+                "the task of a request to etcd ended: {ended}"
+            ))),
+        }
     }
 
     /// One transaction, through [`call`](Self::call).
@@ -358,7 +487,18 @@ impl EtcdLock {
         token: &Token,
         also: Option<i64>,
     ) -> Result<(), etcd::Error> {
-        let mut leases = self.leases.take(key, token);
+        self.revoke_each(key, self.leases.take(key, token), also)
+            .await
+    }
+
+    /// Revoke `leases` (taken from what is remembered for an acquisition of `key`), and
+    /// `also`. Answers the first error, after trying them all.
+    async fn revoke_each(
+        &self,
+        key: &str,
+        mut leases: Vec<i64>,
+        also: Option<i64>,
+    ) -> Result<(), etcd::Error> {
         leases.extend(also.filter(|lease| *lease != 0 && !leases.contains(lease)));
         let mut first_error = None;
         for lease in leases {
@@ -494,14 +634,15 @@ impl EtcdLock {
 /// that timed out in raft), `CANCELLED` (the connection closed, the client's timeout),
 /// `DEADLINE_EXCEEDED`, etcd's "not leader" (a lease request that reached a member which
 /// had just lost the lead), any status the client made itself from a transport error (a
-/// member sends none with a source: a broken connection comes as `UNKNOWN`), and a
-/// keep-alive stream that ended before its answer.
+/// member sends none with a source: a broken connection comes as `UNKNOWN`), a
+/// keep-alive stream that ended before its answer, and our own request timeout.
 fn unreachable(error: &etcd::Error) -> bool {
     const CANCELLED: i32 = 1;
     const DEADLINE_EXCEEDED: i32 = 4;
     const UNAVAILABLE: i32 = 14;
     match error {
         etcd::Error::TransportError(_) => true,
+        etcd::Error::IoError(_) => timed_out(error),
         // etcd-client's `lease_keep_alive` when the stream ends without an answer.
         etcd::Error::WatchError(_) => true,
         etcd::Error::GRpcStatus(status) => {
@@ -515,12 +656,26 @@ fn unreachable(error: &etcd::Error) -> bool {
     }
 }
 
-/// Whether `error` is the client's own timeout (or a deadline that ran out at the member).
+/// Whether `error` is a request timeout ([`EtcdLock::ask`]'s, or the client's), or a
+/// deadline that ran out at the member.
 fn timed_out(error: &etcd::Error) -> bool {
     const CANCELLED: i32 = 1;
     const DEADLINE_EXCEEDED: i32 = 4;
-    matches!(error, etcd::Error::GRpcStatus(status)
-        if matches!(i32::from(status.code()), CANCELLED | DEADLINE_EXCEEDED))
+    match error {
+        etcd::Error::IoError(error) => error.kind() == std::io::ErrorKind::TimedOut,
+        etcd::Error::GRpcStatus(status) => {
+            matches!(i32::from(status.code()), CANCELLED | DEADLINE_EXCEEDED)
+        }
+        _ => false,
+    }
+}
+
+/// The error of a request that a member did not answer within `timeout`.
+fn no_answer_within(timeout: Duration) -> etcd::Error {
+    etcd::Error::IoError(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("the etcd member did not answer within the request timeout ({timeout:?})"),
+    ))
 }
 
 const FAILED_PRECONDITION: i32 = 9;
@@ -567,6 +722,12 @@ impl Granted {
         self.lock()
             .remove(&(key.to_owned(), token.as_str().to_owned()))
             .unwrap_or_default()
+    }
+
+    /// How many acquisitions have leases remembered.
+    #[cfg(test)]
+    fn acquisitions(&self) -> usize {
+        self.lock().len()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Vec<i64>>> {
@@ -699,13 +860,34 @@ impl Backend for EtcdLock {
         )
     }
 
+    /// No replicas to wait for; and with more than one member, a ttl whose renewals have
+    /// room to fail over.
+    ///
+    /// TIMING: a renewal (the watchdog's, every renew interval; a waiter's keep-alive,
+    /// every third of the ttl) must land before the lease it renews ends: within
+    /// `ttl - period` of being sent. A renewal whose member hangs waits one request timeout
+    /// there before it goes to another member; it needs a second for that member's
+    /// answers (a few milliseconds when all is well), and the scheduler. So `period + 2 *
+    /// request_timeout <= ttl`. One member has no other to go to: its renewals wait for it
+    /// as for any slow server.
     fn check_options(&self, options: &LockOptions) -> Result<()> {
-        match options.wait_for_replicas() {
-            Some(_) => Err(Error::InvalidOptions(
+        if options.wait_for_replicas().is_some() {
+            return Err(Error::InvalidOptions(
                 "etcd commits every write to a quorum before it answers; there are no replicas to wait for (wait_for_replicas)".into(),
-            )),
-            None => Ok(()),
+            ));
         }
+        if self.clients.len() > 1 {
+            let ttl = options.ttl();
+            let period = options.renew_interval().unwrap_or(ttl / 3).max(ttl / 3);
+            let room = ttl.saturating_sub(period);
+            let timeout = self.request_timeout;
+            if timeout * 2 > room {
+                return Err(Error::InvalidOptions(format!(
+                    "ttl {ttl:?} leaves a renewal {room:?} to land in (after a period of {period:?}), less than two etcd request timeouts ({timeout:?} each): one to give up on a member that does not answer, one for the next member to answer. Use a longer ttl, or a shorter request timeout (EtcdLock::builder)"
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn waits_in_line(&self) -> bool {
@@ -833,21 +1015,16 @@ impl Backend for EtcdLock {
                 // grant); one older than a renewal period (after a wait through faults) is
                 // proven again first, so that the guard starts with two thirds of a lease.
                 if Instant::now() >= proven_at + every {
-                    let sent = Instant::now();
-                    match self.keep_alive(lease).await {
-                        Ok(true) => proven_at = sent,
-                        Ok(false) => {
-                            return Err(lost("our etcd lease ran out while we waited"));
-                        }
-                        Err(error) if unreachable(&error) => {
-                            tracing::warn!(%key, %error, "could not keep our etcd lease alive; trying again");
-                            keep_alive_at = Instant::now();
-                            pause.wait().await;
-                            continue;
-                        }
-                        Err(error) => return Err(error.into()),
-                    }
+                    // Due now: the top of the loop keeps the lease alive, and only a read
+                    // after that can hand us the lock. A keep-alive proves the lease, not
+                    // the key: our key deleted between the read above and the keep-alive
+                    // (its lease living on) would be a turn for a key that is gone, while
+                    // the waiter behind us, woken by that delete, takes the lock too.
+                    keep_alive_at = Instant::now();
+                    continue;
                 }
+                // This read was made after the last keep-alive (`proven_at`), which the top
+                // of the loop sends before it reads.
                 return Ok(Turn::new(fence_of(mine), proven_at, waited));
             };
             waited = true;
@@ -950,8 +1127,15 @@ impl Backend for EtcdLock {
 
     /// Delete our key (reading the head of the line with it), then revoke every lease this
     /// acquisition was granted: a put still on its way then finds its lease gone, and a key
-    /// already on one goes with it.
+    /// already on one goes with it. When the delete fails, the leases are forgotten all the
+    /// same, unrevoked: they run out within their TTL.
     async fn unlock(&self, key: &str, token: &Token) -> Result<Unlock> {
+        // Forgotten first, whatever happens next (an error, a caller that gives up): by now
+        // nothing keeps these leases alive (the locker drops a wait in line and stops the
+        // watchdog before it unlocks), so one this cannot revoke runs out within its TTL,
+        // with any key on it. Kept after a failure, every unlock of an outage would leave
+        // its entry here for good.
+        let leases = self.leases.take(key, token);
         // The head is read first: if our key is not there, it is someone else's.
         let txn = Txn::new().and_then([
             self.read_head(key),
@@ -969,7 +1153,7 @@ impl Backend for EtcdLock {
         };
         // Our key is gone already; a lease that cannot be revoked now only runs out.
         let _ = self
-            .revoke_all(key, token, deleted.as_ref().map(|kv| kv.lease()))
+            .revoke_each(key, leases, deleted.as_ref().map(|kv| kv.lease()))
             .await;
         Ok(match (deleted, head) {
             (Some(_), _) => Unlock::Released,
@@ -1072,6 +1256,86 @@ mod tests {
     /// A handle whose member is never reached (the client connects lazily).
     async fn offline() -> EtcdLock {
         EtcdLock::connect(["http://127.0.0.1:1"]).await.unwrap()
+    }
+
+    /// A handle on `members` members that are never reached, with `request_timeout`.
+    async fn offline_members(members: u16, request_timeout: Duration) -> EtcdLock {
+        let endpoints: Vec<String> = (1..=members)
+            .map(|port| format!("http://127.0.0.1:{port}"))
+            .collect();
+        EtcdLock::builder(endpoints)
+            .request_timeout(request_timeout)
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    fn ttl_ms(ttl: u64) -> LockOptions {
+        LockOptions::builder()
+            .ttl(Duration::from_millis(ttl))
+            .build()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn with_several_members_a_ttl_must_leave_a_renewal_two_request_timeouts() {
+        let refused = |checked: Result<()>| matches!(checked, Err(Error::InvalidOptions(_)));
+        let three = offline_members(3, Duration::from_secs(1)).await;
+
+        // Renewed every third: a 3 s ttl leaves a renewal 2 s, two request timeouts.
+        assert!(three.check_options(&ttl_ms(3_000)).is_ok());
+        assert!(refused(three.check_options(&ttl_ms(2_900))));
+        // Renewed every 4.5 s of 6 s: 1.5 s left.
+        let late = |every| {
+            LockOptions::builder()
+                .ttl(Duration::from_secs(6))
+                .renew_interval(Duration::from_millis(every))
+                .build()
+                .unwrap()
+        };
+        assert!(three.check_options(&late(4_000)).is_ok());
+        assert!(refused(three.check_options(&late(4_500))));
+        // Without a watchdog, a waiter still keeps its lease alive every third of it.
+        let unwatched = LockOptions::builder()
+            .ttl(Duration::from_millis(2_900))
+            .without_watchdog()
+            .build()
+            .unwrap();
+        assert!(refused(three.check_options(&unwatched)));
+        // A shorter request timeout makes room for a shorter ttl.
+        let quick = offline_members(3, Duration::from_millis(300)).await;
+        assert!(quick.check_options(&ttl_ms(900)).is_ok());
+        // One member has no other to go to.
+        let one = offline_members(1, Duration::from_secs(1)).await;
+        assert!(one.check_options(&ttl_ms(900)).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_zero_request_timeout_is_refused() {
+        let built = EtcdLock::builder(["http://127.0.0.1:1"])
+            .request_timeout(Duration::ZERO)
+            .connect()
+            .await;
+        assert!(matches!(built, Err(Error::InvalidOptions(_))), "{built:?}");
+    }
+
+    #[tokio::test]
+    async fn unlocks_that_fail_leave_nothing_remembered_of_their_acquisitions() {
+        // Arrange: a handle whose member is never reached, as in an outage.
+        let lock = offline().await;
+
+        // Act: acquisitions whose grant fails (a lease is remembered before it is sent),
+        // each followed by the locker's unlock, which fails too.
+        for _ in 0..10 {
+            let token = Token::new();
+            let tried = lock.try_lock("k", &token, Duration::from_secs(5)).await;
+            assert!(tried.is_err(), "{tried:?}");
+            let unlocked = lock.unlock("k", &token).await;
+            assert!(unlocked.is_err(), "{unlocked:?}");
+        }
+
+        // Assert: the leases nobody keeps alive run out by themselves; none is kept here.
+        assert_eq!(lock.leases.acquisitions(), 0);
     }
 
     #[tokio::test]

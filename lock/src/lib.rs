@@ -150,7 +150,7 @@ mod zookeeper;
 pub use backend::{Attempt, Backend, LockState, Renewal, Turn, Unlock};
 pub use error::{Error, Result};
 #[cfg(feature = "etcd")]
-pub use etcd::{DEFAULT_PREFIX as ETCD_DEFAULT_PREFIX, EtcdLock};
+pub use etcd::{DEFAULT_PREFIX as ETCD_DEFAULT_PREFIX, EtcdLock, EtcdLockBuilder};
 pub use fenced::{Fence, FencedGuard};
 pub use guard::{LockGuard, ReleaseOutcome};
 pub use lease::LockLost;

@@ -1,10 +1,11 @@
 //! etcd under faults, against private servers started (and killed, by pid) by each test:
 //! the server killed under a holder, or restarted under a waiter; a cluster of three with
-//! its leader down, with a majority down, and with the member a waiter talks to down; a
+//! its leader down, with a majority down, with the member a waiter talks to down, and with
+//! the member a holder, another process and a readiness probe talk to hung (SIGSTOP); a
 //! holder cut off from etcd for longer than its lease; and answers lost on their way back
 //! (a proxy that holds them, `AnswerHold`), so that a step is sent again to another member,
-//! or a renewal's read is answered only after a delete. The properties every backend
-//! shares run against etcd too, in `tests/properties.rs`.
+//! or a renewal's or a waiter's read is answered only after a delete. The properties every
+//! backend shares run against etcd too, in `tests/properties.rs`.
 #![cfg(feature = "etcd")]
 
 mod support;
@@ -40,8 +41,8 @@ const MARGIN: Duration = Duration::from_secs(3);
 const ELECTION: Duration = Duration::from_secs(1);
 
 /// How long `EtcdLock` waits for a member's answer before it sends the step to the next
-/// member (`EtcdLock::connect`).
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// member (`EtcdLock::connect`'s default).
+const REQUEST_TIMEOUT: Duration = EtcdLock::DEFAULT_REQUEST_TIMEOUT;
 
 /// TIMING: far beyond a join's few requests on a busy machine.
 const JOINS_WITHIN: Duration = Duration::from_secs(10);
@@ -401,7 +402,8 @@ async fn with_two_of_three_down_acquire_fails_by_its_deadline_and_once_they_are_
     let started = Instant::now();
     let tried = within(
         // TIMING: try_acquire has no deadline of its own; each request to etcd has the
-        // client's (5 s, `EtcdLock::connect`), and the first that fails ends it.
+        // request timeout at each member (1 s, `EtcdLock::connect`), and the first that
+        // fails at every member ends it.
         REQUEST_TIMEOUT + MARGIN,
         "try_acquire gave up",
         a.try_acquire(KEY),
@@ -452,6 +454,115 @@ async fn with_two_of_three_down_acquire_fails_by_its_deadline_and_once_they_are_
     let again = a.acquire(KEY).await.unwrap();
     assert!(again.fence() > first_fence);
     assert!(again.release().await.unwrap().was_held());
+    drop(cluster);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_lives_through_a_hung_member_and_another_process_is_refused_then_served() {
+    // Arrange: a cluster of three; A holds the lock with a watchdog; A and B (another
+    // process) both talk first to a follower, which will hang. (A hung leader would add an
+    // election, which `with_the_leader_of_three_down...` covers with a kill.)
+    let cluster = start_cluster(3).await;
+    let endpoints = cluster.endpoints();
+    let leader = cluster.leader().expect("a leader");
+    let hung = (0..3).find(|&i| i != leader).unwrap();
+    // TIMING: a 6 s lease renewed every 2 s leaves each renewal 4 s to land in: time to
+    // wait out the hung member once (the request timeout, 1 s) and be answered by another.
+    let ttl = Duration::from_secs(6);
+    let first = from_member(&endpoints, hung);
+    let a = process(&first, options(ttl, Duration::from_secs(30))).await;
+    let b = process(&first, options(ttl, Duration::from_secs(2))).await;
+    let held = a.acquire(KEY).await.unwrap();
+    let told = when_told(&held);
+    let renewals = held.renewals();
+
+    // Act: the member hangs (SIGSTOP): its TCP connections stay up, and nothing answers.
+    cluster.signal(hung, "-STOP");
+    // TIMING: a lease and more: every renewal in it had to get past the hung member.
+    sleep(ttl + MARGIN).await;
+
+    // Assert: A still holds, renewed through the others, and was never told otherwise.
+    if told.is_finished() {
+        let (why, _) = told.await.unwrap();
+        panic!("A was told its lock is lost while a member hung: {why:?}");
+    }
+    assert!(held.is_held());
+    let renewed = held.renewals() - renewals;
+    assert!(renewed >= 2, "{renewed} renewals while the member hung");
+
+    // Act / Assert: B, whose steps start at the hung member, is told the lock is held
+    // (not that etcd could not be reached) ...
+    let tried = within(
+        REQUEST_TIMEOUT + MARGIN,
+        "B's try_acquire answered",
+        b.try_acquire(KEY),
+    )
+    .await;
+    assert!(matches!(tried, Err(Error::Held { .. })), "{tried:?}");
+    // ... and once A releases, gets the lock within its 2 s wait: its steps no longer
+    // start at the hung member.
+    let a_fence = held.fence();
+    assert!(held.release().await.unwrap().was_held());
+    let b_guard = b.acquire(KEY).await.expect("B's acquire after A's release");
+    assert!(b_guard.fence() > a_fence);
+    assert!(b_guard.release().await.unwrap().was_held());
+
+    // The member goes on, and the cluster is whole again, with nothing left in line.
+    cluster.signal(hung, "-CONT");
+    let cluster = healthy(cluster).await;
+    assert!(etcd_line(&endpoints, KEY).await.is_empty());
+    drop(cluster);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_given_up_before_the_request_timeout_still_move_a_process_off_a_hung_member() {
+    // Arrange: a cluster of three; A holds the lock (talking to the leader first); a prober
+    // that only inspects the lock, as the service's readiness probe does, talks first to a
+    // follower, which will hang. It has answered once, so its connection is up.
+    let cluster = start_cluster(3).await;
+    let endpoints = cluster.endpoints();
+    let leader = cluster.leader().expect("a leader");
+    let hung = (0..3).find(|&i| i != leader).unwrap();
+    let a = process(
+        &from_member(&endpoints, leader),
+        options(LONG_TTL, Duration::from_secs(30)),
+    )
+    .await;
+    let held = a.acquire(KEY).await.unwrap();
+    let prober = process(
+        &from_member(&endpoints, hung),
+        options(LONG_TTL, Duration::from_secs(30)),
+    )
+    .await;
+    assert!(prober.inspect(KEY).await.unwrap().held);
+
+    // Act: the member hangs; the prober probes again and again, giving each probe up after
+    // 700 ms (the service's gives up after 1 s): no probe is let run until the request
+    // timeout (1 s) ends its wait on the hung member.
+    // TIMING: 700 ms is far beyond two reads on a member that answers.
+    const GIVEN_UP_AFTER: Duration = Duration::from_millis(700);
+    cluster.signal(hung, "-STOP");
+    let stopped = Instant::now();
+    let mut answered = Vec::new();
+    while stopped.elapsed() < Duration::from_secs(15) && !answered.ends_with(&[true; 3]) {
+        let probe = tokio::time::timeout(GIVEN_UP_AFTER, prober.inspect(KEY)).await;
+        answered.push(
+            matches!(probe, Ok(Ok(state)) if state.held && state.fence == Some(held.fence())),
+        );
+    }
+    println!("probes after the stop (answered or not): {answered:?}");
+
+    // Assert: after the first few (given up while the hung member was still where the
+    // prober's steps started), probes are answered, by the others.
+    assert!(
+        answered.ends_with(&[true; 3]),
+        "the probes never got past the hung member: {answered:?}"
+    );
+    let given_up = answered.iter().filter(|ok| !**ok).count();
+    assert!(given_up <= 4, "{given_up} probes given up: {answered:?}");
+
+    cluster.signal(hung, "-CONT");
+    assert!(held.release().await.unwrap().was_held());
     drop(cluster);
 }
 
@@ -683,6 +794,70 @@ async fn a_wait_given_up_after_a_lost_grant_answer_leaves_neither_key_nor_lease_
     assert!(held.release().await.unwrap().was_held());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_key_is_deleted_after_the_read_that_put_it_first_does_not_get_the_lock() {
+    // Arrange: A holds the lock; W waits in line behind it, through a hold, on a 6 s lease
+    // kept alive every 2 s. W's requests wait longer than any answer is held here, so a
+    // held answer comes late instead of being sent again elsewhere.
+    let server = start_server().await;
+    let endpoints = vec![server.endpoint()];
+    let a = process(&endpoints, options(LONG_TTL, Duration::from_secs(30))).await;
+    let held = a.acquire(KEY).await.unwrap();
+    let hold = AnswerHold::start(server.port());
+    let w = EtcdLock::builder([hold.endpoint()])
+        .request_timeout(Duration::from_secs(30))
+        .connect()
+        .await
+        .unwrap();
+    let token = Token::new();
+    let in_line = {
+        let (w, token) = (w.clone(), token.clone());
+        tokio::spawn(async move { w.lock_in_line(KEY, &token, Duration::from_secs(6)).await })
+    };
+    until_waiting(&endpoints, 1, JOINS_WITHIN).await;
+    // One of W's reads after a keep-alive (the first request to carry its token from now
+    // on) goes by, held for a moment: A releases right after it, not while a read of the
+    // line is on its way (it could then find nobody before W, and be answered at once).
+    // TIMING: the next keep-alive and read are 2 s away.
+    hold.hold_after(token.as_str());
+    within(JOINS_WITHIN, "W's periodic read", hold.until_holding()).await;
+    hold.release();
+    assert!(!in_line.is_finished(), "W's wait ended before A released");
+
+    // Act: A releases; the answer to W's next read of the line (woken by the release),
+    // which finds nobody before W, is held while W's key is deleted (its lease lives on)
+    // and until a keep-alive is due; then it goes on.
+    hold.hold_after(token.as_str());
+    assert!(held.release().await.unwrap().was_held());
+    within(JOINS_WITHIN, "W's read went out", hold.until_holding()).await;
+    let own = format!("{}{KEY}/{}", distlock::ETCD_DEFAULT_PREFIX, token.as_str());
+    let deleted = etcd_client(&server.endpoint())
+        .await
+        .delete(own, None)
+        .await
+        .unwrap();
+    assert_eq!(deleted.deleted(), 1);
+    // TIMING: the read went out less than a keep-alive period (2 s) after W's last
+    // keep-alive (milliseconds, as it was woken then); answered 3 s later, a keep-alive is
+    // due then, and W's 6 s lease has not run out (if it had, W would lose its place for
+    // that reason instead).
+    sleep(Duration::from_secs(3)).await;
+    hold.release();
+    let turn = within(Duration::from_secs(20), "W's wait ended", in_line)
+        .await
+        .unwrap();
+
+    // Assert: W is not handed the lock for a key that is gone (the keep-alive that followed
+    // found its lease alive): the line is empty, and W's place is lost.
+    assert!(
+        matches!(turn, Err(Error::LostPlace { why, .. }) if why.contains("key was deleted")),
+        "{turn:?}"
+    );
+    assert!(etcd_line(&endpoints, KEY).await.is_empty());
+    assert_eq!(w.unlock(KEY, &token).await.unwrap(), Unlock::Gone);
+    assert!(etcd_leases(&server.endpoint()).await.is_empty());
+}
+
 /// A TCP forwarder in front of one etcd member that can hold back the member's answers, as
 /// a network that loses them would: the requests reach etcd and are applied, and the
 /// client's own timeout gives up on the answer. Every connection through it is closed on
@@ -750,8 +925,9 @@ impl AnswerHold {
     }
 
     /// Hold every answer once a request carrying `marker` has gone through (its own
-    /// answer included).
+    /// answer included). [`held`](Self::held) starts over.
     fn hold_after(&self, marker: &str) {
+        self.shared.held.store(false, Ordering::SeqCst);
         *self.shared.marker.lock().unwrap() = Some(marker.as_bytes().to_vec());
     }
 

@@ -1,7 +1,9 @@
 //! ZooKeeper under faults, against private servers started (and killed, by pid) by each
 //! test: the server killed under a holder, an ensemble of three with its leader down and
-//! with a majority down, and a holder cut off from the ensemble for longer than its session.
-//! The properties every backend shares run against ZooKeeper too, in `tests/properties.rs`.
+//! with a majority down, a holder cut off from the ensemble for longer than its session,
+//! and (ignored until `ZkLock` survives it) the server a holder's session is connected to
+//! hung. The properties every backend shares run against ZooKeeper too, in
+//! `tests/properties.rs`.
 #![cfg(feature = "zookeeper")]
 
 mod support;
@@ -476,4 +478,115 @@ async fn a_holder_cut_off_past_its_session_is_told_the_next_holder_gets_a_larger
     assert!(again.fence() > b_fence);
     assert!(again.release().await.unwrap().was_held());
     drop(server);
+}
+
+/// Ignored: `ZkLock` does not survive this yet, and the fix belongs in `src/zookeeper.rs`.
+/// What happens (8 s session, 4 s ttl, 20 runs on the two-core machine, the stop at
+/// different points of the renewal cycle: 11 passed, 9 lost the lock): zookeeper-client
+/// takes a connection that has not answered for 0.4 of the session (its default connection
+/// timeout, 3.2 s here, checked every twentieth of the session) as lost, and reconnects to
+/// a server of its list shuffled again, the hung one included. When it picks a live one,
+/// the session is there 2.2 to 3.7 s after the stop, and the watchdog's retried renewal
+/// lands with 0.3 to 0.5 s of the lease left. When it picks the hung one again (one time
+/// in three), the TCP connect succeeds and the handshake waits out another 3.2 s ("fails to
+/// establish session ... no response from connection in 3200ms"): the session moves 5.4 to
+/// 6.9 s after the stop, the holder is told `Unreachable` when its lease ends (2.7 to 4.0 s
+/// after the stop), and the reaper deletes its node. The lease counts from the last
+/// renewal, the detection from the last answer just after it: a ttl of half the session
+/// leaves at best 0.05 of the session after the detection, and nothing for a second try. A
+/// connection timeout well under the ttl (the connector's `with_connection_timeout`) would
+/// let a detection and a second try fit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "ZkLock lost its lock in 9 runs of 20: zookeeper-client's connection timeout (0.4 of the session) and its reconnects to the hung server outlast the ttl (see the comment)"]
+async fn a_held_lock_lives_through_a_hang_of_the_server_its_session_is_connected_to() {
+    // Arrange: an ensemble of three; A holds the lock with a watchdog, on a session to the
+    // whole ensemble that the client has connected to a follower (a hung leader would stop
+    // every write until the others elect another, which the leader-down test covers with a
+    // kill); B is another process.
+    let ensemble = blocking(|| ZooKeeperEnsemble::start(3)).await;
+    let connect_string = ensemble.connect_string();
+    // TIMING: the ttl is half the session, as the crate is about to require.
+    let session = Duration::from_secs(8);
+    let ttl = session / 2;
+    let leader = ensemble.leader().expect("a leader");
+    // The client picks a server at random: sessions until one is on a follower.
+    let mut tries = 0;
+    let (a_backend, hung) = loop {
+        tries += 1;
+        assert!(tries <= 20, "no session of 20 was connected to a follower");
+        let backend = zk(&connect_string, session).await;
+        let sid = backend.zookeeper().session_id().0;
+        match ensemble.member_with_session(sid) {
+            Some(member) if member != leader => break (backend, member),
+            _ => {}
+        }
+    };
+    let sid = a_backend.zookeeper().session_id().0;
+    let a = locker(a_backend, options(ttl, Duration::from_secs(30)));
+    let b = locker(
+        zk(&connect_string, session).await,
+        options(ttl, Duration::from_secs(30)),
+    );
+    let held = a.acquire(KEY).await.unwrap();
+    let told = when_told(&held);
+    let renewals = held.renewals();
+
+    // Act: the server A's session is connected to hangs (SIGSTOP): its connections stay up
+    // and nothing answers on them. Watch the session move to another server.
+    ensemble.signal(hung, "-STOP");
+    let stopped = Instant::now();
+    let others: Vec<usize> = (0..3).filter(|&i| i != hung).collect();
+    let mut moved_after = None;
+    // TIMING: the session and more: renewals had to land through another server all along.
+    while stopped.elapsed() < session + MARGIN {
+        if moved_after.is_none() && others.iter().any(|&i| ensemble.has_session(i, sid)) {
+            moved_after = Some(stopped.elapsed());
+        }
+        sleep(ms(100)).await;
+    }
+    let renewed = held.renewals() - renewals;
+    println!(
+        "after the stop: A's session on another server after {moved_after:?}; {renewed} renewals"
+    );
+
+    // Assert: A still holds, renewed through another server, and was never told otherwise.
+    if told.is_finished() {
+        let (why, at) = told.await.unwrap();
+        panic!(
+            "A was told its lock is lost {:?} after the stop ({why:?}); its session moved after {moved_after:?}",
+            at.duration_since(stopped)
+        );
+    }
+    assert!(moved_after.is_some(), "A's session did not move");
+    assert!(held.is_held());
+    assert!(renewed >= 2, "{renewed} renewals while the server hung");
+
+    // Act / Assert: B cannot take the lock; once A releases, it can.
+    let tried = within(
+        REQUEST_TIMEOUT * 2 + MARGIN,
+        "B's try_acquire answered",
+        b.try_acquire(KEY),
+    )
+    .await;
+    assert!(matches!(tried, Err(Error::Held { .. })), "{tried:?}");
+    let a_fence = held.fence();
+    assert!(held.release().await.unwrap().was_held());
+    let b_guard = within(Duration::from_secs(20), "B got the lock", b.acquire(KEY))
+        .await
+        .expect("B's acquire after A's release");
+    assert!(b_guard.fence() > a_fence);
+    assert!(b_guard.release().await.unwrap().was_held());
+
+    // The server goes on; the ensemble is whole again, with nothing left in line.
+    ensemble.signal(hung, "-CONT");
+    let _ensemble = blocking(move || {
+        let mut ensemble = ensemble;
+        ensemble.wait_for_quorum(Duration::from_secs(60));
+        ensemble
+    })
+    .await;
+    assert_eq!(
+        zk_contenders(&connect_string, KEY).await,
+        Vec::<String>::new()
+    );
 }

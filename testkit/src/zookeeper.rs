@@ -330,6 +330,22 @@ impl ZooKeeperEnsemble {
         mode(self.members[i].client_port)
     }
 
+    /// The index of the member a client's session `session_id` is connected to: the one
+    /// whose `cons` lists a connection with that `sid`. `None` if no running member that
+    /// answers does (a member stopped with SIGSTOP does not answer).
+    pub fn member_with_session(&self, session_id: i64) -> Option<usize> {
+        (0..self.members.len())
+            .filter(|&i| self.members[i].child.is_some())
+            .find(|&i| self.has_session(i, session_id))
+    }
+
+    /// Whether member `i`'s `cons` lists a connection of session `session_id` now.
+    pub fn has_session(&self, i: usize, session_id: i64) -> bool {
+        let sid = format!("sid={session_id:#x},");
+        four_letter_word(self.members[i].client_port, "cons")
+            .is_some_and(|cons| cons.contains(&sid))
+    }
+
     /// The index of the member that says it leads, if one does.
     pub fn leader(&self) -> Option<usize> {
         (0..self.members.len()).find(|&i| self.mode(i).as_deref() == Some("leader"))
