@@ -38,8 +38,9 @@ pub struct SessionBounds {
 /// small (right after autovacuum analyzed it, early in a fresh deployment's first sale)
 /// scans the whole table for every batch until the next analyze: the sale slows down as it
 /// sells. Planning costs a fraction of a millisecond per statement, and a batch plans two.
-/// The service's own pools set the same for every session (`startup`); this keeps it true
-/// for transactions on any pool.
+/// The service's own pools set the same for every session (`startup`), but for the lock
+/// holders' pool, whose generic plans are kept on the indexes (`startup::holder_sessions`);
+/// this keeps it true for transactions on any pool.
 pub async fn begin(
     pool: &PgPool,
     bounds: SessionBounds,
@@ -619,10 +620,10 @@ pub struct HolderBatch<'a> {
 /// Finding the buyers with an order costs one probe of the unique index per buyer, however
 /// many orders the product has: the `OFFSET 0` keeps PostgreSQL from turning the
 /// `NOT EXISTS` into a join (it stays a subquery run per buyer, which only the unique index
-/// serves), which it may plan (the service plans every statement for its
-/// parameters, and before `orders` has statistics, early in a first sale, the planner
-/// guesses few orders per product) as a hash of all of the product's orders: a batch would
-/// then cost more with every order sold.
+/// serves), which it may plan (before `orders` has statistics, early in a first sale, the
+/// planner guesses few orders per product) as a hash of all of the product's orders: a batch
+/// would then cost more with every order sold. It runs on the lock holders' sessions, which
+/// keep one generic plan of it and no sequential scan (`startup::holder_sessions`).
 ///
 /// Under `READ COMMITTED` the `UPDATE` waits for any other writer of the row and then checks
 /// its conditions against the row as that writer left it, as `pg-atomic`'s does.

@@ -105,12 +105,12 @@ pub struct Settings {
     /// How long an instance alone keeps a product's lock while buyers keep queueing, in ms,
     /// before it gives it up and asks again (a batch already started is finished first).
     /// While other instances want the product (an acquisition of this one found the lock
-    /// held, or timed out, within the last second), a hold sells one batch, whatever this is. Must be below
-    /// half of LOCK_WAIT_MS, or the buyers of other instances would give up waiting for
-    /// their turn; another instance that comes to want the product waits at most this long
-    /// for its first turn.
-    #[arg(long, env = "HOLD_MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(range::HOLD_MS))]
-    pub hold_ms: u64,
+    /// held, or timed out, within the last second), a hold sells one batch, whatever this is.
+    /// Must be below half of LOCK_WAIT_MS, or the buyers of other instances would give up
+    /// waiting for their turn (an instance that comes to want the product usually gets it
+    /// within one hold). Unset: 100, or just below half of LOCK_WAIT_MS when that is less.
+    #[arg(long, env = "HOLD_MS", value_parser = clap::value_parser!(u64).range(range::HOLD_MS))]
+    pub hold_ms: Option<u64>,
 
     /// Purchases that may queue for one product in one instance; beyond it, new arrivals get
     /// an immediate 503 busy with Retry-After.
@@ -194,6 +194,9 @@ mod range {
     pub const ZOOKEEPER_SESSION_TIMEOUT_MS: RangeInclusive<u64> = 1..=3_600_000;
 }
 
+/// `HOLD_MS` when it is not set (and `LOCK_WAIT_MS` is long enough for it).
+pub const DEFAULT_HOLD_MS: u64 = 100;
+
 /// `Ok` when `value` of the setting `name` is in `range`.
 fn within<T: PartialOrd + std::fmt::Display>(
     name: &str,
@@ -270,8 +273,18 @@ impl Settings {
         Duration::from_millis(self.work_ms)
     }
 
+    /// `HOLD_MS`, or when unset [`DEFAULT_HOLD_MS`], shortened to stay below half of
+    /// `LOCK_WAIT_MS`.
+    pub fn hold_ms(&self) -> u64 {
+        self.hold_ms.unwrap_or(
+            DEFAULT_HOLD_MS
+                .min(self.lock_wait_ms.saturating_sub(1) / 2)
+                .max(1),
+        )
+    }
+
     pub fn hold(&self) -> Duration {
-        Duration::from_millis(self.hold_ms)
+        Duration::from_millis(self.hold_ms())
     }
 
     pub fn sold_out_recheck(&self) -> Duration {
@@ -320,7 +333,7 @@ impl Settings {
         within("LOCK_TTL_MS", self.lock_ttl_ms, range::LOCK_TTL_MS)?;
         within("LOCK_WAIT_MS", self.lock_wait_ms, range::LOCK_WAIT_MS)?;
         within("BATCH_MAX", i64::from(self.batch_max), range::BATCH_MAX)?;
-        within("HOLD_MS", self.hold_ms, range::HOLD_MS)?;
+        within("HOLD_MS", self.hold_ms(), range::HOLD_MS)?;
         within("QUEUE_MAX", i64::from(self.queue_max), range::QUEUE_MAX)?;
         within(
             "SOLD_OUT_RECHECK_MS",
@@ -377,10 +390,11 @@ impl Settings {
         if let Some(token) = &self.admin_token {
             check_admin_token(token)?;
         }
-        if self.hold_ms * 2 >= self.lock_wait_ms {
+        if self.hold_ms() * 2 >= self.lock_wait_ms {
             return Err(format!(
                 "HOLD_MS ({}) must be below half of LOCK_WAIT_MS ({}): other instances' buyers would give up waiting for their turn",
-                self.hold_ms, self.lock_wait_ms
+                self.hold_ms(),
+                self.lock_wait_ms
             ));
         }
         if self.work_ms >= self.pg_idle_in_transaction_timeout_ms {
@@ -575,6 +589,22 @@ mod tests {
         assert!(settings.check().unwrap_err().contains("PG_LOCK_TIMEOUT_MS"));
         settings.lock_strategy = LockStrategy::Redis;
         assert_eq!(settings.check(), Ok(()));
+    }
+
+    #[test]
+    fn an_unset_hold_ms_stays_below_half_a_short_lock_wait_and_a_set_one_is_checked() {
+        let mut settings = Settings::new("postgres://x", "redis://r");
+        assert_eq!(settings.hold_ms(), DEFAULT_HOLD_MS);
+        settings.lock_wait_ms = 150;
+        assert_eq!(
+            settings.check(),
+            Ok(()),
+            "the default adapts to a short wait"
+        );
+        assert_eq!(settings.hold_ms(), 74);
+        settings.hold_ms = Some(100);
+        let why = settings.check().unwrap_err();
+        assert!(why.contains("HOLD_MS (100)"), "{why}");
     }
 
     #[test]

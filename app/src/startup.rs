@@ -189,9 +189,11 @@ impl Application {
 }
 
 /// The session bounds as connection options: every session the service uses has them (see
-/// [`bound_sessions`]). With them, custom plans for every statement: see [`crate::repository::begin`] for why a cached
-/// generic plan is a trap on a table that grows during the sale (the order lookup, and the
-/// lock table under `pg-lock`, run outside `begin`).
+/// [`bound_sessions`]). With them, custom plans for every statement: see
+/// [`crate::repository::begin`] for why a cached generic plan is a trap on a table that grows
+/// during the sale (the order lookup, and the lock table under `pg-lock`, run outside
+/// `begin`). The lock holders' sessions keep generic plans instead, made safe another way
+/// ([`holder_sessions`]).
 fn session_bounds(settings: &Settings) -> [(&'static str, String); 4] {
     let ms = |value: u64| format!("{value}ms");
     [
@@ -220,11 +222,19 @@ fn session_bounds(settings: &Settings) -> [(&'static str, String); 4] {
 /// keeps the planner on the indexes whatever the statistics say (tested in
 /// `tests/api/batches.rs`); these sessions run nothing else.
 pub fn holder_sessions(pool: &PgPool) -> PgConnectOptions {
-    pool.connect_options().as_ref().clone().options([
-        ("plan_cache_mode", "force_generic_plan"),
-        ("enable_seqscan", "off"),
-    ])
+    pool.connect_options()
+        .as_ref()
+        .clone()
+        .options([
+            ("plan_cache_mode", "force_generic_plan"),
+            ("enable_seqscan", "off"),
+        ])
+        // Told apart in `pg_stat_activity` (operators; a test checks holders sell here).
+        .application_name(HOLDERS_APPLICATION_NAME)
 }
+
+/// The `application_name` of the lock holders' sessions.
+pub const HOLDERS_APPLICATION_NAME: &str = "seckill lock holders";
 
 /// Give every session of `pool` from now on the session bounds, unless its connections are
 /// made with them already: as options of its new connections; and the connections made

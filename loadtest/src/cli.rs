@@ -205,7 +205,8 @@ pub struct BenchArgs {
     pub rounds: u64,
 
     /// Products sold at once in the run of three instances over several products: each wrk
-    /// thread sends its requests to them in turn (round robin).
+    /// process runs a thread per product (up to its connections), and each product gets the
+    /// connections of its threads, so that a product that sells slowly shows.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(2..=1_000))]
     pub products: u64,
 }

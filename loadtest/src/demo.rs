@@ -165,8 +165,13 @@ impl Row {
         match failed.as_slice() {
             [] => RowVerdict::Pass,
             // Only the time bound kept the sale from its end: what was sold balanced, and
-            // something was (a service that sells nothing in the bound is broken, not slow).
-            [SALE_HAPPENED] if figures.time_bound && books.sold > 0 && books.stock > 0 => {
+            // something was, of every product (a service that sells nothing, or nothing of
+            // one product, in the bound is broken, not slow).
+            [SALE_HAPPENED]
+                if figures.time_bound
+                    && books.stock > 0
+                    && verdict.products.iter().all(|(_, product)| product.sold > 0) =>
+            {
                 RowVerdict::Incomplete {
                     sold: books.sold,
                     supplied: books.supplied,
@@ -867,6 +872,16 @@ mod tests {
             "INCOMPLETE: time bound, 36717 of 50000 sold"
         );
         assert!(!verdict.fails_the_demo());
+    }
+
+    #[test]
+    fn a_run_that_sold_nothing_of_one_product_by_the_time_bound_fails() {
+        let mut figures = verdict(&[SALE_HAPPENED], sold(36_717, 50_000));
+        figures.products = vec![(1, sold(36_717, 25_000)), (2, sold(0, 25_000))];
+        let row = row(LockStrategy::Redis, figures, true);
+
+        assert_eq!(row.verdict(), RowVerdict::Fail(vec![SALE_HAPPENED]));
+        assert!(row.verdict().fails_the_demo());
     }
 
     #[test]

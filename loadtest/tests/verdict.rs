@@ -367,11 +367,11 @@ fn the_demo_runs_on_a_machine_where_nothing_is_running_and_draws_its_chart() {
             "{stdout}"
         );
     }
-    assert!(row(&stdout, "redis", "64").ends_with("| PASS |"));
-    assert!(row(&stdout, "zookeeper", "64").ends_with("| PASS |"));
-    assert!(row(&stdout, "etcd", "64").ends_with("| PASS |"));
+    assert!(row(&stdout, "redis", "256").ends_with("| PASS |"));
+    assert!(row(&stdout, "zookeeper", "256").ends_with("| PASS |"));
+    assert!(row(&stdout, "etcd", "256").ends_with("| PASS |"));
     assert!(row(&stdout, "redis", "1").ends_with("| PASS |"));
-    assert!(row(&stdout, "none", "64").contains("FAIL (expected: no lock)"));
+    assert!(row(&stdout, "none", "256").contains("FAIL (expected: no lock)"));
     let svg = std::fs::read_to_string(&chart).expect("the chart was written");
     let _ = std::fs::remove_file(&chart);
     assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
@@ -446,9 +446,9 @@ fn a_strategy_that_cannot_start_is_an_error_row_and_the_others_still_run() {
     let _ = std::fs::remove_file(&chart);
 
     assert!(!ok, "a failed strategy must fail the demo");
-    assert!(row(&stdout, "redlock", "64").contains("ERROR"), "{stdout}");
+    assert!(row(&stdout, "redlock", "256").contains("ERROR"), "{stdout}");
     assert!(
-        row(&stdout, "pg-atomic", "64").ends_with("| PASS |"),
+        row(&stdout, "pg-atomic", "256").ends_with("| PASS |"),
         "{stdout}"
     );
 }

@@ -116,25 +116,11 @@ async fn the_holder_is_told_within_its_session_when_the_server_dies_and_nobody_g
         taken.errors
     );
 
-    // Assert: A was told within its ttl, and B got the lock only after that.
-    let told_after = told_at.duration_since(killed);
-    println!(
-        "after the kill: A told at {told_after:?}, B got the lock at {:?}",
-        taken.at.duration_since(killed)
-    );
-    assert!(
-        told_after <= TTL + MARGIN,
-        "told {told_after:?} after the kill"
-    );
-    assert_eq!(why, LockLost::Unreachable);
-    assert!(!held.is_held());
-    assert_eq!(
-        taken.old_holder_told,
-        Some(LockLost::Unreachable),
-        "B got the lock while A's guard still said it held it"
-    );
-    let b_guard = taken.guard;
-    assert!(b_guard.fence() > held.fence());
+    // Assert: A was told within its ttl, and B got the lock only after that, with a larger
+    // fence. (B could not have got it sooner here: the server was down. That nobody else
+    // gets a lock before its holder is told is shown by the cut-off test, where the others
+    // reach the server all along.)
+    let b_guard = told_first(&held, (why, told_at), (killed, "kill"), TTL + MARGIN, taken);
     // A's release (on a new session) finds B's node at the head of the line.
     assert!(!held.release().await.unwrap().was_held());
     assert!(b_guard.release().await.unwrap().was_held());
@@ -332,13 +318,9 @@ async fn with_two_of_three_down_acquire_fails_by_its_deadline_and_once_they_are_
     // Assert: both failed, clearly and in time.
     let waited = waited.expect_err("acquired without a quorum");
     println!("acquire without a quorum, after {waited_for:?}: {waited:?}");
-    assert!(
-        matches!(
-            waited,
-            Error::Timeout { .. } | Error::ZooKeeper(_) | Error::LostPlace { .. }
-        ),
-        "{waited:?}"
-    );
+    // A waiter retries what it could not send until its deadline (the session lives on:
+    // the client gives it up only 7/5 of its timeout after it last heard from a server).
+    assert!(matches!(waited, Error::Timeout { .. }), "{waited:?}");
     assert!(
         waited_for <= wait + MARGIN,
         "acquire took {waited_for:?}, its wait is {wait:?}"
@@ -423,35 +405,8 @@ async fn a_holder_cut_off_past_its_session_is_told_the_next_holder_gets_a_larger
 
     // Assert: A was told before B got the lock; B's fence is larger, and the store refuses
     // A's write once B has written.
-    let told_after = told_at.duration_since(cut);
-    println!(
-        "after the cut: A told at {told_after:?}, B got the lock at {:?}",
-        taken.at.duration_since(cut)
-    );
-    assert!(
-        told_after <= TTL + MARGIN,
-        "told {told_after:?} after the cut"
-    );
-    assert_eq!(why, LockLost::Unreachable);
-    assert!(!held.is_held());
-    assert_eq!(
-        taken.old_holder_told,
-        Some(LockLost::Unreachable),
-        "B got the lock while A's guard still said it held it"
-    );
-    assert!(
-        taken.errors.is_empty(),
-        "B's wait in line failed: {:?}",
-        taken.errors
-    );
-    let b_guard = taken.guard;
-    assert!(b_guard.fence() > held.fence());
-    assert!(store.write(b_guard.fence(), "B"));
-    assert!(
-        !store.write(held.fence(), "A"),
-        "the cut-off holder's write was accepted"
-    );
-    assert_eq!(store.writer().as_deref(), Some("B"));
+    let b_guard =
+        told_first_and_fenced_off(&held, (why, told_at), cut, TTL + MARGIN, taken, &store);
 
     // Act / Assert: back in reach, A learns its session is over: it cannot advance its
     // fence, its release says the lock was not its own any more, and (on a new session)

@@ -239,7 +239,7 @@ async fn a_hold_lasts_while_buyers_come_alone(pool: PgPool) {
     // did not last); 1.5 s is room for a busy machine, and two batches fit in the 5 s.
     let desk = Desk::open(pool.clone(), 10, |s| {
         s.work_ms = 1_500;
-        s.hold_ms = 5_000;
+        s.hold_ms = Some(5_000);
     })
     .await;
     let acquisitions = || desk.app.metric("seckill_lock_acquisitions_total");
@@ -272,7 +272,7 @@ async fn a_hold_sells_one_batch_while_others_want_the_lock(pool: PgPool) {
     // holds are cut, so on a slow run this test passes without having shown the rule.
     let desk = Desk::open(pool.clone(), 10, |s| {
         s.work_ms = 100;
-        s.hold_ms = 5_000;
+        s.hold_ms = Some(5_000);
     })
     .await;
     let acquisitions = || desk.app.metric("seckill_lock_acquisitions_total");
@@ -500,5 +500,30 @@ async fn a_holders_statement_keeps_to_the_indexes_though_its_plan_was_made_while
         after - before,
         0,
         "the holder's statement scanned the whole orders table"
+    );
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_lock_holders_batch_is_sold_on_the_holders_sessions(pool: PgPool) {
+    // Arrange: an instance under `redis`, and a product.
+    let desk = Desk::open(pool.clone(), 10, |_| {}).await;
+
+    // Act: one purchase, sold by the product's leader under the lock.
+    let sent = desk.send(1, 1, Duration::from_secs(30));
+    assert_eq!(answer(sent).await.0, 201);
+
+    // Assert: the batch's statement ran on a session of the lock holders' pool (the one
+    // whose plans are generic and kept on the indexes), not on the main pool.
+    let last: Vec<String> = sqlx::query_scalar(
+        "SELECT query FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = $1",
+    )
+    .bind(seckill::startup::HOLDERS_APPLICATION_NAME)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        last.iter().any(|query| query.contains("WITH fresh AS")),
+        "the holders' sessions last ran {last:?}"
     );
 }

@@ -140,7 +140,7 @@ async fn work_that_would_outlast_postgres_idle_timeout_is_refused(pool: PgPool) 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn a_hold_as_long_as_the_buyers_wait_is_refused(pool: PgPool) {
     let mut settings = settings(&shared_redis_url(), "");
-    settings.hold_ms = 1_000;
+    settings.hold_ms = Some(1_000);
     settings.lock_wait_ms = 1_500;
     let message = build_error(settings, Some(pool)).await;
     assert!(message.contains("HOLD_MS"), "{message}");

@@ -12,8 +12,9 @@
 //!   (b) the same instance at 1,000 connections.
 //! - (c) three instances of `redis`, one product, 1,000 connections in all: three wrk
 //!   processes at once, one per instance (334/333/333).
-//! - (d) the same three instances, `--products` products at once: each wrk thread sends its
-//!   requests to the products in turn (round robin).
+//! - (d) the same three instances, `--products` products at once: each wrk process runs a
+//!   thread per product, so that every product has connections of its own (a product that
+//!   sells slowly then sells less, and shows).
 //! - The other strategies on one instance, 64 connections: `pg-atomic`, `pg-row` and
 //!   `pg-lock` batched, `redis` and `pg-atomic` with `BATCH_MAX=1` (the per-request
 //!   baseline). Batched `redis` is (a).
@@ -284,7 +285,7 @@ async fn measure(
         );
     }
     header.push(format!(
-        "(d): each wrk thread sends its requests to the {} products in turn (round robin, each thread from its own place); (c) and (d): one wrk process per instance, one thread each; otherwise one wrk process, two threads",
+        "(c) and (d): one wrk process per instance; (c): one thread each; (d): a thread per product (up to its connections), each of the {} products with connections of its own; otherwise one wrk process, two threads",
         args.products
     ));
     admin.close().await;
@@ -393,8 +394,17 @@ impl Bench<'_> {
             .collect();
         // One product: the URL's path is enough.
         let extra: &[String] = if paths.len() > 1 { &paths } else { &[] };
-        // Three processes of one thread each run about as many threads as one of two.
-        let threads = if connections.len() > 1 { 1 } else { 2 };
+        // Several products: a thread per product (up to a process's connections), so that
+        // each product has connections of its own (see `wrk::BUY_SCRIPT`). One product: three
+        // processes of one thread each run about as many threads as one of two.
+        let threads = match (paths.len(), connections.len()) {
+            (1, 1) => 2,
+            (1, _) => 1,
+            (products, _) => {
+                let fewest = connections.iter().copied().min().unwrap_or(1);
+                u32::try_from(products).unwrap_or(u32::MAX).min(fewest)
+            }
+        };
         let mut before = Vec::new();
         for product in products {
             before.push(sold(&deployment.pool, *product).await?);

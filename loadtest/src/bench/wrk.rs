@@ -8,9 +8,12 @@ use anyhow::{Context, bail};
 /// Every request a new buyer, in every run: run `r` (the first argument), thread `t` counts
 /// from `r * 10^11 + t * 10^9`. (Lua numbers are doubles: exact up to 2^53.)
 ///
-/// The arguments after the first are the paths to buy at, taken in turn (round robin), each
-/// thread starting at its own place in the list so that the threads do not move through the
-/// products in step; without them, every request goes to the URL's path.
+/// With more arguments, the second is the number of threads and the others the paths to buy
+/// at, shared out among the threads (thread `t` takes paths `t`, `t + threads`, ...) and each
+/// thread's taken in turn: every path has connections of its own, so a product that sells
+/// slowly holds up only its own buyers and sells less, where paths taken in turn by every
+/// connection would all sell alike, the slow one holding everyone up. Without them, every
+/// request goes to the URL's path.
 pub(crate) const BUY_SCRIPT: &str = r#"
 local counter = 0
 local threads = 0
@@ -22,8 +25,13 @@ function setup(thread)
 end
 function init(args)
   base = tonumber(args[1]) * 100000000000
-  for i = 2, #args do
-    paths[#paths + 1] = args[i]
+  if #args > 1 then
+    local shared_by = tonumber(args[2])
+    for i = 3, #args do
+      if (i - 3) % shared_by == id then
+        paths[#paths + 1] = args[i]
+      end
+    end
   end
 end
 request = function()
@@ -31,7 +39,7 @@ request = function()
   local body = '{"user_id": ' .. string.format("%.0f", base + id * 1000000000 + counter) .. '}'
   local path = nil
   if #paths > 0 then
-    path = paths[(counter + id) % #paths + 1]
+    path = paths[counter % #paths + 1]
   end
   return wrk.format("POST", path, {["Content-Type"] = "application/json"}, body)
 end
@@ -93,7 +101,12 @@ pub(crate) async fn run(load: Load<'_>) -> anyhow::Result<Report> {
         .arg(format!("{}{}", load.url, load.path))
         .arg("--")
         .arg(RUNS.fetch_add(1, Ordering::Relaxed).to_string())
-        .args(load.paths)
+        .args(
+            (!load.paths.is_empty())
+                .then(|| load.threads.to_string())
+                .into_iter()
+                .chain(load.paths.iter().cloned()),
+        )
         .kill_on_drop(true)
         .output()
         .await

@@ -765,6 +765,62 @@ pub fn keep_acquiring<B: Backend>(
     })
 }
 
+/// What a fault test asserts once B has the lock A held: A was told, `Unreachable`, within
+/// `told_within` of the fault (`at`, named `what`) and before B got the lock, and B's fence is
+/// larger. Answers B's guard.
+pub fn told_first<B: Backend>(
+    held: &distlock::LockGuard<B>,
+    (why, told_at): (distlock::LockLost, tokio::time::Instant),
+    (at, what): (tokio::time::Instant, &str),
+    told_within: Duration,
+    taken: Taken<B>,
+) -> distlock::LockGuard<B> {
+    let told_after = told_at.duration_since(at);
+    println!(
+        "after the {what}: A told at {told_after:?}, B got the lock at {:?}",
+        taken.at.duration_since(at)
+    );
+    assert!(
+        told_after <= told_within,
+        "told {told_after:?} after the {what}"
+    );
+    assert_eq!(why, distlock::LockLost::Unreachable);
+    assert!(!held.is_held());
+    assert_eq!(
+        taken.old_holder_told,
+        Some(distlock::LockLost::Unreachable),
+        "B got the lock while A's guard still said it held it"
+    );
+    let b_guard = taken.guard;
+    assert!(b_guard.fence() > held.fence());
+    b_guard
+}
+
+/// [`told_first`] for a holder A cut off from its store while B waited in line: B's wait also
+/// met no error, and `store` takes B's write and then refuses A's.
+pub fn told_first_and_fenced_off<B: Backend>(
+    held: &distlock::LockGuard<B>,
+    told: (distlock::LockLost, tokio::time::Instant),
+    cut: tokio::time::Instant,
+    told_within: Duration,
+    taken: Taken<B>,
+    store: &FencedStore,
+) -> distlock::LockGuard<B> {
+    assert!(
+        taken.errors.is_empty(),
+        "B's wait in line failed: {:?}",
+        taken.errors
+    );
+    let b_guard = told_first(held, told, (cut, "cut"), told_within, taken);
+    assert!(store.write(b_guard.fence(), "B"));
+    assert!(
+        !store.write(held.fence(), "A"),
+        "the cut-off holder's write was accepted"
+    );
+    assert_eq!(store.writer().as_deref(), Some("B"));
+    b_guard
+}
+
 /// A store that refuses a write whose fence is below the largest it has accepted, as the
 /// service's products table does (`UPDATE ... WHERE fence <= $1`).
 #[derive(Default)]
