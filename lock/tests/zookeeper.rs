@@ -7,11 +7,9 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock::{Error, Fence, LockLost, LockOptions, Locker, ZkLock};
+use distlock::{Error, LockLost, LockOptions, ZkLock};
 use support::*;
 use testkit::zookeeper::TICK_TIME;
 use testkit::{TcpProxy, ZooKeeperEnsemble, ZooKeeperServer};
@@ -238,39 +236,10 @@ async fn with_the_leader_of_three_down_a_held_lock_survives_and_two_processes_st
     assert!(matches!(b.try_acquire(KEY).await, Err(Error::Held { .. })));
     assert!(held.release().await.unwrap().was_held());
 
-    // Act: A and B take the lock five times each, waiting in line for each other.
-    let inside = Arc::new(AtomicBool::new(false));
-    let holds: Arc<Mutex<Vec<(&str, Fence)>>> = Arc::default();
-    let take_turns = |name: &'static str, locker: Locker<ZkLock>| {
-        let (inside, holds) = (Arc::clone(&inside), Arc::clone(&holds));
-        tokio::spawn(async move {
-            for _ in 0..5 {
-                let guard = locker.acquire(KEY).await.unwrap();
-                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
-                holds.lock().unwrap().push((name, guard.fence()));
-                sleep(ms(50)).await;
-                inside.store(false, Ordering::SeqCst);
-                assert!(guard.release().await.unwrap().was_held());
-            }
-        })
-    };
-    let turns = [take_turns("A", a), take_turns("B", b)];
-    for turn in turns {
-        within(Duration::from_secs(60), "five turns each", turn)
-            .await
-            .unwrap();
-    }
-
-    // Assert: every hold came with a larger fence than the one before, both processes got
-    // their five, and nothing is left in line.
-    let holds = holds.lock().unwrap().clone();
-    println!("holds in order: {holds:?}");
-    assert_eq!(holds.len(), 10);
-    assert_eq!(holds.iter().filter(|(name, _)| *name == "A").count(), 5);
-    assert!(
-        holds.windows(2).all(|pair| pair[0].1 < pair[1].1),
-        "fences out of order: {holds:?}"
-    );
+    // Act / Assert: A and B take the lock five times each, waiting in line for each other;
+    // every hold comes with a larger fence than the one before.
+    five_turns_each(a, b, KEY).await;
+    // Nothing is left in line.
     assert_eq!(
         zk_contenders(&connect_string, KEY).await,
         Vec::<String>::new()

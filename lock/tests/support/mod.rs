@@ -821,6 +821,43 @@ pub fn told_first_and_fenced_off<B: Backend>(
     b_guard
 }
 
+/// A and B (two processes) take the lock on `key` five times each, waiting for each other,
+/// with a short piece of work under it: never two holders at once, both get their five, and
+/// every hold comes with a larger fence than the one before.
+pub async fn five_turns_each<B: Backend>(a: Locker<B>, b: Locker<B>, key: &str) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let inside = Arc::new(AtomicBool::new(false));
+    let holds: Arc<Mutex<Vec<(&str, distlock::Fence)>>> = Arc::default();
+    let take_turns = |name: &'static str, locker: Locker<B>| {
+        let (inside, holds, key) = (Arc::clone(&inside), Arc::clone(&holds), key.to_owned());
+        tokio::spawn(async move {
+            for _ in 0..5 {
+                let guard = locker.acquire(&key).await.unwrap();
+                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                holds.lock().unwrap().push((name, guard.fence()));
+                tokio::time::sleep(ms(50)).await;
+                inside.store(false, Ordering::SeqCst);
+                assert!(guard.release().await.unwrap().was_held());
+            }
+        })
+    };
+    let turns = [take_turns("A", a), take_turns("B", b)];
+    for turn in turns {
+        within(Duration::from_secs(60), "five turns each", turn)
+            .await
+            .unwrap();
+    }
+    let holds = holds.lock().unwrap().clone();
+    println!("holds in order: {holds:?}");
+    assert_eq!(holds.len(), 10);
+    assert_eq!(holds.iter().filter(|(name, _)| *name == "A").count(), 5);
+    assert!(
+        holds.windows(2).all(|pair| pair[0].1 < pair[1].1),
+        "fences out of order: {holds:?}"
+    );
+}
+
 /// A store that refuses a write whose fence is below the largest it has accepted, as the
 /// service's products table does (`UPDATE ... WHERE fence <= $1`).
 #[derive(Default)]
