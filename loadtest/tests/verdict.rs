@@ -355,7 +355,7 @@ fn the_demo_runs_on_a_machine_where_nothing_is_running_and_draws_its_chart() {
             let name = e.file_name().to_string_lossy().into_owned();
             ["pg", "zk", "etcd"]
                 .iter()
-                .any(|server| name.starts_with(&format!("seckill-demo-{server}-{pid}-")))
+                .any(|server| name.starts_with(&format!("seckill-{server}-{pid}-")))
         })
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");

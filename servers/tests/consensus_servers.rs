@@ -6,9 +6,9 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use testkit::etcd::http_request;
-use testkit::zookeeper::four_letter_word;
-use testkit::{EtcdCluster, EtcdServer, ZooKeeperEnsemble, ZooKeeperServer};
+use servers::etcd::http_request;
+use servers::zookeeper::four_letter_word;
+use servers::{EtcdCluster, EtcdServer, ZooKeeperEnsemble, ZooKeeperServer};
 
 fn is_running(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
