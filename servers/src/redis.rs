@@ -90,19 +90,7 @@ impl RedisServer {
 
     /// Start `redis-server` on this server's port, `None` if it did not come up there.
     fn spawn(&self) -> Result<Option<Child>> {
-        let mut command = Command::new(&self.binary);
-        command
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .args(&self.extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        self.tie.apply(&mut command);
-        let child = command
-            .spawn()
-            .map_err(crate::io("starting redis-server"))?;
-        Ok(answering(child, self.port))
+        launch(&self.binary, self.port, &self.extra, self.tie)
     }
 
     /// The pid of the running server.
@@ -264,22 +252,31 @@ fn binary() -> Result<PathBuf> {
     })
 }
 
-/// Start a plain child `redis-server` on `port` with `extra` arguments, and wait until the
-/// server that answers there is it; `None` if it exited (the port was taken), or never
-/// answered and was killed.
-///
-/// # Panics
-/// If `redis-server` is not on the PATH.
-pub(crate) fn spawn_redis(port: u16, extra: &[String]) -> Option<Child> {
-    let child = Command::new("redis-server")
+/// Start `binary` (a `redis-server`) on `port`, keeping nothing on disk, with `extra`
+/// arguments, and wait until the server that answers there is it; `None` if it exited (the
+/// port was taken), or never answered and was killed.
+fn launch(binary: &Path, port: u16, extra: &[String], tie: Tie) -> Result<Option<Child>> {
+    let mut command = Command::new(binary);
+    command
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
         .args(extra)
+        .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::null());
+    tie.apply(&mut command);
+    let child = command
         .spawn()
-        .expect("redis-server on the PATH");
-    answering(child, port)
+        .map_err(crate::io("starting redis-server"))?;
+    Ok(answering(child, port))
+}
+
+/// [`launch`] a plain child `redis-server` from the PATH.
+///
+/// # Panics
+/// If `redis-server` is not on the PATH.
+fn spawn_redis(port: u16, extra: &[String]) -> Option<Child> {
+    launch(Path::new("redis-server"), port, extra, Tie::Child).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// `child`, once the server that answers on `port` is it (its `process_id`), not some other

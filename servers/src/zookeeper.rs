@@ -494,7 +494,7 @@ mod tests {
     }
 
     #[test]
-    fn an_ensemble_whose_leader_cannot_bind_its_quorum_port_starts_on_new_ports() {
+    fn an_ensemble_whose_leaders_quorum_port_is_taken_starts_on_new_ports() {
         // Member 3 (index 2) has the highest myid, so it wins the first election of members
         // with equal (empty) histories, and only a leader binds its quorum port.
         starts_despite_a_taken_port(quorum_port(2));
