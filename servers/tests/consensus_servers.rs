@@ -6,9 +6,9 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use testkit::etcd::http_request;
-use testkit::zookeeper::four_letter_word;
-use testkit::{EtcdCluster, EtcdServer, ZooKeeperEnsemble, ZooKeeperServer};
+use servers::etcd::http_request;
+use servers::zookeeper::four_letter_word;
+use servers::{EtcdCluster, EtcdServer, ZooKeeperEnsemble, ZooKeeperServer};
 
 fn is_running(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
@@ -115,8 +115,9 @@ fn dropping_a_zookeeper_server_leaves_no_process_behind() {
     assert!(!is_running(pid), "pid {pid} outlived its ZooKeeperServer");
 }
 
+/// A ZooKeeper ensemble of three keeps a leader without one member, and takes it back.
 #[test]
-fn a_zookeeper_ensemble_keeps_a_leader_without_one_member_and_takes_it_back() {
+fn a_zookeeper_ensemble_keeps_a_leader_while_one_member_is_down() {
     let started = Instant::now();
     let mut ensemble = ZooKeeperEnsemble::start(3);
     eprintln!("ZooKeeperEnsemble(3) formed in {:?}", started.elapsed());
@@ -193,8 +194,10 @@ fn an_etcd_server_is_healthy_and_keeps_its_data_across_a_restart() {
     assert!(got.contains(VALUE), "the key survived the restart: {got}");
 }
 
+/// An etcd server stopped (SIGSTOP) is healthy again once continued, and dropping it ends
+/// its process.
 #[test]
-fn a_stopped_etcd_server_is_healthy_again_once_continued_and_dropping_it_ends_it() {
+fn a_continued_etcd_server_is_healthy_and_dropping_it_ends_it() {
     let server = EtcdServer::start();
 
     server.signal("-STOP");

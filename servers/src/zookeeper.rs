@@ -3,17 +3,22 @@
 //! nothing of `/etc/zookeeper` or `/var/lib/zookeeper`) with a generated `zoo.cfg` in a temp
 //! dir of its own, killed by its pid when dropped.
 //!
-//! The process helpers at the end (`distinct_free_ports`, `send_signal`, `reap`, `log_tail`,
-//! `temp_dir`) are shared with `etcd.rs`.
+//! Assumes Debian's `zookeeper` and `libslf4j-java` packages and a Java runtime (11 or
+//! later). A [`Profile`] says how the servers are tuned: short ticks and no fsync for tests,
+//! or ZooKeeper's defaults, durable, for the demo's measurements. What answers on a client
+//! port is taken to be a member only when its `conf` names the member's data directory.
+//!
+//! `member.rs` holds one member's files, its JVM and the four-letter words it answers.
 
-use std::fs::File;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod member;
+
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::ATTEMPTS;
+use crate::process::{Tie, log_tail, reap, send_signal, temp_dir};
+use crate::{ATTEMPTS, Error, Result, distinct_free_ports};
+use member::{Member, mode, port_taken};
+pub use member::{four_letter_word, last_zxid};
 
 /// The servers' tick: the unit of every ZooKeeper timeout.
 ///
@@ -25,18 +30,53 @@ pub const MIN_SESSION_TIMEOUT: Duration = Duration::from_millis(2 * 500);
 /// The longest session the servers grant with [`ZooKeeperServer::start`] and
 /// [`ZooKeeperEnsemble::start`]: longer requests get this.
 pub const DEFAULT_MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(60);
+/// The longest session a [`Profile::Deployed`] server grants: ZooKeeper's default, 20 of
+/// its default 2 s ticks. A client must ask for no more, or it is granted less than asked.
+pub const DEPLOYED_MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(40);
+
+/// How the servers are tuned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// For tests: a [`TICK_TIME`] tick, sessions from [`MIN_SESSION_TIMEOUT`] to
+    /// `max_session_timeout`, a log written but not fsynced, and a small JVM that starts
+    /// fast (three share two cores).
+    Test { max_session_timeout: Duration },
+    /// As deployed: ZooKeeper's default tick (2 s) and sessions (4 s to
+    /// [`DEPLOYED_MAX_SESSION_TIMEOUT`]), each write on disk before it is answered, and the
+    /// JVM's compiler left as it is: what the demo measures.
+    Deployed,
+}
+
+impl Profile {
+    /// `tickTime`.
+    pub fn tick(self) -> Duration {
+        match self {
+            Profile::Test { .. } => TICK_TIME,
+            Profile::Deployed => Duration::from_secs(2),
+        }
+    }
+
+    /// `minSessionTimeout`: two ticks, ZooKeeper's floor.
+    pub fn min_session_timeout(self) -> Duration {
+        2 * self.tick()
+    }
+
+    /// `maxSessionTimeout`.
+    pub fn max_session_timeout(self) -> Duration {
+        match self {
+            Profile::Test {
+                max_session_timeout,
+            } => max_session_timeout,
+            Profile::Deployed => DEPLOYED_MAX_SESSION_TIMEOUT,
+        }
+    }
+}
 
 /// How long a start (or restart) may take to be serving, JVM start and election included.
 ///
 /// TIMING: three JVMs starting at once on a busy 2-core machine take a few seconds each; an
 /// election then takes about one more (3.5 s in all on an idle machine).
 const READY_WITHIN: Duration = Duration::from_secs(60);
-
-/// Where Debian's `zookeeper` package puts the server; its manifest names the jars it needs.
-const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
-/// An SLF4J binding that logs to stderr without a configuration file: the server's jar
-/// brings only the SLF4J API, and without a binding it logs nothing at all.
-const SLF4J_SIMPLE_JAR: &str = "/usr/share/java/slf4j-simple.jar";
 
 /// One private, standalone ZooKeeper server on a free port, with its data in a temp dir: it
 /// survives [`kill`](Self::kill) and [`restart`](Self::restart). Killed by its pid and its dir
@@ -62,6 +102,17 @@ impl ZooKeeperServer {
         Self {
             ensemble: ZooKeeperEnsemble::start_with_max_session_timeout(1, max),
         }
+    }
+
+    /// Start one tuned as `profile` says and tied to this process as `tie` says, and wait
+    /// until it serves.
+    ///
+    /// # Errors
+    /// ZooKeeper, its SLF4J jars or Java not installed (the message says what to install);
+    /// or it does not serve within a minute (the message carries the end of its log).
+    pub fn try_start(profile: Profile, tie: Tie) -> Result<Self> {
+        let ensemble = ZooKeeperEnsemble::try_start_on(1, profile, tie, distinct_free_ports)?;
+        Ok(Self { ensemble })
     }
 
     /// The client port.
@@ -111,16 +162,6 @@ impl ZooKeeperServer {
     }
 }
 
-/// The id of the last transaction the server on `port` applied (`srvr`'s `Zxid`), `None`
-/// if nothing serves there.
-pub fn last_zxid(port: u16) -> Option<u64> {
-    let srvr = four_letter_word(port, "srvr")?;
-    let hex = srvr
-        .lines()
-        .find_map(|line| line.strip_prefix("Zxid: 0x"))?;
-    u64::from_str_radix(hex.trim(), 16).ok()
-}
-
 /// A real ZooKeeper ensemble of `n` private members on free ports (client, quorum and
 /// election port each), each with its own `myid` and data in a temp dir. Killed by their pids
 /// and the dir removed when dropped.
@@ -128,29 +169,10 @@ pub struct ZooKeeperEnsemble {
     /// Holds every member's configuration, data and log.
     dir: PathBuf,
     members: Vec<Member>,
-    /// Written into each member's `zoo.cfg`.
-    max_session_timeout: Duration,
-}
-
-/// One member of an ensemble, and where it keeps its files.
-struct Member {
-    /// `myid`: its `server.<id>` line in every member's configuration.
-    id: usize,
-    client_port: u16,
-    /// `<dir>/zoo.cfg`, `<dir>/data` (with `myid`) and `<dir>/zookeeper.log`.
-    dir: PathBuf,
-    /// `None` while killed.
-    child: Option<Child>,
-}
-
-impl Member {
-    fn log(&self) -> PathBuf {
-        self.dir.join("zookeeper.log")
-    }
-
-    fn data_dir(&self) -> PathBuf {
-        self.dir.join("data")
-    }
+    /// How every member is tuned.
+    profile: Profile,
+    /// How every member's process is tied to this one.
+    tie: Tie,
 }
 
 /// Why a start did not become ready.
@@ -184,18 +206,34 @@ impl ZooKeeperEnsemble {
     /// [`start_with_max_session_timeout`](Self::start_with_max_session_timeout) on the ports
     /// `pick(3 * n)` gives for each try: the client ports, then each member's quorum and
     /// election ports.
-    fn start_on(n: usize, max: Duration, mut pick: impl FnMut(usize) -> Vec<u16>) -> Self {
-        assert!(n >= 1, "an ensemble has at least one member");
+    fn start_on(n: usize, max: Duration, pick: impl FnMut(usize) -> Vec<u16>) -> Self {
         assert!(
             max >= MIN_SESSION_TIMEOUT,
             "maxSessionTimeout below minSessionTimeout ({MIN_SESSION_TIMEOUT:?})"
         );
-        check_installed();
-        // Built first, so that a panic below still kills what was started and removes the dir.
-        let mut ensemble = Self {
-            dir: temp_dir("zookeeper"),
-            members: Vec::new(),
+        let profile = Profile::Test {
             max_session_timeout: max,
+        };
+        Self::try_start_on(n, profile, Tie::Child, pick).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Start `n` members tuned as `profile` says, on the ports `pick(3 * n)` gives for each
+    /// try.
+    fn try_start_on(
+        n: usize,
+        profile: Profile,
+        tie: Tie,
+        mut pick: impl FnMut(usize) -> Vec<u16>,
+    ) -> Result<Self> {
+        assert!(n >= 1, "an ensemble has at least one member");
+        member::java()?;
+        // Built first, so that an error below still kills what was started and removes the
+        // dir.
+        let mut ensemble = Self {
+            dir: temp_dir("zk")?,
+            members: Vec::new(),
+            profile,
+            tie,
         };
         for _ in 0..ATTEMPTS {
             let ports = pick(3 * n);
@@ -205,59 +243,27 @@ impl ZooKeeperEnsemble {
                     format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1)
                 })
                 .collect();
+            let servers = if n > 1 { servers.as_str() } else { "" };
             ensemble.members = (0..n)
-                .map(|i| ensemble.new_member(i + 1, ports[i], if n > 1 { &servers } else { "" }))
-                .collect();
+                .map(|i| {
+                    let dir = ensemble.dir.join(format!("member-{}", i + 1));
+                    Member::new(i + 1, ports[i], dir, servers, profile)
+                })
+                .collect::<Result<_>>()?;
             for member in &mut ensemble.members {
-                member.child = Some(spawn(member));
+                member.child = Some(member.spawn(profile, tie)?);
             }
             match ensemble.wait_until_ready(READY_WITHIN) {
-                Ok(()) => return ensemble,
+                Ok(()) => return Ok(ensemble),
                 Err(NotReady::PortTaken) => ensemble.kill_all(),
-                Err(NotReady::Failed(why)) => panic!("ZooKeeper did not start: {why}"),
+                Err(NotReady::Failed(why)) => {
+                    return Err(Error::NotServing(format!("ZooKeeper did not start: {why}")));
+                }
             }
         }
-        panic!("ZooKeeper did not start on any of {ATTEMPTS} sets of free ports");
-    }
-
-    /// Write member `id`'s configuration and `myid` in a fresh dir of its own.
-    fn new_member(&self, id: usize, client_port: u16, servers: &str) -> Member {
-        let dir = self.dir.join(format!("member-{id}"));
-        // A retry on new ports starts from nothing.
-        let _ = std::fs::remove_dir_all(&dir);
-        let member = Member {
-            id,
-            client_port,
-            dir,
-            child: None,
-        };
-        let data = member.data_dir();
-        std::fs::create_dir_all(&data).expect("a temp dir");
-        std::fs::write(data.join("myid"), format!("{id}\n")).expect("a myid file");
-        // TIMING: initLimit and syncLimit are in ticks: a follower has 10 s to sync with a new
-        // leader, and a member that does not answer for 5 s (a SIGSTOP, or a machine too busy
-        // to schedule it) is dropped from the quorum. A SIGKILL closes its sockets, so its
-        // peers notice that at once.
-        //
-        // forceSync=no: the transaction log is written but not fsynced. Tests kill processes,
-        // not machines, so nothing written is lost, and a busy disk cannot stall a member for
-        // seconds at an fsync and so lose it its quorum.
-        //
-        // maxClientCnxns=0: no cap on connections from one address (the default caps
-        // 127.0.0.1, and so all of a test's clients, at 60).
-        let config = format!(
-            "tickTime={tick}\ninitLimit=20\nsyncLimit=10\n\
-             minSessionTimeout={min}\nmaxSessionTimeout={max}\n\
-             dataDir={data}\nclientPort={client_port}\nclientPortAddress=127.0.0.1\n\
-             maxClientCnxns=0\nforceSync=no\n\
-             admin.enableServer=false\n4lw.commands.whitelist=*\n{servers}",
-            tick = TICK_TIME.as_millis(),
-            min = MIN_SESSION_TIMEOUT.as_millis(),
-            max = self.max_session_timeout.as_millis(),
-            data = data.display(),
-        );
-        std::fs::write(member.dir.join("zoo.cfg"), config).expect("a zoo.cfg");
-        member
+        Err(Error::NotServing(format!(
+            "ZooKeeper did not start on any of {ATTEMPTS} sets of free ports"
+        )))
     }
 
     /// `127.0.0.1:<p1>,127.0.0.1:<p2>,...`: every member's client address, for a client.
@@ -307,7 +313,9 @@ impl ZooKeeperEnsemble {
     pub fn restart(&mut self, i: usize) {
         self.kill(i);
         for _ in 0..ATTEMPTS {
-            self.members[i].child = Some(spawn(&self.members[i]));
+            let member = &self.members[i];
+            let child = member.spawn(self.profile, self.tie);
+            self.members[i].child = Some(child.unwrap_or_else(|e| panic!("{e}")));
             match self.wait_until_ready(READY_WITHIN) {
                 Ok(()) => return,
                 Err(NotReady::PortTaken) => {
@@ -441,128 +449,10 @@ impl Drop for ZooKeeperEnsemble {
     }
 }
 
-/// Panic with what to install if ZooKeeper or Java is missing.
-fn check_installed() {
-    assert!(
-        Path::new(ZOOKEEPER_JAR).exists(),
-        "ZooKeeper is not installed ({ZOOKEEPER_JAR} is missing): apt-get install zookeeper"
-    );
-}
-
-/// Start `member`'s JVM, its stdout and stderr into its (new) log.
-fn spawn(member: &Member) -> Child {
-    let log = File::create(member.log()).expect("a log file");
-    let mut classpath = ZOOKEEPER_JAR.to_owned();
-    if Path::new(SLF4J_SIMPLE_JAR).exists() {
-        classpath.push(':');
-        classpath.push_str(SLF4J_SIMPLE_JAR);
-    }
-    // A small heap and the serial collector: a test server holds a few znodes, and three
-    // JVMs share two cores. C1 only (TieredStopAtLevel=1) starts faster and costs less CPU.
-    Command::new("java")
-        .args([
-            "-Xmx128m",
-            "-Xms16m",
-            "-XX:+UseSerialGC",
-            "-XX:TieredStopAtLevel=1",
-            "-Djava.awt.headless=true",
-            "-Dzookeeper.jmx.log4j.disable=true",
-            // Empty container nodes are left alone for a day, not deleted at the next
-            // minute's check: the server then writes only what clients ask it to, and a test
-            // can see that nothing wrote (`ZooKeeperServer::last_zxid`).
-            "-Dznode.container.checkIntervalMs=86400000",
-            "-Dorg.slf4j.simpleLogger.showDateTime=true",
-            "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
-            "-cp",
-            &classpath,
-            "org.apache.zookeeper.server.quorum.QuorumPeerMain",
-        ])
-        .arg(member.dir.join("zoo.cfg"))
-        .current_dir(&member.dir)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("a log file"))
-        .stderr(log)
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("could not run java ({e}): apt-get install zookeeper (it brings a JRE)")
-        })
-}
-
-/// Whether a log says a port could not be bound (`java.net.BindException: Address already
-/// in use`): a client port taken ends the JVM, an election port taken ends it after three
-/// tries, and a quorum port taken only fails a would-be leader, again and again.
-fn port_taken(log: &Path) -> bool {
-    std::fs::read_to_string(log).is_ok_and(|text| text.contains("Address already in use"))
-}
-
-/// The `Mode` that `srvr` reports on `port`, `None` if nothing serves there.
-fn mode(port: u16) -> Option<String> {
-    let srvr = four_letter_word(port, "srvr")?;
-    srvr.lines()
-        .find_map(|line| line.strip_prefix("Mode: "))
-        .map(|mode| mode.trim().to_owned())
-}
-
-/// Send a four-letter word (`ruok`, `srvr`, `conf`, `mntr`, ...) to the ZooKeeper on `port`
-/// and read its answer, within a few seconds; `None` if nothing answers.
-pub fn four_letter_word(port: u16, word: &str) -> Option<String> {
-    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    stream.write_all(word.as_bytes()).ok()?;
-    let mut answer = String::new();
-    // The server closes the connection after its answer.
-    stream.read_to_string(&mut answer).ok()?;
-    Some(answer)
-}
-
-/// `n` distinct ports nobody listens on right now: all held at once while picked, so that
-/// none is picked twice.
-pub(crate) fn distinct_free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free port"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("a bound port").port())
-        .collect()
-}
-
-/// Send `signal` (`-STOP`, `-CONT`, ...) to `pid` with `kill`.
-pub(crate) fn send_signal(pid: u32, signal: &str) {
-    let status = Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .expect("kill on the PATH");
-    assert!(status.success(), "kill {signal} {pid}");
-}
-
-/// SIGKILL `child` and wait for it, so that no zombie is left.
-pub(crate) fn reap(mut child: Child) {
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
-/// The last `lines` lines of the file at `path` (empty if there is none).
-pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-/// A new, empty dir in the system's temp dir, named `<label>-<random>`.
-pub(crate) fn temp_dir(label: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "{label}-{}",
-        crate::unique_prefix("t").replace(':', "-")
-    ));
-    std::fs::create_dir_all(&dir).expect("a temp dir");
-    dir
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::TcpListener;
 
     /// Start an ensemble of three whose first try is on ports of which the one at `taken`
     /// is held by another listener: it must come up on the second try, on new ports.
@@ -604,14 +494,14 @@ mod tests {
     }
 
     #[test]
-    fn an_ensemble_whose_leader_cannot_bind_its_quorum_port_starts_on_new_ports() {
+    fn an_ensemble_whose_leaders_quorum_port_is_taken_starts_on_new_ports() {
         // Member 3 (index 2) has the highest myid, so it wins the first election of members
         // with equal (empty) histories, and only a leader binds its quorum port.
         starts_despite_a_taken_port(quorum_port(2));
     }
 
     #[test]
-    fn a_server_is_not_taken_for_ready_when_another_zookeeper_answers_on_its_port() {
+    fn a_server_is_not_ready_while_another_zookeeper_answers_on_its_port() {
         let other = ZooKeeperServer::start();
         let mut tries = 0;
         let server = ZooKeeperEnsemble::start_on(1, DEFAULT_MAX_SESSION_TIMEOUT, |count| {

@@ -1,6 +1,11 @@
 //! Private etcd servers: [`EtcdServer`] (one member) and [`EtcdCluster`] (members joined by
 //! a static `--initial-cluster`), each on free client and peer ports with its data in a temp
 //! dir, killed by its pid when dropped.
+//!
+//! Assumes `etcd` on the PATH (Debian's `etcd-server`). Every member
+//! keeps etcd's defaults (its log synced to disk, 100 ms heartbeats, 1 s elections). What
+//! answers on a client port is taken to be a member only when the member list it gives
+//! names the member, a name unique to the cluster.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -9,11 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::ATTEMPTS;
-use crate::zookeeper::{distinct_free_ports, log_tail, reap, send_signal, temp_dir};
+use crate::process::{Tie, find, log_tail, reap, send_signal, temp_dir};
+use crate::{ATTEMPTS, Error, Result, distinct_free_ports};
 
-/// Where Debian's `etcd-server` package puts the server.
-const ETCD: &str = "/usr/bin/etcd";
+const INSTALL_ETCD: &str = "install it (Debian: apt-get install etcd-server)";
 
 /// How long a start (or restart) may take until every member is healthy.
 ///
@@ -39,6 +43,16 @@ impl EtcdServer {
         Self {
             cluster: EtcdCluster::start(1),
         }
+    }
+
+    /// [`start`](Self::start), tied to this process as `tie` says.
+    ///
+    /// # Errors
+    /// etcd not installed (the message says what to install); or it is not healthy within a
+    /// minute (the message carries the end of its log).
+    pub fn try_start(tie: Tie) -> Result<Self> {
+        let cluster = EtcdCluster::try_start_on(1, tie, distinct_free_ports)?;
+        Ok(Self { cluster })
     }
 
     /// The client port.
@@ -93,6 +107,10 @@ pub struct EtcdCluster {
     members: Vec<EtcdMember>,
     /// `--initial-cluster`: every member's name and peer URL.
     initial_cluster: String,
+    /// The `etcd` binary.
+    binary: PathBuf,
+    /// How every member's process is tied to this one.
+    tie: Tie,
 }
 
 /// One member of a cluster, and where it keeps its files.
@@ -136,42 +154,36 @@ impl EtcdCluster {
 
     /// [`start`](Self::start) on the ports `pick(2 * n)` gives for each try: each member's
     /// client and peer port.
-    fn start_on(n: usize, mut pick: impl FnMut(usize) -> Vec<u16>) -> Self {
+    fn start_on(n: usize, pick: impl FnMut(usize) -> Vec<u16>) -> Self {
+        Self::try_start_on(n, Tie::Child, pick).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Start `n` members tied as `tie` says, on the ports `pick(2 * n)` gives for each try.
+    fn try_start_on(n: usize, tie: Tie, mut pick: impl FnMut(usize) -> Vec<u16>) -> Result<Self> {
         assert!(n >= 1, "a cluster has at least one member");
-        assert!(
-            Path::new(ETCD).exists(),
-            "etcd is not installed ({ETCD} is missing): apt-get install etcd-server"
-        );
-        let dir = temp_dir("etcd");
+        let binary = find(&["etcd"], &[]).ok_or_else(|| {
+            Error::NotInstalled(format!(
+                "etcd is not installed (no etcd on the PATH): {INSTALL_ETCD}"
+            ))
+        })?;
+        let dir = temp_dir("etcd")?;
         let token = dir
             .file_name()
             .and_then(|name| name.to_str())
             .expect("a UTF-8 temp dir")
             .to_owned();
-        // Built first, so that a panic below still kills what was started and removes the dir.
+        // Built first, so that an error below still kills what was started and removes the
+        // dir.
         let mut cluster = Self {
             dir,
             token,
             members: Vec::new(),
             initial_cluster: String::new(),
+            binary,
+            tie,
         };
         for _ in 0..ATTEMPTS {
-            let ports = pick(2 * n);
-            cluster.members = (0..n)
-                .map(|i| {
-                    let member_dir = cluster.dir.join(format!("member-{i}"));
-                    // A retry on new ports starts from nothing.
-                    let _ = std::fs::remove_dir_all(&member_dir);
-                    std::fs::create_dir_all(&member_dir).expect("a temp dir");
-                    EtcdMember {
-                        name: format!("{}-{i}", cluster.token),
-                        client_port: ports[2 * i],
-                        peer_port: ports[2 * i + 1],
-                        dir: member_dir,
-                        child: None,
-                    }
-                })
-                .collect();
+            cluster.members = cluster.new_members(&pick(2 * n))?;
             cluster.initial_cluster = cluster
                 .members
                 .iter()
@@ -179,26 +191,51 @@ impl EtcdCluster {
                 .collect::<Vec<_>>()
                 .join(",");
             for i in 0..n {
-                cluster.members[i].child = Some(cluster.spawn(i));
+                cluster.members[i].child = Some(cluster.spawn(i)?);
             }
             match cluster.wait_until_ready(READY_WITHIN) {
-                Ok(()) => return cluster,
+                Ok(()) => return Ok(cluster),
                 Err(NotReady::PortTaken) => cluster.kill_all(),
-                Err(NotReady::Failed(why)) => panic!("etcd did not start: {why}"),
+                Err(NotReady::Failed(why)) => {
+                    return Err(Error::NotServing(format!("etcd did not start: {why}")));
+                }
             }
         }
-        panic!("etcd did not start on any of {ATTEMPTS} sets of free ports");
+        Err(Error::NotServing(format!(
+            "etcd did not start on any of {ATTEMPTS} sets of free ports"
+        )))
+    }
+
+    /// A member for each (client, peer) pair of `ports`, each in a fresh dir.
+    fn new_members(&self, ports: &[u16]) -> Result<Vec<EtcdMember>> {
+        (0..ports.len() / 2)
+            .map(|i| {
+                let member_dir = self.dir.join(format!("member-{i}"));
+                // A retry on new ports starts from nothing.
+                let _ = std::fs::remove_dir_all(&member_dir);
+                std::fs::create_dir_all(&member_dir)
+                    .map_err(crate::io("creating an etcd member's dir"))?;
+                Ok(EtcdMember {
+                    name: format!("{}-{i}", self.token),
+                    client_port: ports[2 * i],
+                    peer_port: ports[2 * i + 1],
+                    dir: member_dir,
+                    child: None,
+                })
+            })
+            .collect()
     }
 
     /// Start member `i`'s etcd, its output into its (new) log. With its data dir already
     /// there (a restart), etcd ignores the `--initial-cluster*` flags and rejoins.
-    fn spawn(&self, i: usize) -> Child {
+    fn spawn(&self, i: usize) -> Result<Child> {
         let member = &self.members[i];
-        let log = File::create(member.log()).expect("a log file");
+        let log = File::create(member.log()).map_err(crate::io("an etcd log file"))?;
         let client = format!("http://127.0.0.1:{}", member.client_port);
         let peer = format!("http://127.0.0.1:{}", member.peer_port);
         // Heartbeat and election timeouts are etcd's defaults (100 ms, 1 s).
-        Command::new(ETCD)
+        let mut command = Command::new(&self.binary);
+        command
             .arg("--name")
             .arg(&member.name)
             .arg("--data-dir")
@@ -213,10 +250,10 @@ impl EtcdCluster {
             .args(["--logger", "zap", "--log-outputs", "stderr"])
             .current_dir(&member.dir)
             .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("a log file"))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("could not run {ETCD} ({e}): apt-get install etcd-server"))
+            .stdout(log.try_clone().map_err(crate::io("an etcd log file"))?)
+            .stderr(log);
+        self.tie.apply(&mut command);
+        command.spawn().map_err(crate::io("starting etcd"))
     }
 
     /// `http://127.0.0.1:<port>` of every member, in member order.
@@ -267,7 +304,7 @@ impl EtcdCluster {
     pub fn restart(&mut self, i: usize) {
         self.kill(i);
         for _ in 0..ATTEMPTS {
-            self.members[i].child = Some(self.spawn(i));
+            self.members[i].child = Some(self.spawn(i).unwrap_or_else(|e| panic!("{e}")));
             match self.wait_until_ready(READY_WITHIN) {
                 Ok(()) => return,
                 Err(NotReady::PortTaken) => {
@@ -475,7 +512,7 @@ mod tests {
     }
 
     #[test]
-    fn a_server_is_not_taken_for_ready_when_another_etcd_answers_on_its_port() {
+    fn a_server_is_not_ready_while_another_etcd_answers_on_its_port() {
         let other = EtcdServer::start();
         let mut tries = 0;
         let server = EtcdCluster::start_on(1, |count| {

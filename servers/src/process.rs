@@ -1,0 +1,127 @@
+//! The process behind every server: how it is spawned and tied to this process, signalled,
+//! stopped and reaped, always by the pid it was started with (never by name), and the files
+//! and ports it is given.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+/// How a server's process is tied to this one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Tie {
+    /// A plain child in this process's group: a Ctrl-C at the terminal reaches it too. For
+    /// tests, which may start a server from a short-lived thread (`spawn_blocking`).
+    #[default]
+    Child,
+    /// A child in a process group of its own (a Ctrl-C at the terminal reaches this process
+    /// only, which then stops it in order), killed by the kernel when the *thread* that
+    /// spawned it exits (`PR_SET_PDEATHSIG`), so that it never outlives a program that is
+    /// killed. For a program (the demo, the soak) that spawns from threads that live as long
+    /// as it does, such as tokio's workers.
+    OwnGroupDiesWithSpawner,
+}
+
+impl Tie {
+    /// Set `command` up to be tied this way.
+    pub fn apply(self, command: &mut Command) {
+        if self == Tie::Child {
+            return;
+        }
+        command.process_group(0);
+        // SAFETY: `prctl` is async-signal-safe and touches only the calling (child) process.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
+/// Send `signal` (`-STOP`, `-CONT`, ...) to `pid` with `kill`.
+///
+/// # Panics
+/// If `kill` fails (no such process).
+pub fn send_signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("kill on the PATH");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// SIGKILL `child` and wait for it, so that no zombie is left.
+pub(crate) fn reap(mut child: Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// SIGINT (PostgreSQL's fast shutdown; Redis stops, keeping nothing), then SIGKILL after
+/// 5 s; the child is reaped.
+pub(crate) fn stop(mut child: Child) {
+    let pid = child.id() as i32;
+    // SAFETY: sending a signal to our own child, by its pid, before it is reaped.
+    unsafe {
+        libc::kill(pid, libc::SIGINT);
+    }
+    for _ in 0..100 {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    reap(child);
+}
+
+/// The last `lines` lines of `text`.
+pub(crate) fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The last `lines` lines of the file at `path` (empty if there is none).
+pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
+    tail(&std::fs::read_to_string(path).unwrap_or_default(), lines)
+}
+
+/// A new, empty directory for a private server, `seckill-<label>-<pid>-<random>` in the
+/// system's temporary directory (the pid says which process left it behind, if one did).
+pub(crate) fn temp_dir(label: &str) -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!(
+        "seckill-{label}-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+        what: format!("creating the private server's directory {}", dir.display()),
+        source,
+    })?;
+    Ok(dir)
+}
+
+/// The first directory of the PATH, then of `extra`, that holds every one of `names`;
+/// returns the path of the first name there.
+pub(crate) fn find(names: &[&str], extra: &[PathBuf]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(extra.iter().cloned())
+        .find(|dir| names.iter().all(|name| dir.join(name).is_file()))
+        .map(|dir| dir.join(names[0]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tail_is_the_last_lines() {
+        assert_eq!(tail("a\nb\nc\n", 2), "b\nc");
+        assert_eq!(tail("a", 5), "a");
+        assert_eq!(tail("", 5), "");
+    }
+}
