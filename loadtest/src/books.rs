@@ -668,8 +668,9 @@ mod tests {
         assert_eq!(failed(&verdict), [NO_OVERSELL, NO_LOST_UPDATE]);
     }
 
+    /// Two products whose errors cancel out in the sum fail on their own books.
     #[test]
-    fn two_products_whose_errors_cancel_out_in_the_sum_fail_on_their_own_books() {
+    fn products_whose_errors_cancel_out_in_the_sum_fail_on_their_own() {
         // Product 1 sold 50 but its stock shows 49 taken; product 2 sold 49 and shows 50 taken.
         // Together: supplied 100 = stock 1 + sold 99, and 99 orders answered.
         let one = Books {

@@ -261,8 +261,9 @@ pub async fn orders_of(host: &str, product_id: i64, buyers: &[u64]) -> anyhow::R
 mod tests {
     use super::*;
 
+    /// The stock is split over the products, the first ones taking the remainder.
     #[test]
-    fn the_stock_is_split_over_the_products_the_first_ones_taking_the_remainder() {
+    fn the_stock_is_split_over_the_products_the_first_taking_the_rest() {
         assert_eq!(split_stock(25_000, 1), [25_000]);
         assert_eq!(split_stock(10, 4), [3, 3, 2, 2]);
         assert_eq!(split_stock(10, 4).iter().sum::<i64>(), 10);

@@ -226,8 +226,9 @@ mod tests {
         }
     }
 
+    /// A safe run that kept its books until the time bound is incomplete, not failed.
     #[test]
-    fn a_safe_run_that_kept_its_books_until_the_time_bound_is_incomplete_not_failed() {
+    fn safe_run_with_books_kept_to_the_time_bound_is_incomplete_not_failed() {
         let row = row(
             LockStrategy::Redis,
             verdict(&[SALE_HAPPENED], sold(36_717, 50_000)),

@@ -187,8 +187,10 @@ async fn orders_sold_by(host: &str) -> anyhow::Result<u64> {
 mod tests {
     use super::*;
 
+    /// The zookeeper runs' settings are accepted by the service, and the session they ask for is
+    /// granted by the server.
     #[test]
-    fn the_zookeeper_runs_settings_are_accepted_by_the_service_and_granted_by_the_server() {
+    fn zookeeper_run_settings_are_accepted_and_granted_by_the_server() {
         use clap::{CommandFactory, Parser};
         let mut line: Vec<String> = ["seckill", "--database-url", "postgres://x"]
             .map(String::from)

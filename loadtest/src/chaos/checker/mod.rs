@@ -343,8 +343,9 @@ mod tests {
         );
     }
 
+    /// A sold_out with stock left all along is caught, and one near a zero is not.
     #[test]
-    fn a_sold_out_with_stock_left_all_along_is_caught_and_one_near_a_zero_is_not() {
+    fn sold_out_with_stock_all_along_is_caught_and_near_a_zero_is_not() {
         let mut soak = Soak::clean();
         // User 8 is told sold_out at 10.8 s; the last unit went at 10.905 s, within the
         // slack of the answer: no wrong answer.
