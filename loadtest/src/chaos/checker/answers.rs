@@ -22,7 +22,7 @@ fn judge_sold_out(f: &Facts<'_>, a: &Attempt) -> SoldOut {
     if !f.stock.positive_throughout(a.sent_us - SLACK_US, to) {
         return SoldOut::Right;
     }
-    let from = a.sent_us - f.e.sold_out_recheck_us - SLACK_US;
+    let from = a.sent_us - f.evidence.sold_out_recheck_us - SLACK_US;
     if f.stock.positive_throughout(from, to) {
         SoldOut::Wrong { from, to }
     } else {
@@ -34,7 +34,7 @@ fn judge_sold_out(f: &Facts<'_>, a: &Attempt) -> SoldOut {
 /// to the answer.
 pub(super) fn no_wrong_sold_out(f: &Facts<'_>) -> Vec<String> {
     let mut violations = Vec::new();
-    for a in f.e.attempts.iter().filter(|a| a.is_sold_out()) {
+    for a in f.evidence.attempts.iter().filter(|a| a.is_sold_out()) {
         if let SoldOut::Wrong { from, to } = judge_sold_out(f, a) {
             violations.push(format!(
                 "{}: the stock was at least {} from {:.3} s to {:.3} s (SOLD_OUT_RECHECK_MS before the send to the answer, {} ms slack each side)",
@@ -51,7 +51,8 @@ pub(super) fn no_wrong_sold_out(f: &Facts<'_>) -> Vec<String> {
 
 /// When each `sold_out` answer the bound allows was sent (for the report, not a violation).
 pub(super) fn sold_out_within_the_bound(f: &Facts<'_>) -> Vec<Micros> {
-    f.e.attempts
+    f.evidence
+        .attempts
         .iter()
         .filter(|a| a.is_sold_out())
         .filter(|a| matches!(judge_sold_out(f, a), SoldOut::WithinTheBound))
@@ -65,13 +66,14 @@ fn is_server_error(status: Option<u16>) -> bool {
 
 /// No 500 or other 5xx but 503, to purchases and restocks.
 pub(super) fn no_5xx_but_503(f: &Facts<'_>) -> Vec<String> {
-    let mut violations: Vec<String> =
-        f.e.attempts
-            .iter()
-            .filter(|a| is_server_error(a.answer.status()))
-            .map(|a| f.describe(a))
-            .collect();
-    for r in f.e.restocks {
+    let mut violations: Vec<String> = f
+        .evidence
+        .attempts
+        .iter()
+        .filter(|a| is_server_error(a.answer.status()))
+        .map(|a| f.describe(a))
+        .collect();
+    for r in f.evidence.restocks {
         for a in r
             .attempts
             .iter()
@@ -91,7 +93,8 @@ pub(super) fn no_5xx_but_503(f: &Facts<'_>) -> Vec<String> {
 
 /// No 4xx but 409 `sold_out` and `already_purchased`.
 pub(super) fn no_other_4xx(f: &Facts<'_>) -> Vec<String> {
-    f.e.attempts
+    f.evidence
+        .attempts
         .iter()
         .filter(|a| {
             matches!(a.answer.status(), Some(400..=499))
@@ -104,7 +107,7 @@ pub(super) fn no_other_4xx(f: &Facts<'_>) -> Vec<String> {
 
 /// Every instance the nemesis did not kill is still running.
 pub(super) fn instances_stayed_up(f: &Facts<'_>) -> Vec<String> {
-    f.e.instance_exits.to_vec()
+    f.evidence.instance_exits.to_vec()
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use super::facts::Facts;
 /// The stock never went below zero, and no more was sold than supplied.
 pub(super) fn no_oversell(f: &Facts<'_>) -> Vec<String> {
     let mut violations = Vec::new();
-    let stock = f.e.database.stock;
+    let stock = f.evidence.database.stock;
     if stock < 0 {
         violations.push(format!("the stock is {stock}"));
     }
@@ -26,17 +26,17 @@ pub(super) fn no_lost_update(f: &Facts<'_>) -> Vec<String> {
 /// What the ledger supplied is what is left plus what was sold, and what the soak put in
 /// (the initial stock and the restocks answered 2xx).
 fn the_ledger_balances(f: &Facts<'_>) -> Vec<String> {
-    let (supplied, sold, stock) = (f.supplied, f.sold, f.e.database.stock);
+    let (supplied, sold, stock) = (f.supplied, f.sold, f.evidence.database.stock);
     let mut violations = Vec::new();
     if supplied != stock + sold {
         violations.push(format!(
             "supplied {supplied} (the ledger) != stock {stock} + sold {sold}"
         ));
     }
-    if supplied != f.e.initial_stock + f.restocked_units {
+    if supplied != f.evidence.initial_stock + f.restocked_units {
         violations.push(format!(
             "supplied {supplied} (the ledger) != initial {} + {} units of the {} restocks answered 2xx",
-            f.e.initial_stock,
+            f.evidence.initial_stock,
             f.restocked_units,
             f.applied.len()
         ));
@@ -47,7 +47,7 @@ fn the_ledger_balances(f: &Facts<'_>) -> Vec<String> {
 /// The ledger has one row per restock answered 2xx, and every restock's outcome is known.
 fn each_restock_applied_once(f: &Facts<'_>) -> Vec<String> {
     let mut violations = Vec::new();
-    let db = f.e.database;
+    let db = f.evidence.database;
     let ledger_restocks = db.ledger.iter().filter(|l| l.reason == "restock").count();
     if ledger_restocks != f.applied.len() {
         violations.push(format!(
@@ -55,7 +55,12 @@ fn each_restock_applied_once(f: &Facts<'_>) -> Vec<String> {
             f.applied.len()
         ));
     }
-    for r in f.e.restocks.iter().filter(|r| r.applied_by().is_none()) {
+    for r in f
+        .evidence
+        .restocks
+        .iter()
+        .filter(|r| r.applied_by().is_none())
+    {
         let answers: Vec<String> = r.attempts.iter().map(|a| a.answer.label()).collect();
         let why = if r.refused() {
             "refused"

@@ -8,7 +8,8 @@ use super::stock::StockHistory;
 use super::{DbOrder, Evidence};
 
 pub(super) struct Facts<'a> {
-    pub e: &'a Evidence<'a>,
+    /// What the checker was handed.
+    pub evidence: &'a Evidence<'a>,
     /// Each buyer's attempts, in the order they were recorded.
     pub by_user: HashMap<i64, Vec<&'a Attempt>>,
     /// Each buyer's orders in the database.
@@ -40,7 +41,7 @@ impl<'a> Facts<'a> {
             .filter(|r| r.applied_by().is_some())
             .collect();
         Self {
-            e,
+            evidence: e,
             by_user,
             orders_of,
             order_by_id: db.orders.iter().map(|o| (o.id, o)).collect(),
@@ -54,7 +55,7 @@ impl<'a> Facts<'a> {
 
     /// Seconds since the soak started, for messages.
     pub fn t(&self, us: Micros) -> f64 {
-        (us - self.e.started_us) as f64 / 1e6
+        (us - self.evidence.started_us) as f64 / 1e6
     }
 
     /// One attempt, as a message names it.

@@ -38,7 +38,8 @@ pub(super) fn one_order_per_buyer(f: &Facts<'_>) -> Vec<String> {
 /// A 201's order is in the database, with the id it named, for its buyer, committed between
 /// the request's send and its answer.
 pub(super) fn every_201_has_its_order(f: &Facts<'_>) -> Vec<String> {
-    f.e.attempts
+    f.evidence
+        .attempts
         .iter()
         .filter(|a| a.is_created())
         .filter_map(|a| a_201_without_its_order(f, a))
@@ -78,7 +79,7 @@ fn committed_inside(o: &DbOrder, a: &Attempt) -> bool {
 pub(super) fn every_order_answered(f: &Facts<'_>) -> Vec<String> {
     let mut reported = HashSet::new();
     let mut violations = Vec::new();
-    for o in &f.e.database.orders {
+    for o in &f.evidence.database.orders {
         if let Some(problem) = why_unaccounted(f, o) {
             reported.insert(o.user);
             violations.push(format!(
@@ -107,7 +108,7 @@ fn why_unaccounted(f: &Facts<'_>, o: &DbOrder) -> Option<String> {
     let unknown = attempts
         .iter()
         .any(|a| a.answer.outcome_unknown() && a.sent_us - SLACK_US <= o.committed_us);
-    Some(match (unknown, f.e.lookups.get(&o.user)) {
+    Some(match (unknown, f.evidence.lookups.get(&o.user)) {
         (true, Some(Lookup::Found(id))) if *id == o.id => return None,
         (true, Some(Lookup::Found(id))) => format!("the lookup found order {id}"),
         (true, Some(Lookup::NotFound)) => "the lookup found no order".to_owned(),
@@ -124,7 +125,7 @@ fn why_unaccounted(f: &Facts<'_>, o: &DbOrder) -> Option<String> {
 /// buyer already reported is not reported again.
 fn lookups_that_disagree(f: &Facts<'_>, reported: &mut HashSet<i64>) -> Vec<String> {
     let mut violations = Vec::new();
-    for (user, lookup) in f.e.lookups {
+    for (user, lookup) in f.evidence.lookups {
         let mine = f.order_of(*user).map(|o| o.id);
         let disagrees = match lookup {
             Lookup::Found(id) => mine != Some(*id),
@@ -145,10 +146,11 @@ fn lookups_that_disagree(f: &Facts<'_>, reported: &mut HashSet<i64>) -> Vec<Stri
 /// names (when it names one) is that order.
 pub(super) fn already_purchased_names_the_order(f: &Facts<'_>) -> Vec<String> {
     let mut violations = Vec::new();
-    for a in
-        f.e.attempts
-            .iter()
-            .filter(|a| a.answer.status() == Some(409) && a.answer.code() == "already_purchased")
+    for a in f
+        .evidence
+        .attempts
+        .iter()
+        .filter(|a| a.answer.status() == Some(409) && a.answer.code() == "already_purchased")
     {
         match (a.answer.order_id(), f.order_of(a.user)) {
             (_, None) => violations.push(format!(
