@@ -23,7 +23,7 @@
 //! Each deployment (a set of instances) has a throwaway database and Redis key prefix of its
 //! own, and the service's defaults but for `BATCH_MAX=1` where a row says so. For every run
 //! that sells, the CPU time of the instances, PostgreSQL, Redis, the load generator and the
-//! machine is read around it ([`cpu`]) and shown per order.
+//! machine is read around it (`cpu`) and shown per order.
 //!
 //! Layout: this module runs the phases ([`run`] cleans up after `measure`, whose phases set
 //! up, create the products and run the rounds); `deployment` starts and removes a set of
