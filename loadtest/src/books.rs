@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use anyhow::Context;
 use sqlx::PgPool;
 
-use crate::attack::AttackReport;
+use crate::attack::{AttackReport, Tally};
 
 /// The largest share of `busy` answers a passing sale may have, among the requests that
 /// reached a sale (every request but those answered `sold_out`, which a sold-out product
@@ -188,90 +188,15 @@ impl Verdict {
     /// Judge an attack by its answers and the books. `lost_but_committed`: of the buyers
     /// whose answer was lost, how many have an order after all.
     pub fn judge(report: &AttackReport, books: Books, lost_but_committed: u64) -> Self {
-        let t = &report.tally;
-        let count = |c| t.count(c);
-        let answered_units = count(&t.created) as i64;
-        let lost = report.lost_answers.len() as u64;
-        let (other_5xx, no_answer) = (count(&t.other_5xx), count(&t.transport_errors));
-        let to_the_sale = (t.requests() as u64).saturating_sub(count(&t.sold_out));
-        let busy_share = t.busy_share();
-        let wrong_sold_out = books.stock > 0
-            && report.unanswered_buyers == 0
-            && count(&t.sold_out_after_restock) > 0;
         let mut checks = vec![
-            Check {
-                name: SALE_HAPPENED,
-                pass: books.sold > 0 && (books.stock == 0 || report.unanswered_buyers == 0),
-                detail: format!(
-                    "sold {} of {}; {} of {} buyers without a final answer",
-                    books.sold, books.supplied, report.unanswered_buyers, report.buyers
-                ),
-            },
-            Check {
-                name: NO_OVERSELL,
-                pass: books.sold <= books.supplied && books.stock >= 0,
-                detail: format!(
-                    "sold {} of {} supplied, stock {}",
-                    books.sold, books.supplied, books.stock
-                ),
-            },
-            Check {
-                name: NO_LOST_UPDATE,
-                pass: books.balance() && books.sold == answered_units + lost_but_committed as i64,
-                detail: format!(
-                    "supplied {} = stock {} + sold {}? orders {}; 201 answers {}, lost answers whose order committed {}",
-                    books.supplied,
-                    books.stock,
-                    books.sold,
-                    books.orders,
-                    answered_units,
-                    lost_but_committed
-                ),
-            },
-            Check {
-                name: ONE_ORDER_PER_USER,
-                pass: books.users_with_several_orders == 0 && report.buyers_with_two_201s == 0,
-                detail: format!(
-                    "{} users with several orders, {} with two 201s; {} twin pairs (one buyer on two instances at once), {} told already_purchased",
-                    books.users_with_several_orders,
-                    report.buyers_with_two_201s,
-                    count(&t.twins),
-                    count(&t.twin_already_purchased)
-                ),
-            },
-            Check {
-                name: NO_REFUSED_REQUEST,
-                pass: count(&t.other_4xx) == 0,
-                detail: format!("{} 4xx answers other than 409", count(&t.other_4xx)),
-            },
-            Check {
-                name: NO_WRONG_SOLD_OUT,
-                pass: !wrong_sold_out,
-                detail: format!(
-                    "{} sold_out answers after the last restock, stock left {}",
-                    count(&t.sold_out_after_restock),
-                    books.stock
-                ),
-            },
-            Check {
-                name: BUSY_SHARE,
-                pass: busy_share <= BUSY_BOUND,
-                detail: format!(
-                    "{} busy of {} requests not answered sold_out ({:.2} %, bound {:.0} %)",
-                    count(&t.busy),
-                    to_the_sale,
-                    busy_share * 100.0,
-                    BUSY_BOUND * 100.0
-                ),
-            },
-            Check {
-                name: NO_SERVER_ERROR,
-                pass: other_5xx == 0 && no_answer == 0,
-                detail: format!(
-                    "{other_5xx} other 5xx, {no_answer} unanswered; {lost} buyers lost an answer, of whom {lost_but_committed} have their order (committed, answer lost) and {} have none",
-                    lost - lost_but_committed.min(lost)
-                ),
-            },
+            sale_happened(report, &books),
+            no_oversell(&books),
+            no_lost_update(report, &books, lost_but_committed),
+            one_order_per_user(report, &books),
+            no_refused_request(report),
+            no_wrong_sold_out(report, &books),
+            busy_share(report),
+            no_server_error(report, lost_but_committed),
         ];
         if let Some(error) = &report.goose_error {
             checks.push(Check {
@@ -325,7 +250,6 @@ impl Verdict {
 
     /// The table, then the last line `VERDICT PASS ...` or `VERDICT FAIL ...`.
     pub fn render(&self, report: &AttackReport) -> String {
-        let t = &report.tally;
         let mut out = String::new();
         let ids: Vec<String> = self.products.iter().map(|(id, _)| id.to_string()).collect();
         match ids.as_slice() {
@@ -336,40 +260,19 @@ impl Verdict {
                 let _ = writeln!(out, "\n=== BOOKS (product {}) ===", report.product_id);
             }
         }
-        let _ = writeln!(
-            out,
-            "answers: {} requests, {} created, {} sold out, {} already purchased, {} busy, {} other 4xx, {} other 5xx, {} unanswered; {} restocked",
-            t.requests(),
-            t.count(&t.created),
-            t.count(&t.sold_out),
-            t.count(&t.already_purchased),
-            t.count(&t.busy),
-            t.count(&t.other_4xx),
-            t.count(&t.other_5xx),
-            t.count(&t.transport_errors),
-            t.count(&t.restocked),
-        );
-        let load = match report.full_load_at {
-            Some(at) => format!(
-                "from full load ({} users, at {:.1} s)",
-                report.users,
-                at.as_secs_f64()
-            ),
-            None => format!(
-                "from the first order (the sale ended before all {} users ran)",
-                report.users
-            ),
-        };
-        let _ = writeln!(
-            out,
-            "rate: {:.0} orders/s {load}; latency of all attempts p50 {:?}, p99 {:?}; of 201s p50 {:?}, p99 {:?}; {:.1} s in all",
-            report.orders_per_sec(),
-            t.latency(0.50),
-            t.latency(0.99),
-            t.created_latency(0.50),
-            t.created_latency(0.99),
-            report.elapsed.as_secs_f64(),
-        );
+        write_answers(&mut out, report);
+        self.write_products(&mut out);
+        let _ = writeln!(out, "{:<24} {:<6} detail", "check", "result");
+        for check in &self.checks {
+            let result = if check.pass { "PASS" } else { "FAIL" };
+            let _ = writeln!(out, "{:<24} {:<6} {}", check.name, result, check.detail);
+        }
+        self.write_verdict_line(&mut out, &report.tally);
+        out
+    }
+
+    /// Each product's books, when there are several.
+    fn write_products(&self, out: &mut String) {
         if self.products.len() > 1 {
             for (id, b) in &self.products {
                 let _ = writeln!(
@@ -383,11 +286,10 @@ impl Verdict {
                 );
             }
         }
-        let _ = writeln!(out, "{:<24} {:<6} detail", "check", "result");
-        for check in &self.checks {
-            let result = if check.pass { "PASS" } else { "FAIL" };
-            let _ = writeln!(out, "{:<24} {:<6} {}", check.name, result, check.detail);
-        }
+    }
+
+    /// `VERDICT PASS ...` or `VERDICT FAIL ...`, with the books and the failed checks.
+    fn write_verdict_line(&self, out: &mut String, t: &Tally) {
         let b = self.books;
         let failed: Vec<&str> = self
             .checks
@@ -412,7 +314,158 @@ impl Verdict {
                 format!(" failed=[{}]", failed.join(", "))
             },
         );
-        out
+    }
+}
+
+/// The answers by kind, and the rate and latencies.
+fn write_answers(out: &mut String, report: &AttackReport) {
+    let t = &report.tally;
+    let _ = writeln!(
+        out,
+        "answers: {} requests, {} created, {} sold out, {} already purchased, {} busy, {} other 4xx, {} other 5xx, {} unanswered; {} restocked",
+        t.requests(),
+        t.count(&t.created),
+        t.count(&t.sold_out),
+        t.count(&t.already_purchased),
+        t.count(&t.busy),
+        t.count(&t.other_4xx),
+        t.count(&t.other_5xx),
+        t.count(&t.transport_errors),
+        t.count(&t.restocked),
+    );
+    let load = match report.full_load_at {
+        Some(at) => format!(
+            "from full load ({} users, at {:.1} s)",
+            report.users,
+            at.as_secs_f64()
+        ),
+        None => format!(
+            "from the first order (the sale ended before all {} users ran)",
+            report.users
+        ),
+    };
+    let _ = writeln!(
+        out,
+        "rate: {:.0} orders/s {load}; latency of all attempts p50 {:?}, p99 {:?}; of 201s p50 {:?}, p99 {:?}; {:.1} s in all",
+        report.orders_per_sec(),
+        t.latency(0.50),
+        t.latency(0.99),
+        t.created_latency(0.50),
+        t.created_latency(0.99),
+        report.elapsed.as_secs_f64(),
+    );
+}
+
+/// Something was sold, and the sale ended: sold out, or every buyer answered.
+fn sale_happened(report: &AttackReport, books: &Books) -> Check {
+    Check {
+        name: SALE_HAPPENED,
+        pass: books.sold > 0 && (books.stock == 0 || report.unanswered_buyers == 0),
+        detail: format!(
+            "sold {} of {}; {} of {} buyers without a final answer",
+            books.sold, books.supplied, report.unanswered_buyers, report.buyers
+        ),
+    }
+}
+
+fn no_oversell(books: &Books) -> Check {
+    Check {
+        name: NO_OVERSELL,
+        pass: books.sold <= books.supplied && books.stock >= 0,
+        detail: format!(
+            "sold {} of {} supplied, stock {}",
+            books.sold, books.supplied, books.stock
+        ),
+    }
+}
+
+/// The books balance, and every order sold was answered 201 or its answer was lost.
+fn no_lost_update(report: &AttackReport, books: &Books, lost_but_committed: u64) -> Check {
+    let t = &report.tally;
+    let answered_units = t.count(&t.created) as i64;
+    Check {
+        name: NO_LOST_UPDATE,
+        pass: books.balance() && books.sold == answered_units + lost_but_committed as i64,
+        detail: format!(
+            "supplied {} = stock {} + sold {}? orders {}; 201 answers {}, lost answers whose order committed {}",
+            books.supplied,
+            books.stock,
+            books.sold,
+            books.orders,
+            answered_units,
+            lost_but_committed
+        ),
+    }
+}
+
+fn one_order_per_user(report: &AttackReport, books: &Books) -> Check {
+    let t = &report.tally;
+    Check {
+        name: ONE_ORDER_PER_USER,
+        pass: books.users_with_several_orders == 0 && report.buyers_with_two_201s == 0,
+        detail: format!(
+            "{} users with several orders, {} with two 201s; {} twin pairs (one buyer on two instances at once), {} told already_purchased",
+            books.users_with_several_orders,
+            report.buyers_with_two_201s,
+            t.count(&t.twins),
+            t.count(&t.twin_already_purchased)
+        ),
+    }
+}
+
+fn no_refused_request(report: &AttackReport) -> Check {
+    let t = &report.tally;
+    Check {
+        name: NO_REFUSED_REQUEST,
+        pass: t.count(&t.other_4xx) == 0,
+        detail: format!("{} 4xx answers other than 409", t.count(&t.other_4xx)),
+    }
+}
+
+/// No `sold_out` after the last restock while stock was left and every buyer answered.
+fn no_wrong_sold_out(report: &AttackReport, books: &Books) -> Check {
+    let t = &report.tally;
+    let wrong_sold_out =
+        books.stock > 0 && report.unanswered_buyers == 0 && t.count(&t.sold_out_after_restock) > 0;
+    Check {
+        name: NO_WRONG_SOLD_OUT,
+        pass: !wrong_sold_out,
+        detail: format!(
+            "{} sold_out answers after the last restock, stock left {}",
+            t.count(&t.sold_out_after_restock),
+            books.stock
+        ),
+    }
+}
+
+fn busy_share(report: &AttackReport) -> Check {
+    let t = &report.tally;
+    let to_the_sale = (t.requests() as u64).saturating_sub(t.count(&t.sold_out));
+    let busy_share = t.busy_share();
+    Check {
+        name: BUSY_SHARE,
+        pass: busy_share <= BUSY_BOUND,
+        detail: format!(
+            "{} busy of {} requests not answered sold_out ({:.2} %, bound {:.0} %)",
+            t.count(&t.busy),
+            to_the_sale,
+            busy_share * 100.0,
+            BUSY_BOUND * 100.0
+        ),
+    }
+}
+
+fn no_server_error(report: &AttackReport, lost_but_committed: u64) -> Check {
+    let t = &report.tally;
+    let lost = report.lost_answers.len() as u64;
+    let (other_5xx, no_answer) = (t.count(&t.other_5xx), t.count(&t.transport_errors));
+    Check {
+        name: NO_SERVER_ERROR,
+        pass: other_5xx == 0 && no_answer == 0,
+        detail: format!(
+            "{other_5xx} other 5xx, {no_answer} unanswered; {lost} buyers lost an answer, of whom {lost_but_committed} have their order (committed, answer lost) and {} have none",
+            lost - lost_but_committed.min(lost)
+        ),
     }
 }
 
@@ -615,8 +668,9 @@ mod tests {
         assert_eq!(failed(&verdict), [NO_OVERSELL, NO_LOST_UPDATE]);
     }
 
+    /// Two products whose errors cancel out in the sum fail on their own books.
     #[test]
-    fn two_products_whose_errors_cancel_out_in_the_sum_fail_on_their_own_books() {
+    fn products_whose_errors_cancel_out_in_the_sum_fail_on_their_own() {
         // Product 1 sold 50 but its stock shows 49 taken; product 2 sold 49 and shows 50 taken.
         // Together: supplied 100 = stock 1 + sold 99, and 99 orders answered.
         let one = Books {

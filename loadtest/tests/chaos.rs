@@ -1,7 +1,8 @@
 //! The fault soak (`loadtest chaos`), short: a minute with a fixed seed, every kind of fault
 //! injected at least once, and no violation. That the checker catches violations (a 201
 //! without its order, an oversell, a lost update, a wrong sold_out, ...) is shown on
-//! fabricated histories by the unit tests of `loadtest/src/chaos/checker.rs`.
+//! fabricated histories by the unit tests of `loadtest/src/chaos/checker/`, each rule's on
+//! its own.
 
 mod support;
 

@@ -344,8 +344,10 @@ fn apps_wait_for_the_optional(compose: &Value, server: &str) {
     }
 }
 
+/// The zookeeper profile has one server, the apps name it, and the sessions it grants fit the
+/// apps' lease.
 #[test]
-fn the_zookeeper_profile_has_one_server_that_the_apps_name_and_whose_sessions_fit_the_lease() {
+fn the_zookeeper_profile_serves_the_apps_with_sessions_that_fit_the_lease() {
     let compose = compose();
     let servers = profile_services(&compose, "zookeeper");
     assert_eq!(servers, BTreeSet::from(["zookeeper".to_owned()]));
@@ -440,8 +442,9 @@ fn the_etcd_profile_has_one_server_listening_where_the_apps_look_for_it() {
     }
 }
 
+/// The image holds every binary the stack runs, and runs as a user other than root.
 #[test]
-fn the_image_holds_every_binary_the_stack_runs_and_runs_as_a_non_root_user() {
+fn the_image_holds_every_binary_the_stack_runs_and_is_not_root() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Dockerfile");
     let dockerfile = std::fs::read_to_string(path).expect("a Dockerfile at the top of the repo");
     let runtime = dockerfile.rsplit("\nFROM ").next().expect("a final stage");
@@ -840,8 +843,10 @@ fn every_published_port_is_on_localhost_only() {
     }
 }
 
+/// The postgres health check waits for the server that listens on the network, not the
+/// socket-only one the image runs first.
 #[test]
-fn the_postgres_health_check_waits_for_the_server_that_listens_on_the_network() {
+fn postgres_health_check_waits_for_the_server_on_the_network() {
     // On first start the postgres image creates POSTGRES_DB on a server that listens on its
     // socket only, then restarts it; over the socket the check passes during that window.
     let compose = compose();
@@ -856,8 +861,10 @@ fn the_postgres_health_check_waits_for_the_server_that_listens_on_the_network() 
     assert_eq!(host, Some("127.0.0.1"), "{test:?}");
 }
 
+/// The reader of PromQL expressions finds the metric names and outcomes they read, and skips
+/// the recording rules' names.
 #[test]
-fn the_metrics_reader_finds_metric_names_and_outcomes_and_skips_rule_names() {
+fn metrics_reader_finds_names_and_outcomes_and_skips_rule_names() {
     let (names, outcomes) = metrics_read_by(
         r#"sum(rate(seckill_purchases_total{outcome="busy"}[10s])) / instance:seckill_orders:rate10s + histogram_quantile(0.99, rate(seckill_lock_wait_seconds_bucket[1m]))"#,
     );

@@ -341,9 +341,10 @@ fn without_line_containing(markdown: &str, needle: &str) -> String {
     kept.join("\n")
 }
 
+/// Every setting of `seckill --help` is in the settings table of docs/operations.md with its
+/// flag and its default, and every row of the table is a setting.
 #[test]
-fn every_setting_of_seckill_help_is_in_the_settings_table_with_its_flag_and_default_and_the_reverse()
- {
+fn settings_table_and_seckill_help_list_the_same_settings() {
     let operations = read("docs/operations.md");
     let command = seckill::Settings::command();
 
@@ -371,10 +372,10 @@ fn every_setting_of_seckill_help_is_in_the_settings_table_with_its_flag_and_defa
     );
 }
 
+/// Every route of the OpenAPI document and every metric of `/metrics` is in its table in the
+/// docs, and every row of those tables is served.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn every_route_of_the_openapi_document_and_every_metric_is_in_its_table_and_the_reverse(
-    pool: PgPool,
-) {
+async fn route_and_metric_tables_match_what_an_instance_serves(pool: PgPool) {
     // Arrange: a real instance, which serves the document and the metrics.
     let mut settings =
         seckill::Settings::try_parse_from(["seckill", "--database-url", "unused"]).unwrap();

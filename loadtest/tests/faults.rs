@@ -439,8 +439,9 @@ impl LockHeld {
     }
 }
 
+/// An instance killed while it holds the lock holds up the others for one lease.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn an_instance_killed_while_holding_the_lock_holds_up_the_others_one_lease(
+async fn a_holder_killed_holds_up_the_others_for_one_lease(
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -529,16 +530,20 @@ async fn an_instance_paused_past_its_lease_is_fenced_off_when_it_resumes(
     paused_past_its_lease_is_fenced_off(connect, LockStrategy::Redis, 1_000).await;
 }
 
+/// Under the lock table (`pg-lock`), an instance paused past its lease is fenced off when it
+/// resumes.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn under_the_lock_table_an_instance_paused_past_its_lease_is_fenced_off_too(
+async fn lock_table_fences_off_an_instance_paused_past_its_lease(
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
     paused_past_its_lease_is_fenced_off(connect, LockStrategy::PgLock, 1_000).await;
 }
 
+/// Under ZooKeeper, an instance paused past its session is fenced off when it resumes, and
+/// nobody else got the lock before its session could have expired.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn under_zookeeper_an_instance_paused_past_its_session_is_fenced_off_when_it_resumes(
+async fn zookeeper_fences_off_an_instance_paused_past_its_session(
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -571,8 +576,10 @@ async fn under_zookeeper_an_instance_paused_past_its_session_is_fenced_off_when_
     );
 }
 
+/// Under etcd, an instance paused past its lease is fenced off when it resumes, and nobody
+/// else got the lock before its lease could have run out.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn under_etcd_an_instance_paused_past_its_lease_is_fenced_off_when_it_resumes(
+async fn etcd_fences_off_an_instance_paused_past_its_lease(
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -617,24 +624,29 @@ enum LockOn {
     Redlock,
 }
 
+/// A paused holder is refused even after Redis restarts empty and so loses the fence counter.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_paused_holder_is_refused_even_after_redis_restarts_and_loses_the_fence_counter(
+async fn paused_holder_is_refused_after_redis_restarts_empty(
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
     paused_holder_then_redis_comes_back(connect, Comeback::Empty, LockOn::OneRedis).await;
 }
 
+/// A paused holder is refused after Redis comes back with its fence counter one step behind
+/// (a failover to a replica that missed the acquisition, or an older snapshot).
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_paused_holder_is_refused_after_redis_comes_back_with_its_fence_counter_behind(
+async fn paused_holder_is_refused_after_redis_returns_with_its_fence_behind(
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
     paused_holder_then_redis_comes_back(connect, Comeback::Behind, LockOn::OneRedis).await;
 }
 
+/// Under Redlock, a paused holder is refused after every master comes back with its fence
+/// counter behind.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn under_redlock_a_paused_holder_is_refused_after_every_master_comes_back_with_its_counter_behind(
+async fn redlock_refuses_a_paused_holder_after_masters_return_behind(
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -799,6 +811,9 @@ fn flood(
     })
 }
 
+/// A Sentinel failover to a replica that missed the lock lets others sell, and the stale
+/// batch is fenced off.
+///
 /// The Redlock debate, live, at the process level: Redis behind Sentinel fails over to a
 /// replica that missed instance A's acquisition (and the thirty before it), so B and C take
 /// the lock while A still holds it (two holders at once); A's batch is then refused by the
@@ -806,10 +821,10 @@ fn flood(
 /// the failover anyway, and with a counter that only counts, B and C resync past the fences
 /// the flood stored during the stall and then sell three batches more, which carry the
 /// stored fence past A's. The equal-fence case that needs `max(INCR, TIME)` is
-/// `a_paused_holder_is_refused_after_redis_comes_back_with_its_fence_counter_behind`; the
+/// `paused_holder_is_refused_after_redis_returns_with_its_fence_behind`; the
 /// lock-level Sentinel test shows it through a real failover.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_sentinel_failover_to_a_replica_that_missed_the_lock_lets_others_sell_and_the_stale_batch_is_fenced_off(
+async fn sentinel_failover_to_a_stale_replica_fences_off_the_old_batch(
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -1205,16 +1220,20 @@ async fn terminate_backends_during_a_flood(strategy: LockStrategy, connect: PgCo
     );
 }
 
+/// Terminated PostgreSQL connections never split an order from its stock decrement, under the
+/// Redis lock.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn terminated_postgres_connections_never_split_an_order_from_its_decrement_under_the_redis_lock(
+async fn terminated_pg_sessions_never_split_an_order_under_redis(
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
     terminate_backends_during_a_flood(LockStrategy::Redis, connect).await;
 }
 
+/// Terminated PostgreSQL connections never split an order from its stock decrement, under the
+/// row lock (`pg-row`).
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn terminated_postgres_connections_never_split_an_order_from_its_decrement_under_the_row_lock(
+async fn terminated_pg_sessions_never_split_an_order_under_the_row_lock(
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {

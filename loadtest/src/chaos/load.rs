@@ -8,7 +8,7 @@
 //!   must get `already_purchased`, never a second order).
 //! - **A restock** carries an `Idempotency-Key` and is tried again with the same key until
 //!   an answer says whether it was applied; one still open when the load stops is tried
-//!   again after it (see [`resolve`]).
+//!   again after it (see `resolve`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

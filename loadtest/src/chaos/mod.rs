@@ -101,6 +101,8 @@ pub async fn run(args: ChaosArgs, cancel: Cancel) -> anyhow::Result<bool> {
     outcome
 }
 
+/// The soak in phases: a product, the load under the nemesis's faults, the evidence once
+/// the books settle, the checker's verdict, the report.
 async fn soak(
     args: &ChaosArgs,
     seed: u64,
@@ -116,7 +118,46 @@ async fn soak(
         .connect(&cluster.database_url)
         .await
         .context("connecting to the soak's PostgreSQL")?;
+    let soaked = load_under_faults(args, seed, product_id, cluster, cancel).await?;
 
+    // TIMING: a batch in flight when the load stopped ends within the service's own bounds
+    // (LOCK_WAIT_MS, the statement time-out): 60 s is only the upper bound.
+    evidence::settle(&pool, product_id, Duration::from_secs(60)).await?;
+    let lookups = evidence::lookups(&urls, product_id, &soaked.recorded.attempts).await?;
+    let database = evidence::database(&pool, product_id).await?;
+    pool.close().await;
+    let exits = cluster.exited_by_themselves();
+    let verdict = checker::check(&checker::Evidence {
+        initial_stock: args.stock,
+        attempts: &soaked.recorded.attempts,
+        restocks: &soaked.recorded.restocks,
+        lookups: &lookups,
+        database: &database,
+        instance_exits: &exits,
+        sold_out_recheck_us: (args.sold_out_recheck_ms * 1000) as i64,
+        started_us: soaked.started_us,
+    });
+    write_report(args, seed, settings, &soaked, &verdict)?;
+    Ok(verdict.passed())
+}
+
+/// What the load recorded while the nemesis ran its faults, and when the load ran.
+struct Soaked {
+    recorded: load::Recorded,
+    faults: Vec<history::FaultRecord>,
+    started_us: history::Micros,
+    ended_us: history::Micros,
+}
+
+/// Run the load on `product_id` while the nemesis injects and heals its faults; stop the
+/// load when the nemesis is done, and wait for its last answers.
+async fn load_under_faults(
+    args: &ChaosArgs,
+    seed: u64,
+    product_id: i64,
+    cluster: &mut Cluster,
+    cancel: &Cancel,
+) -> anyhow::Result<Soaked> {
     let (stop, stopped) = watch::channel(false);
     let started_us = now_us();
     let load = tokio::spawn(load::run(
@@ -145,44 +186,41 @@ async fn soak(
     let _ = stop.send(true);
     println!("chaos: load stopped; waiting for the last answers and restocks");
     let recorded = load.await.context("the load task failed")??;
-    let faults = faults?;
-
-    // TIMING: a batch in flight when the load stopped ends within the service's own bounds
-    // (LOCK_WAIT_MS, the statement time-out): 60 s is only the upper bound.
-    evidence::settle(&pool, product_id, Duration::from_secs(60)).await?;
-    let lookups = evidence::lookups(&urls, product_id, &recorded.attempts).await?;
-    let database = evidence::database(&pool, product_id).await?;
-    pool.close().await;
-    let exits = cluster.exited_by_themselves();
-    let verdict = checker::check(&checker::Evidence {
-        initial_stock: args.stock,
-        attempts: &recorded.attempts,
-        restocks: &recorded.restocks,
-        lookups: &lookups,
-        database: &database,
-        instance_exits: &exits,
-        sold_out_recheck_us: (args.sold_out_recheck_ms * 1000) as i64,
+    Ok(Soaked {
+        recorded,
+        faults: faults?,
         started_us,
-    });
+        ended_us,
+    })
+}
+
+/// Print the soak's table, and write its JSON summary where `--summary` says.
+fn write_report(
+    args: &ChaosArgs,
+    seed: u64,
+    settings: String,
+    soaked: &Soaked,
+    verdict: &checker::Verdict,
+) -> anyhow::Result<()> {
     let header = report::Header {
         seed,
         settings,
-        started_us,
-        ended_us,
+        started_us: soaked.started_us,
+        ended_us: soaked.ended_us,
         sold_out_recheck_us: (args.sold_out_recheck_ms * 1000) as i64,
     };
     let report = report::Report {
         header: &header,
-        faults: &faults,
-        attempts: &recorded.attempts,
-        restocks: &recorded.restocks,
-        buyers: recorded.buyers,
-        verdict: &verdict,
+        faults: &soaked.faults,
+        attempts: &soaked.recorded.attempts,
+        restocks: &soaked.recorded.restocks,
+        buyers: soaked.recorded.buyers,
+        verdict,
     };
     print!("{}", report.render());
     if let Some(path) = &args.summary {
         std::fs::write(path, serde_json::to_string_pretty(&report.json())?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    Ok(verdict.passed())
+    Ok(())
 }

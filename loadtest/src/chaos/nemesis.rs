@@ -99,66 +99,14 @@ async fn inject(
 ) -> anyhow::Result<String> {
     let slot = fault.instance % cluster.instances();
     Ok(match fault.kind {
-        FaultKind::KillInstance => {
-            let pid = cluster.pid(slot);
-            let down = fault.lasts / 4;
-            cluster.kill(slot);
-            hold(down, cancel).await;
-            let started = Instant::now();
-            cluster.restart(slot).await?;
-            format!(
-                "instance {slot} (pid {pid}) SIGKILLed, down {} ms, ready again {} ms after its start",
-                down.as_millis(),
-                started.elapsed().as_millis()
-            )
-        }
-        FaultKind::PauseInstance => {
-            let paused = plan.lock_ttl + fault.lasts / 2;
-            cluster.signal(slot, libc::SIGSTOP);
-            // TIMING: the pause outlasts the lease (LOCK_TTL_MS) by at least 500 ms, so
-            // another instance can take the lock while this one still thinks it holds it.
-            hold(paused, cancel).await;
-            cluster.signal(slot, libc::SIGCONT);
-            format!(
-                "instance {slot} (pid {}) SIGSTOPped for {} ms (LOCK_TTL_MS {})",
-                cluster.pid(slot),
-                paused.as_millis(),
-                plan.lock_ttl.as_millis()
-            )
-        }
+        FaultKind::KillInstance => kill_instance(cluster, slot, fault, cancel).await?,
+        FaultKind::PauseInstance => pause_instance(cluster, slot, fault, plan, cancel).await,
         FaultKind::RestartRedis => {
             cluster.restart_redis()?;
             "Redis restarted empty".to_owned()
         }
-        FaultKind::FenceBack => {
-            let keys = LockKeys::of(plan.product_id)?;
-            let mut conn = cluster.redis().await?;
-            let then = keys.read(&mut conn).await?;
-            hold(fault.lasts, cancel).await;
-            let now = keys.read(&mut conn).await?;
-            keys.write(&mut conn, &then).await?;
-            format!(
-                "fence {} set back to {} and lock {} to {} ({} ms old)",
-                now.fence.as_deref().unwrap_or("(none)"),
-                then.fence.as_deref().unwrap_or("(none)"),
-                now.holder_label(),
-                then.holder_label(),
-                fault.lasts.as_millis()
-            )
-        }
-        FaultKind::TerminateBackends => {
-            let until = Instant::now() + fault.lasts / 2;
-            let (mut ended, mut rounds) = (0, 0);
-            loop {
-                ended += cluster.terminate_backends().await?;
-                rounds += 1;
-                if Instant::now() >= until || cancel.is_set() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            format!("{ended} sessions of the app ended in {rounds} rounds")
-        }
+        FaultKind::FenceBack => fence_back(cluster, fault, plan, cancel).await?,
+        FaultKind::TerminateBackends => terminate_backends(cluster, fault, cancel).await?,
         FaultKind::RestartPostgres => {
             cluster.restart_postgres().await?;
             "PostgreSQL restarted (fast shutdown)".to_owned()
@@ -185,6 +133,92 @@ async fn inject(
             )
         }
     })
+}
+
+/// SIGKILL instance `slot`, keep it down a quarter of the fault, start it again.
+async fn kill_instance(
+    cluster: &mut Cluster,
+    slot: usize,
+    fault: &Fault,
+    cancel: &Cancel,
+) -> anyhow::Result<String> {
+    let pid = cluster.pid(slot);
+    let down = fault.lasts / 4;
+    cluster.kill(slot);
+    hold(down, cancel).await;
+    let started = Instant::now();
+    cluster.restart(slot).await?;
+    Ok(format!(
+        "instance {slot} (pid {pid}) SIGKILLed, down {} ms, ready again {} ms after its start",
+        down.as_millis(),
+        started.elapsed().as_millis()
+    ))
+}
+
+/// SIGSTOP instance `slot` for longer than its lease, then SIGCONT it.
+async fn pause_instance(
+    cluster: &Cluster,
+    slot: usize,
+    fault: &Fault,
+    plan: &Plan,
+    cancel: &Cancel,
+) -> String {
+    let paused = plan.lock_ttl + fault.lasts / 2;
+    cluster.signal(slot, libc::SIGSTOP);
+    // TIMING: the pause outlasts the lease (LOCK_TTL_MS) by at least 500 ms, so
+    // another instance can take the lock while this one still thinks it holds it.
+    hold(paused, cancel).await;
+    cluster.signal(slot, libc::SIGCONT);
+    format!(
+        "instance {slot} (pid {}) SIGSTOPped for {} ms (LOCK_TTL_MS {})",
+        cluster.pid(slot),
+        paused.as_millis(),
+        plan.lock_ttl.as_millis()
+    )
+}
+
+/// Set the lock's keys back to what they held `fault.lasts` ago: the fence goes backwards.
+async fn fence_back(
+    cluster: &Cluster,
+    fault: &Fault,
+    plan: &Plan,
+    cancel: &Cancel,
+) -> anyhow::Result<String> {
+    let keys = LockKeys::of(plan.product_id)?;
+    let mut conn = cluster.redis().await?;
+    let then = keys.read(&mut conn).await?;
+    hold(fault.lasts, cancel).await;
+    let now = keys.read(&mut conn).await?;
+    keys.write(&mut conn, &then).await?;
+    Ok(format!(
+        "fence {} set back to {} and lock {} to {} ({} ms old)",
+        now.fence.as_deref().unwrap_or("(none)"),
+        then.fence.as_deref().unwrap_or("(none)"),
+        now.holder_label(),
+        then.holder_label(),
+        fault.lasts.as_millis()
+    ))
+}
+
+/// End the app's PostgreSQL sessions every 100 ms for half the fault.
+async fn terminate_backends(
+    cluster: &Cluster,
+    fault: &Fault,
+    cancel: &Cancel,
+) -> anyhow::Result<String> {
+    let until = Instant::now() + fault.lasts / 2;
+    let (mut ended, mut rounds) = (0, 0);
+    loop {
+        ended += cluster.terminate_backends().await?;
+        rounds += 1;
+        if Instant::now() >= until || cancel.is_set() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(format!(
+        "{ended} sessions of the app ended in {rounds} rounds"
+    ))
 }
 
 /// The Redis keys of the product's lock: the lock and its fence counter

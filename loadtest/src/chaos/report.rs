@@ -146,10 +146,20 @@ impl Report<'_> {
         by_label
     }
 
+    /// The table: the faults and their recoveries, the answers, the books, the checks and
+    /// their violations, and the verdict.
     pub fn render(&self) -> String {
-        let h = self.header;
-        let v = self.verdict;
         let mut out = String::new();
+        self.write_faults(&mut out);
+        self.write_answers(&mut out);
+        self.write_books(&mut out);
+        self.write_checks(&mut out);
+        out
+    }
+
+    /// The head line and each kind of fault, with how soon the sale recovered from it.
+    fn write_faults(&self, out: &mut String) {
+        let h = self.header;
         let seconds = (h.ended_us - h.started_us) as f64 / 1e6;
         let _ = writeln!(
             out,
@@ -178,6 +188,10 @@ impl Report<'_> {
                 r.not_recovered
             );
         }
+    }
+
+    /// The requests, and the answers by status and code.
+    fn write_answers(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "\n{} buyers made {} purchase requests; {} restocks ({} requests):\n",
@@ -194,6 +208,11 @@ impl Report<'_> {
         for (label, count) in self.answers() {
             let _ = writeln!(out, "| {label} | {count} |");
         }
+    }
+
+    /// The rates, the books, the unknown outcomes and the `sold_out` answers.
+    fn write_books(&self, out: &mut String) {
+        let v = self.verdict;
         let (quiet, faulty) = self.orders_per_sec();
         let _ = writeln!(
             out,
@@ -222,6 +241,11 @@ impl Report<'_> {
                 near.join(", ")
             }
         );
+    }
+
+    /// Every check with its count of violations, each violation, and the verdict.
+    fn write_checks(&self, out: &mut String) {
+        let v = self.verdict;
         let _ = writeln!(out, "| check | rule | violations |");
         let _ = writeln!(out, "|---|---|---:|");
         for check in &v.checks {
@@ -244,9 +268,8 @@ impl Report<'_> {
             "\nVERDICT {}: {} violations (seed {})",
             if v.passed() { "PASS" } else { "FAIL" },
             v.violations(),
-            h.seed
+            self.header.seed
         );
-        out
     }
 
     pub fn json(&self) -> Value {
