@@ -18,6 +18,7 @@ pub mod domain;
 mod error;
 pub mod metrics;
 pub mod reads;
+pub mod redact;
 pub mod redis_link;
 pub mod repository;
 mod routes;

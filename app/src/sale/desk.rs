@@ -29,42 +29,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use distlock::{
-    Backend, Error as LockError, EtcdLock, Locker, PgLockTable, Redlock, ReleaseOutcome, ZkLock,
-};
+use distlock::{Backend, Error as LockError, Locker, ReleaseOutcome};
 use rand::Rng;
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep, timeout, timeout_at};
 
 use super::batch::{self, BatchError, Step};
+use super::exclusion::Exclusion;
 use super::fenced::{Holder, lock_failed, lock_key};
 use super::{Bought, PurchaseError, PurchaseRequest};
 use crate::domain::ProductId;
 use crate::metrics::Metrics;
-use crate::redis_link::RedisConn;
 use crate::repository::SessionBounds;
 
 /// A buyer's answer.
 pub(crate) type Answer = Result<Bought, PurchaseError>;
-
-/// How the desks of one instance keep batches of a product apart from other instances'.
-pub enum Exclusion {
-    /// The Redis lock `lock_sale_<id>`, fenced.
-    Redis(Locker<RedisConn>),
-    /// The same lock on a majority of independent Redis masters, fenced.
-    Redlock(Locker<Redlock<redis::aio::ConnectionManager>>),
-    /// The same lock in PostgreSQL's lock table, fenced.
-    PgLock(Locker<PgLockTable>),
-    /// The same lock in ZooKeeper (an ephemeral sequential node per contender), fenced with
-    /// the holder node's creation zxid.
-    ZooKeeper(Locker<ZkLock>),
-    /// The same lock in etcd (a key on a lease per contender), fenced with the holder key's
-    /// create revision.
-    Etcd(Locker<EtcdLock>),
-    /// No lock of ours: the batch's transaction reads and writes the stock `step`'s way.
-    Transaction(Step),
-}
 
 /// What every desk of an instance shares.
 pub(crate) struct DeskShared {

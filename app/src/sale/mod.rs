@@ -24,6 +24,7 @@
 pub mod batch;
 pub(crate) mod catalog;
 pub(crate) mod desk;
+pub mod exclusion;
 pub mod fenced;
 pub(crate) mod restocks;
 
@@ -38,8 +39,8 @@ use crate::metrics::{Metrics, PurchaseCounters};
 use crate::repository::{self, SessionBounds, StockSeen};
 use crate::settings::LockStrategy;
 use catalog::{Catalog, ForPurchase, Known};
-pub use desk::Exclusion;
 use desk::{Desk, DeskShared};
+pub use exclusion::Exclusion;
 use restocks::Restocks;
 
 /// One purchase, checked.

@@ -77,7 +77,7 @@ async fn a_restock_whose_client_went_away_still_commits_and_reaches_every_instan
     // Arrange: B remembers the product as sold out, and would for a minute without news.
     // The test holds the product's row, so A's restock waits for it.
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("restock-gone"));
-    settings.sold_out_recheck_ms = 60_000;
+    settings.sale.sold_out_recheck = Duration::from_millis(60_000);
     let apps = spawn_instances(2, &pool_options, &connect, &settings).await;
     let (a, b) = (&apps[0], &apps[1]);
     let id = a.create_product("Phone", 1).await;
@@ -151,8 +151,8 @@ async fn twin_stock_writes_sent_at_once_with_one_key_both_get_the_first_answer(
 ) {
     // Arrange: the test holds the product's row, so the twins both wait, whatever for.
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("twins"));
-    settings.pg_lock_timeout_ms = 20_000;
-    settings.pg_statement_timeout_ms = 20_000;
+    settings.database.lock_timeout = Duration::from_millis(20_000);
+    settings.database.statement_timeout = Duration::from_millis(20_000);
     let apps = spawn_instances(1, &pool_options, &connect, &settings).await;
     let app = &apps[0];
     let id = app.create_product("Phone", 1).await;
@@ -190,8 +190,8 @@ async fn a_restock_whose_connection_was_cut_is_answered_outcome_unknown_and_its_
 ) {
     // Arrange: the restock waits for the product's row, which the test holds.
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("restock-cut"));
-    settings.pg_lock_timeout_ms = 20_000;
-    settings.pg_statement_timeout_ms = 20_000;
+    settings.database.lock_timeout = Duration::from_millis(20_000);
+    settings.database.statement_timeout = Duration::from_millis(20_000);
     let apps = spawn_instances(1, &pool_options, &connect, &settings).await;
     let app = &apps[0];
     let id = app.create_product("Phone", 1).await;
@@ -232,7 +232,7 @@ async fn a_restock_retried_after_its_answer_was_lost_is_announced_again(
     // restock committed and its answer and news were lost (what a connection cut right after
     // the commit leaves): its row, its key and its new generation are in the database.
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("restock-lost"));
-    settings.sold_out_recheck_ms = 60_000;
+    settings.sale.sold_out_recheck = Duration::from_millis(60_000);
     let apps = spawn_instances(2, &pool_options, &connect, &settings).await;
     let (a, b) = (&apps[0], &apps[1]);
     let id = a.create_product("Phone", 1).await;

@@ -182,7 +182,7 @@ async fn a_buyer_who_left_before_the_batch_was_taken_is_skipped(pool: PgPool) {
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn beyond_a_full_queue_buyers_are_told_busy_at_once(pool: PgPool) {
     // Arrange: a queue of two, and the lock held, with buyers allowed to wait 30 s.
-    let desk = Desk::open(pool.clone(), 10, |s| s.queue_max = 2).await;
+    let desk = Desk::open(pool.clone(), 10, |s| s.sale.queue_max = 2).await;
     let held = desk.hold().await;
     let first = desk.queue(1, 1).await;
     let second = desk.queue(2, 1).await;
@@ -210,7 +210,7 @@ async fn beyond_a_full_queue_buyers_are_told_busy_at_once(pool: PgPool) {
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn batch_max_one_sells_one_purchase_per_transaction_and_per_hold(pool: PgPool) {
-    let desk = Desk::open(pool.clone(), 10, |s| s.batch_max = 1).await;
+    let desk = Desk::open(pool.clone(), 10, |s| s.sale.batch_max = 1).await;
     let held = desk.hold().await;
     let mut queued = Vec::new();
     for user in 1..=4 {
@@ -238,8 +238,8 @@ async fn a_hold_lasts_while_buyers_come_alone(pool: PgPool) {
     // ends with the queue empty and buyer 2 needs a hold of its own (as it would if holds
     // did not last); 1.5 s is room for a busy machine, and two batches fit in the 5 s.
     let desk = Desk::open(pool.clone(), 10, |s| {
-        s.work_ms = 1_500;
-        s.hold_ms = Some(5_000);
+        s.sale.work = Duration::from_millis(1_500);
+        s.sale.hold = Some(Duration::from_millis(5_000));
     })
     .await;
     let acquisitions = || desk.app.metric("seckill_lock_acquisitions_total");
@@ -271,8 +271,8 @@ async fn a_hold_sells_one_batch_while_others_want_the_lock(pool: PgPool) {
     // during buyer 3's batch: a buyer 4 that comes later needs a hold of its own however
     // holds are cut, so on a slow run this test passes without having shown the rule.
     let desk = Desk::open(pool.clone(), 10, |s| {
-        s.work_ms = 100;
-        s.hold_ms = Some(5_000);
+        s.sale.work = Duration::from_millis(100);
+        s.sale.hold = Some(Duration::from_millis(5_000));
     })
     .await;
     let acquisitions = || desk.app.metric("seckill_lock_acquisitions_total");

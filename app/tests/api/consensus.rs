@@ -32,16 +32,16 @@ async fn etcd() -> EtcdServer {
 /// Test settings that lock in the ZooKeeper at `connect`.
 fn on_zookeeper(connect: String, label: &str) -> Settings {
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix(label));
-    settings.lock_strategy = LockStrategy::ZooKeeper;
-    settings.zookeeper_connect = connect;
+    settings.lock.strategy = LockStrategy::ZooKeeper;
+    settings.lock.zookeeper_connect = connect;
     settings
 }
 
 /// Test settings that lock in the etcd at `endpoint`.
 fn on_etcd(endpoint: String, label: &str) -> Settings {
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix(label));
-    settings.lock_strategy = LockStrategy::Etcd;
-    settings.etcd_endpoints = vec![endpoint];
+    settings.lock.strategy = LockStrategy::Etcd;
+    settings.lock.etcd_endpoints = vec![endpoint];
     settings
 }
 
@@ -190,8 +190,8 @@ async fn readyz_turns_not_ready_while_etcd_is_down_and_ready_once_it_is_back(poo
 async fn an_unreachable_zookeeper_stops_start_up_naming_zookeeper_connect(pool: PgPool) {
     // A short session: the client tries for about one session timeout before it gives up.
     let mut settings = on_zookeeper(format!("127.0.0.1:{}", testkit::free_port()), "no-zk");
-    settings.zookeeper_session_timeout_ms = 2_000;
-    settings.lock_ttl_ms = 1_000;
+    settings.lock.zookeeper_session_timeout = Duration::from_millis(2_000);
+    settings.lock.ttl = Duration::from_millis(1_000);
     let message = build_error(settings, pool).await;
     assert!(message.contains("ZOOKEEPER_CONNECT"), "{message}");
 }
@@ -214,8 +214,8 @@ async fn a_zookeeper_session_granted_shorter_than_the_lock_ttl_stops_start_up_sa
             .await
             .unwrap();
     let mut settings = on_zookeeper(server.connect_string(), "short-zk");
-    settings.zookeeper_session_timeout_ms = 10_000;
-    settings.lock_ttl_ms = 5_000;
+    settings.lock.zookeeper_session_timeout = Duration::from_millis(10_000);
+    settings.lock.ttl = Duration::from_millis(5_000);
 
     // Act
     let message = build_error(settings, pool).await;
@@ -234,7 +234,7 @@ async fn a_zookeeper_session_granted_shorter_than_the_lock_ttl_stops_start_up_sa
 /// log says, it sells.
 async fn a_fence_left_by_another_backend_is_refused_until_reset(settings: Settings, pool: PgPool) {
     // Arrange: the row was last written under Redis's clock-based fences.
-    let strategy = settings.lock_strategy;
+    let strategy = settings.lock.strategy;
     let app = spawn_with(settings, pool.clone()).await;
     let id = app.create_product("Phone", 10).await;
     sqlx::query("UPDATE products SET fence = $2 WHERE id = $1")
