@@ -224,7 +224,7 @@ impl PurchaseCounters {
         }
     }
 
-    /// The counter of `label`, one of [`Self::OUTCOMES`].
+    /// The counter of `label`, one of `Self::OUTCOMES`.
     pub fn outcome(&self, label: &str) -> &IntCounter {
         &self
             .outcomes

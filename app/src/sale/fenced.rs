@@ -35,7 +35,7 @@
 //! cannot have come from the same ensemble or cluster while we hold the lock: it was left by
 //! another lock backend (`LOCK_STRATEGY` changed on this database; Redis's fences, for
 //! one, are clock-based and far above a zxid). Such a batch writes nothing, and the
-//! operator is told what to do ([`fence_from_another_backend`]).
+//! operator is told what to do (`fence_from_another_backend`).
 
 use std::collections::{HashMap, HashSet};
 

@@ -1,8 +1,8 @@
 //! The purchase path.
 //!
-//! 1. [`catalog`]: is the product known to exist, and is it sold out (from memory)? Unknown
+//! 1. `catalog`: is the product known to exist, and is it sold out (from memory)? Unknown
 //!    products and sold-out answers never reach a desk, a lock or Redis.
-//! 2. [`desk`]: the purchase queues at its product's desk, where one leader task per
+//! 2. `desk`: the purchase queues at its product's desk, where one leader task per
 //!    instance sells batches of purchases, each in one transaction ([`fenced`] under a
 //!    lock of ours, [`batch`] otherwise).
 //! 3. The strategy decides how batches of different instances are kept apart:
@@ -19,7 +19,7 @@
 //! | `pg-atomic` | one guarded `UPDATE ... WHERE stock >= sold` | [`batch::Step::Atomic`] |
 //! | `none` | nothing: unsafe on purpose, to show the lost update | [`batch::Step::Unsafe`] |
 //!
-//! [`restocks`] carries restock news between instances.
+//! `restocks` carries restock news between instances.
 
 pub mod batch;
 pub(crate) mod catalog;
