@@ -69,8 +69,9 @@ async fn a_restock_retried_with_its_idempotency_key_adds_the_stock_once(
     assert!(books.balance(), "{books:?}");
 }
 
+/// A restock whose client went away still commits and reaches every instance.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_restock_whose_client_went_away_still_commits_and_reaches_every_instance(
+async fn restock_commits_and_spreads_though_its_client_went_away(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -183,8 +184,9 @@ async fn twin_stock_writes_sent_at_once_with_one_key_both_get_the_first_answer(
     assert!(books.balance(), "{books:?}");
 }
 
+/// A restock whose connection was cut is answered outcome unknown and its retry adds it once.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_restock_whose_connection_was_cut_is_answered_outcome_unknown_and_its_retry_adds_it_once(
+async fn cut_restock_is_outcome_unknown_and_its_retry_adds_it_once(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
 ) {

@@ -329,8 +329,9 @@ async fn read_batch(pool: &PgPool, product: seckill::domain::ProductId) -> Vec<i
     snapshot.bought
 }
 
+/// The batch read uses the orders index however small the table was when first planned.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn the_batch_read_uses_the_orders_index_however_small_the_table_was_when_first_planned(
+async fn batch_read_uses_the_orders_index_whatever_its_first_plan_saw(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -380,10 +381,9 @@ async fn the_batch_read_uses_the_orders_index_however_small_the_table_was_when_f
     );
 }
 
+/// An optimistic batch that read before a restock writes nothing and the restock stays.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn an_optimistic_batch_that_read_before_a_restock_writes_nothing_and_the_restock_stays(
-    pool: PgPool,
-) {
+async fn optimistic_batch_read_before_a_restock_leaves_the_restock_intact(pool: PgPool) {
     // Arrange: a pg-optimistic batch has read the row (stock 10)...
     use seckill::repository::{self, Restocked, StockWrite};
     let id: i64 =
@@ -441,8 +441,9 @@ async fn orders_seq_scans(session: &PgPool) -> i64 {
         .unwrap()
 }
 
+/// A holder's statement keeps to the indexes though its plan was made while orders was small.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_holders_statement_keeps_to_the_indexes_though_its_plan_was_made_while_orders_was_small(
+async fn holders_statement_keeps_to_indexes_though_planned_on_a_small_table(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
 ) {

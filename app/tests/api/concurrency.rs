@@ -190,8 +190,9 @@ async fn the_row_lock_sells_exactly_what_was_supplied_across_instances(
     flood(LockStrategy::PgRow, o, c).await;
 }
 
+/// The optimistic strategy sells exactly what was supplied across instances.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn the_optimistic_strategy_sells_exactly_what_was_supplied_across_instances(
+async fn pg_optimistic_sells_exactly_the_supply_across_instances(
     o: PgPoolOptions,
     c: PgConnectOptions,
 ) {

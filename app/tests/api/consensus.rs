@@ -64,8 +64,9 @@ async fn readyz_until(app: &TestApp, want: u16, within: Duration) -> (u16, Value
     }
 }
 
+/// Under zookeeper, a flood on three instances sells exactly what was supplied.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn under_zookeeper_a_flood_on_three_instances_sells_exactly_what_was_supplied(
+async fn zookeeper_flood_on_three_instances_sells_exactly_the_supply(
     o: PgPoolOptions,
     c: PgConnectOptions,
 ) {
@@ -165,8 +166,9 @@ async fn readyz_follows_the_lock_server<S: LockServer>(
     drop(server);
 }
 
+/// `/readyz` turns not ready while zookeeper is down and ready once it is back.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn readyz_turns_not_ready_while_zookeeper_is_down_and_ready_once_it_is_back(pool: PgPool) {
+async fn readyz_is_not_ready_while_zookeeper_is_down_and_ready_after(pool: PgPool) {
     let server = zookeeper().await;
     let app = spawn_with(on_zookeeper(server.connect_string(), "ready-zk"), pool).await;
     let (_, body) = app.get_json("/readyz").await;
@@ -203,10 +205,9 @@ async fn an_unreachable_etcd_stops_start_up_naming_etcd_endpoints(pool: PgPool) 
     assert!(message.contains("ETCD_ENDPOINTS"), "{message}");
 }
 
+/// A zookeeper session granted shorter than the lock ttl stops start up saying both.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_zookeeper_session_granted_shorter_than_the_lock_ttl_stops_start_up_saying_both(
-    pool: PgPool,
-) {
+async fn granted_zookeeper_session_too_short_for_the_ttl_stops_start_up(pool: PgPool) {
     // Arrange: the server grants sessions of at most 2 s; the service asks for 10 s and
     // holds its locks for 5 s.
     let server =

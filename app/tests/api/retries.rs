@@ -62,10 +62,10 @@ impl Contended {
     }
 }
 
+/// A batch that keeps conflicting is answered within one batch timeout and commits nothing
+/// after.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_batch_that_keeps_conflicting_is_answered_within_one_batch_timeout_and_commits_nothing_after(
-    pool: PgPool,
-) {
+async fn conflicting_batch_answers_within_its_timeout_then_commits_nothing(pool: PgPool) {
     // Arrange
     let contended = Contended::start(pool).await;
     let id = contended.id;

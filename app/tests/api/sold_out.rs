@@ -135,8 +135,9 @@ async fn a_product_with_stock_left_is_not_marked_sold_out(pool: PgPool) {
     assert_eq!(app.metric("seckill_sold_out_fast_path_total").await, 0.0);
 }
 
+/// Another deployment sharing redis and prefix cannot switch our sold out memory off.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn another_deployment_sharing_redis_and_prefix_cannot_switch_our_sold_out_memory_off(
+async fn other_deployment_on_our_redis_cannot_clear_our_sold_out_memory(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -271,10 +272,9 @@ async fn seen_sold_out(pool: PgPool) -> (TestApp, i64) {
     (app, id)
 }
 
+/// A sold out product answers before the body is checked and keeps the connection.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_sold_out_product_answers_before_the_body_is_checked_and_keeps_the_connection(
-    pool: PgPool,
-) {
+async fn sold_out_answers_before_the_body_is_checked_keeping_the_connection(pool: PgPool) {
     // Arrange: a product this instance has seen sell out (and trusts it for the whole test).
     let (app, id) = seen_sold_out(pool).await;
     let address = app.address.trim_start_matches("http://");
@@ -357,10 +357,10 @@ async fn a_sold_out_product_answers_before_the_body_is_checked_and_keeps_the_con
     assert_eq!(app.metric("seckill_sold_out_fast_path_total").await, 10.0);
 }
 
+/// A whole sold out purchase in one write is answered at once and a stalled one within the
+/// bound.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_whole_sold_out_purchase_in_one_write_is_answered_at_once_and_a_stalled_one_within_the_bound(
-    pool: PgPool,
-) {
+async fn sold_out_write_answers_at_once_and_a_stalled_one_within_the_bound(pool: PgPool) {
     // Arrange: a product this instance has seen sell out, and one connection.
     let (app, id) = seen_sold_out(pool).await;
     let address = app.address.trim_start_matches("http://");

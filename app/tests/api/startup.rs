@@ -99,8 +99,9 @@ async fn redlock_without_masters_stops_start_up_with_a_clear_message(pool: PgPoo
     assert!(message.contains("REDLOCK_URLS"), "{message}");
 }
 
+/// An empty, blank or short admin token stops start up with a message naming it.
 #[test]
-fn an_empty_blank_or_short_admin_token_stops_start_up_with_a_message_naming_it() {
+fn empty_blank_or_short_admin_token_stops_start_up_naming_it() {
     for token in ["", "   ", "short-token"] {
         let mut settings = settings(&shared_redis_url(), "");
         settings.http.admin_token = Some(token.into());
