@@ -5,7 +5,8 @@
 //! 2. `desk`: the purchase queues at its product's desk, where one leader task per
 //!    instance sells batches of purchases, each in one transaction ([`fenced`] under a
 //!    lock of ours, [`batch`] otherwise).
-//! 3. The strategy decides how batches of different instances are kept apart:
+//! 3. The strategy decides how batches of different instances are kept apart ([`exclusion`],
+//!    which also connects each lock backend at start-up):
 //!
 //! | strategy | what keeps two instances' batches apart | write path |
 //! |---|---|---|
