@@ -1,23 +1,54 @@
 //! `seckill`: a flash-sale service that sells limited stock to a flood of buyers.
 //!
+//! # One purchase, file by file
+//! Read these in order to follow `POST /api/products/{id}/purchase` under the default
+//! strategy (`LOCK_STRATEGY=redis`), from the request to its answer:
+//! 1. `startup.rs`: how the pieces are built from the settings and handed to the server;
+//!    `routes/mod.rs`: which handler serves which route.
+//! 2. `routes/purchase.rs`: the handler checks its input (`domain.rs`) and calls
+//!    [`sale::Sale::purchase`].
+//! 3. `sale/mod.rs`: `Sale::purchase` answers a known sold-out from memory
+//!    (`sale/catalog.rs`), or queues the purchase at its product's desk and waits for the
+//!    answer.
+//! 4. `sale/desk/mod.rs`: the desk, one queue and one leader task per product; the leader
+//!    takes what waits as one batch.
+//! 5. `sale/desk/locked.rs`: the leader takes the product's lock (a `distlock::Locker`, built
+//!    in `sale/exclusion.rs`), sells batches while it holds it, and gives it back.
+//! 6. `sale/fenced.rs`: `Holder::sell` allocates the batch and writes it with the lock's
+//!    fence, in one statement (`repository/sale.rs`, `sell_as_holder`), which PostgreSQL
+//!    refuses when a newer holder wrote first.
+//! 7. Back in the desk, each buyer gets their own answer; the handler maps it to `201` and
+//!    the order, or to an error (`error.rs`: `ApiError`, the one JSON error format).
+//!
+//! The strategies without a lock of ours take `sale/batch.rs` at step 5 instead: one
+//! transaction per batch.
+//!
 //! # Layout
-//! - `settings`: every setting, from flags or environment (`seckill --help`).
+//! - `settings/`: every setting, from flags or environment (`seckill --help`), in five groups
+//!   (`groups.rs`), with their ranges (`range.rs`) and the rules between them (`rules.rs`).
 //! - `startup`: [`startup::Application`] builds pools, runs migrations, binds the listener.
 //! - `routes/`: one file per group of endpoints; parse input, call in, map errors.
 //! - `domain`: checked input types (`ProductId`, `Quantity`, ...).
 //! - `sale/`: the purchase path: what the instance knows (`catalog`), the per-product desk
-//!   that sells in batches (`desk`, `batch`), the fenced write path (`fenced`), restock news.
+//!   that sells in batches (`desk/`, `batch`), how instances are kept apart and its lock
+//!   backends connected (`exclusion`), the fenced write path (`fenced`), restock news
+//!   (`restocks`).
+//! - `reads`: the public reads (a product's books, order look-ups), on a pool of their own
+//!   and shared while they run.
 //! - `redis_link`: Redis connections that may come up after the service does.
-//! - `repository`: all SQL. The schema is in `../migrations`.
+//! - `repository/`: all SQL, by what it serves: the sale's statements (`sale.rs`), the admin
+//!   writes (`admin.rs`), the reads (`reads.rs`). The schema is in `../migrations`.
 //! - `error`: `ApiError`, the one JSON error format.
 //! - `metrics`, `telemetry`: Prometheus metrics and logs.
+//! - `redact`: passwords kept out of messages.
 //!
-//! It depends on the `distlock` crate for the Redis lock; nothing here depends on the load test.
+//! It depends on the `distlock` crate for the locks; nothing here depends on the load test.
 
 pub mod domain;
 mod error;
 pub mod metrics;
 pub mod reads;
+pub mod redact;
 pub mod redis_link;
 pub mod repository;
 mod routes;

@@ -55,125 +55,129 @@ pub struct BatchPhases {
     pub answer: Histogram,
 }
 
+/// Latency buckets, from half a millisecond to ten seconds.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+];
+
+/// Count buckets (purchases per batch, batches per hold).
+const COUNT_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0];
+
+/// A batch phase's buckets, from ten microseconds to five seconds.
+const PHASE_BUCKETS: [f64; 15] = [
+    0.000_01, 0.000_05, 0.000_1, 0.000_2, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5,
+    1.0, 5.0,
+];
+
+/// Makes each metric family and registers it, in one call.
+struct Families(Registry);
+
+impl Families {
+    fn register<C: prometheus::core::Collector + Clone + 'static>(&self, collector: C) -> C {
+        self.0
+            .register(Box::new(collector.clone()))
+            .expect("unique metric names");
+        collector
+    }
+
+    fn counter(&self, name: &str, help: &str) -> IntCounter {
+        self.register(IntCounter::new(name, help).expect("valid metric"))
+    }
+
+    fn counter_vec(&self, name: &str, help: &str, label: &str) -> IntCounterVec {
+        self.register(IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid metric"))
+    }
+
+    fn gauge(&self, name: &str, help: &str) -> IntGauge {
+        self.register(IntGauge::new(name, help).expect("valid metric"))
+    }
+
+    fn histogram(&self, name: &str, help: &str, buckets: &[f64]) -> Histogram {
+        let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+        self.register(Histogram::with_opts(opts).expect("valid metric"))
+    }
+
+    fn histogram_vec(&self, name: &str, help: &str, buckets: &[f64], label: &str) -> HistogramVec {
+        let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+        self.register(HistogramVec::new(opts, &[label]).expect("valid metric"))
+    }
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new_custom(Some("seckill".into()), None).expect("valid prefix");
-        let purchases = IntCounterVec::new(
-            Opts::new("purchases_total", "Purchases by outcome"),
-            &["outcome"],
-        )
-        .expect("valid metric");
-        let latency_buckets = vec![
-            0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
-        ];
-        let purchase_seconds = HistogramVec::new(
-            HistogramOpts::new("purchase_duration_seconds", "Purchase latency")
-                .buckets(latency_buckets.clone()),
-            &["strategy"],
-        )
-        .expect("valid metric");
-        let lock_wait_seconds = Histogram::with_opts(
-            HistogramOpts::new("lock_wait_seconds", "A desk leader's wait for the lock")
-                .buckets(latency_buckets),
-        )
-        .expect("valid metric");
-        let counts = vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0];
-        let batch_size = Histogram::with_opts(
-            HistogramOpts::new("batch_size", "Purchases sold in one transaction")
-                .buckets(counts.clone()),
-        )
-        .expect("valid metric");
-        let batches_per_hold = Histogram::with_opts(
-            HistogramOpts::new("batches_per_hold", "Batches sold per lock hold").buckets(counts),
-        )
-        .expect("valid metric");
-        let phase_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "batch_phase_seconds",
-                "Where a batch's time goes: queue (per purchase, arrival to batch), write (the batch's database work), answer (answering its buyers)",
-            )
-            .buckets(vec![
-                0.000_01, 0.000_05, 0.000_1, 0.000_2, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02,
-                0.05, 0.1, 0.5, 1.0, 5.0,
-            ]),
-            &["phase"],
-        )
-        .expect("valid metric");
-        let phases = BatchPhases {
-            queue: phase_seconds.with_label_values(&["queue"]),
-            write: phase_seconds.with_label_values(&["write"]),
-            answer: phase_seconds.with_label_values(&["answer"]),
-        };
-        let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("valid metric");
-        let metrics = Self {
-            purchases,
-            purchase_seconds,
-            lock_wait_seconds,
-            lock_acquisitions: counter("lock_acquisitions_total", "Locks taken by desk leaders"),
-            lock_timeouts: counter(
+        let families = Families(registry.clone());
+        let phase_seconds = families.histogram_vec(
+            "batch_phase_seconds",
+            "Where a batch's time goes: queue (per purchase, arrival to batch), write (the batch's database work), answer (answering its buyers)",
+            &PHASE_BUCKETS,
+            "phase",
+        );
+        Self {
+            purchases: families.counter_vec("purchases_total", "Purchases by outcome", "outcome"),
+            purchase_seconds: families.histogram_vec(
+                "purchase_duration_seconds",
+                "Purchase latency",
+                &LATENCY_BUCKETS,
+                "strategy",
+            ),
+            lock_wait_seconds: families.histogram(
+                "lock_wait_seconds",
+                "A desk leader's wait for the lock",
+                &LATENCY_BUCKETS,
+            ),
+            lock_acquisitions: families
+                .counter("lock_acquisitions_total", "Locks taken by desk leaders"),
+            lock_timeouts: families.counter(
                 "lock_timeouts_total",
                 "Purchases that waited LOCK_WAIT_MS without their turn (answered busy)",
             ),
-            lock_renewals: counter(
+            lock_renewals: families.counter(
                 "lock_renewals_total",
                 "Lease renewals by the watchdog, counted when each hold ends",
             ),
-            locks_lost: counter(
+            locks_lost: families.counter(
                 "locks_lost_total",
                 "Lock holds that ended with the lock lost",
             ),
-            fence_resyncs: counter(
+            fence_resyncs: families.counter(
                 "fence_resyncs_total",
                 "Fence counters raised past a larger stored fence while the lock was held",
             ),
-            sold_out_fast_path: counter(
+            sold_out_fast_path: families.counter(
                 "sold_out_fast_path_total",
                 "Sold-out answers given from memory, without queue, lock or database",
             ),
-            orders: counter("orders_total", "Orders this instance sold"),
-            queued: IntGauge::new(
+            orders: families.counter("orders_total", "Orders this instance sold"),
+            queued: families.gauge(
                 "queued_purchases",
                 "Purchases waiting at this instance's desks",
-            )
-            .expect("valid metric"),
-            queue_full: counter(
+            ),
+            queue_full: families.counter(
                 "queue_full_total",
                 "Purchases refused at once because their desk's queue was full",
             ),
-            buyers_gone: counter(
+            buyers_gone: families.counter(
                 "buyers_gone_total",
                 "Purchases skipped because their buyer disconnected while queued",
             ),
-            batch_size,
-            batches_per_hold,
-            phases,
+            batch_size: families.histogram(
+                "batch_size",
+                "Purchases sold in one transaction",
+                &COUNT_BUCKETS,
+            ),
+            batches_per_hold: families.histogram(
+                "batches_per_hold",
+                "Batches sold per lock hold",
+                &COUNT_BUCKETS,
+            ),
+            phases: BatchPhases {
+                queue: phase_seconds.with_label_values(&["queue"]),
+                write: phase_seconds.with_label_values(&["write"]),
+                answer: phase_seconds.with_label_values(&["answer"]),
+            },
             registry,
-        };
-        let collectors: [Box<dyn prometheus::core::Collector>; 16] = [
-            Box::new(metrics.purchases.clone()),
-            Box::new(metrics.purchase_seconds.clone()),
-            Box::new(metrics.lock_wait_seconds.clone()),
-            Box::new(metrics.lock_acquisitions.clone()),
-            Box::new(metrics.lock_timeouts.clone()),
-            Box::new(metrics.lock_renewals.clone()),
-            Box::new(metrics.locks_lost.clone()),
-            Box::new(metrics.fence_resyncs.clone()),
-            Box::new(metrics.sold_out_fast_path.clone()),
-            Box::new(metrics.orders.clone()),
-            Box::new(metrics.queued.clone()),
-            Box::new(metrics.queue_full.clone()),
-            Box::new(metrics.buyers_gone.clone()),
-            Box::new(metrics.batch_size.clone()),
-            Box::new(metrics.batches_per_hold.clone()),
-            Box::new(phase_seconds),
-        ];
-        for collector in collectors {
-            metrics
-                .registry
-                .register(collector)
-                .expect("unique metric names");
         }
-        metrics
     }
 
     /// The text exposition format.
@@ -220,7 +224,7 @@ impl PurchaseCounters {
         }
     }
 
-    /// The counter of `label`, one of [`Self::OUTCOMES`].
+    /// The counter of `label`, one of `Self::OUTCOMES`.
     pub fn outcome(&self, label: &str) -> &IntCounter {
         &self
             .outcomes

@@ -17,7 +17,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::Sentinel;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use crate::settings::redacted;
+use crate::redact::redacted;
 
 /// How often a background connection is retried.
 const RETRY: Duration = Duration::from_secs(1);

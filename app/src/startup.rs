@@ -7,41 +7,20 @@ use std::time::Duration;
 use actix_web::dev::Server;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context;
-use distlock::{
-    Backend, EtcdLock, LockOptions, Locker, PgLockTable, Redlock, ReleaseSignals, ZkLock,
-};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::MIGRATOR;
 use crate::metrics::Metrics;
-use crate::redis_link::{self, RedisLink, RedisSource};
+use crate::redis_link::{RedisLink, RedisSource};
 use crate::repository::{self, SessionBounds};
 use crate::routes::admin::AdminToken;
 use crate::routes::health::Health;
 use crate::routes::sold_out::SoldOutLane;
 use crate::routes::{self, not_found};
-use crate::sale::batch::Step;
 use crate::sale::fenced::probe_key;
 use crate::sale::{Exclusion, Sale, SaleParts};
-use crate::settings::{LockStrategy, Settings, redacted};
-use secrecy::ExposeSecret;
-
-/// A desk leader's backoff between lock attempts when it polls (Redlock, pg-lock): short,
-/// since a hold lasts at most `HOLD_MS`. Under `redis` the leader waits for the release
-/// message instead, and this is only its backstop.
-const LOCK_RETRY_MIN: Duration = Duration::from_millis(2);
-const LOCK_RETRY_MAX: Duration = Duration::from_millis(10);
-
-/// How long start-up waits for ZooKeeper or etcd to answer its first read.
-///
-/// TIMING: a healthy server answers within milliseconds; an etcd client waits for an endpoint
-/// that is down up to its own 5 s connect timeout before failing.
-const CONSENSUS_PROBE_WITHIN: Duration = Duration::from_secs(10);
-
-/// Connections of the lock table's own pool (`pg-lock`): one leader per product attempts and
-/// renews through it.
-const LOCK_TABLE_CONNECTIONS: u32 = 4;
+use crate::settings::{DatabaseSettings, LockStrategy, Settings};
 
 /// A bound, listening, not yet running service.
 pub struct Application {
@@ -58,10 +37,10 @@ impl Application {
     /// a failed migration, an address that cannot be bound.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         settings.check().map_err(anyhow::Error::msg)?;
-        let options = PgConnectOptions::from_str(settings.database_url())
+        let options = PgConnectOptions::from_str(settings.database.url())
             .context("invalid DATABASE_URL")?
-            .options(session_bounds(&settings));
-        let pool = pool_options(&settings)
+            .options(session_bounds(&settings.database));
+        let pool = pool_options(&settings.database)
             .connect_with(options)
             .await
             .context("cannot connect to PostgreSQL (DATABASE_URL)")?;
@@ -80,92 +59,25 @@ impl Application {
     /// As [`build`](Self::build).
     pub async fn build_with_pool(settings: Settings, pool: PgPool) -> anyhow::Result<Self> {
         settings.check().map_err(anyhow::Error::msg)?;
-        MIGRATOR
-            .run(&pool)
-            .await
-            .context("cannot run database migrations")?;
-        bound_sessions(&pool, &settings).await;
-        let strategy = settings.lock_strategy;
-        let source = settings.redis_source();
-        let redis = if strategy.needs_redis() {
-            RedisLink::connect_now(&source).await?
-        } else {
-            RedisLink::connect_in_background(&source)?
-        };
-        if strategy == LockStrategy::None {
-            tracing::warn!(
-                "LOCK_STRATEGY=none: purchases read and write stock WITHOUT ANY LOCK. \
-                 Concurrent buyers WILL lose updates and oversell. Use only to demonstrate the race."
-            );
-        }
-        let exclusion = exclusion(&settings, &pool, &redis, &source).await?;
-        let metrics = Metrics::new();
+        prepare_database(&pool, &settings.database).await?;
+        let (source, redis) = connect_redis(&settings).await?;
+        let exclusion = Exclusion::connect(&settings, &pool, &redis, &source).await?;
         let deployment = repository::deployment_id(&pool)
             .await
             .context("cannot read the deployment id from PostgreSQL")?;
-        // After `bound_sessions`: its connections carry the session bounds too.
-        let reads_pool = PgPoolOptions::new()
-            .max_connections(settings.database_read_connections)
-            .acquire_timeout(settings.database_acquire_timeout())
-            .test_before_acquire(false)
-            .connect_lazy_with(pool.connect_options().as_ref().clone());
-        let holders_pool = PgPoolOptions::new()
-            .max_connections(settings.database_max_connections)
-            .acquire_timeout(settings.database_acquire_timeout())
-            .test_before_acquire(false)
-            .connect_lazy_with(holder_sessions(&pool));
-        let sale = Sale::new(SaleParts {
-            pool: pool.clone(),
-            reads_pool,
-            holders_pool,
-            strategy,
-            exclusion,
-            metrics,
-            redis_source: source,
-            redis: redis.clone(),
-            key_prefix: settings.redis_key_prefix.clone(),
-            deployment,
-            batch_max: settings.batch_max as usize,
-            queue_max: settings.queue_max as usize,
-            hold: settings.hold(),
-            work: settings.work(),
-            wait: settings.lock_wait(),
-            sold_out_recheck: settings.sold_out_recheck(),
-            max_quantity: settings.max_quantity,
-            batch_timeout: batch_timeout(&settings),
-            bounds: SessionBounds {
-                statement_timeout_ms: settings.pg_statement_timeout_ms,
-                lock_timeout_ms: settings.pg_lock_timeout_ms,
-                idle_in_transaction_timeout_ms: settings.pg_idle_in_transaction_timeout_ms,
-            },
-        });
-
-        let listener = TcpListener::bind(settings.bind_addr)
-            .with_context(|| format!("cannot listen on {} (BIND_ADDR)", settings.bind_addr))?;
-        let address = listener.local_addr()?;
-        let sale = web::Data::new(sale);
-        let health = web::Data::new(Health::new(
+        let health = Health::new(
             pool.connect_options().as_ref().clone(),
-            redis,
-            probe_key(&settings.redis_key_prefix),
-        ));
-        let admin = web::Data::new(AdminToken(settings.admin_token.clone()));
-        let server = HttpServer::new(move || {
-            App::new()
-                .app_data(sale.clone())
-                .app_data(health.clone())
-                .app_data(admin.clone())
-                .configure(routes::configure)
-                .default_service(web::to(not_found))
-                // The flood after a sale is answered before the router sees it.
-                .wrap(SoldOutLane)
-        })
-        // A buyer who disconnects while queued (EOF on the socket) has their request dropped,
-        // so the desk skips them instead of selling to nobody.
-        .h1_allow_half_closed(false)
-        .listen(listener)?
-        .run();
-        tracing::info!(%address, strategy = strategy.name(), "seckill listening");
+            redis.clone(),
+            probe_key(&settings.redis.key_prefix),
+        );
+        let sale = open_sale(&settings, pool, redis, source, exclusion, deployment);
+        let bind_addr = settings.http.bind_addr;
+        let listener = TcpListener::bind(bind_addr)
+            .with_context(|| format!("cannot listen on {bind_addr} (BIND_ADDR)"))?;
+        let address = listener.local_addr()?;
+        let admin = AdminToken(settings.http.admin_token.clone());
+        let server = serve(listener, sale, health, admin)?;
+        tracing::info!(%address, strategy = settings.lock.strategy.name(), "seckill listening");
         Ok(Self { server, address })
     }
 
@@ -188,20 +100,129 @@ impl Application {
     }
 }
 
+/// Migrations, then the session bounds on every connection of `pool`.
+async fn prepare_database(pool: &PgPool, database: &DatabaseSettings) -> anyhow::Result<()> {
+    MIGRATOR
+        .run(pool)
+        .await
+        .context("cannot run database migrations")?;
+    bound_sessions(pool, database).await;
+    Ok(())
+}
+
+/// Redis, where it is: connected now when the strategy sells with it, in the background
+/// otherwise. Warns about `LOCK_STRATEGY=none` on the way.
+async fn connect_redis(settings: &Settings) -> anyhow::Result<(RedisSource, RedisLink)> {
+    let strategy = settings.lock.strategy;
+    let source = settings.redis.source();
+    let redis = if strategy.needs_redis() {
+        RedisLink::connect_now(&source).await?
+    } else {
+        RedisLink::connect_in_background(&source)?
+    };
+    if strategy == LockStrategy::None {
+        tracing::warn!(
+            "LOCK_STRATEGY=none: purchases read and write stock WITHOUT ANY LOCK. \
+             Concurrent buyers WILL lose updates and oversell. Use only to demonstrate the race."
+        );
+    }
+    Ok((source, redis))
+}
+
+/// The sale, with its two pools beside `pool`: the public reads' and the lock holders'.
+/// Called after [`bound_sessions`], so their connections carry the session bounds too.
+fn open_sale(
+    settings: &Settings,
+    pool: PgPool,
+    redis: RedisLink,
+    redis_source: RedisSource,
+    exclusion: Exclusion,
+    deployment: String,
+) -> Sale {
+    let (database, sale) = (&settings.database, &settings.sale);
+    let reads_pool = PgPoolOptions::new()
+        .max_connections(database.read_connections)
+        .acquire_timeout(database.acquire_timeout)
+        .test_before_acquire(false)
+        .connect_lazy_with(pool.connect_options().as_ref().clone());
+    let holders_pool = PgPoolOptions::new()
+        .max_connections(database.max_connections)
+        .acquire_timeout(database.acquire_timeout)
+        .test_before_acquire(false)
+        .connect_lazy_with(holder_sessions(&pool));
+    Sale::new(SaleParts {
+        pool,
+        reads_pool,
+        holders_pool,
+        strategy: settings.lock.strategy,
+        exclusion,
+        metrics: Metrics::new(),
+        redis_source,
+        redis,
+        key_prefix: settings.redis.key_prefix.clone(),
+        deployment,
+        batch_max: sale.batch_max as usize,
+        queue_max: sale.queue_max as usize,
+        hold: settings.hold(),
+        work: sale.work,
+        wait: settings.lock.wait,
+        sold_out_recheck: sale.sold_out_recheck,
+        max_quantity: sale.max_quantity,
+        batch_timeout: batch_timeout(database, sale.work),
+        bounds: SessionBounds {
+            statement_timeout_ms: millis(database.statement_timeout),
+            lock_timeout_ms: millis(database.lock_timeout),
+            idle_in_transaction_timeout_ms: millis(database.idle_in_transaction_timeout),
+        },
+    })
+}
+
+/// A setting's milliseconds, as PostgreSQL takes them (every setting is at most an hour).
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The HTTP server on `listener`, not yet running.
+fn serve(
+    listener: TcpListener,
+    sale: Sale,
+    health: Health,
+    admin: AdminToken,
+) -> anyhow::Result<Server> {
+    let sale = web::Data::new(sale);
+    let health = web::Data::new(health);
+    let admin = web::Data::new(admin);
+    Ok(HttpServer::new(move || {
+        App::new()
+            .app_data(sale.clone())
+            .app_data(health.clone())
+            .app_data(admin.clone())
+            .configure(routes::configure)
+            .default_service(web::to(not_found))
+            // The flood after a sale is answered before the router sees it.
+            .wrap(SoldOutLane)
+    })
+    // A buyer who disconnects while queued (EOF on the socket) has their request dropped,
+    // so the desk skips them instead of selling to nobody.
+    .h1_allow_half_closed(false)
+    .listen(listener)?
+    .run())
+}
+
 /// The session bounds as connection options: every session the service uses has them (see
 /// [`bound_sessions`]). With them, custom plans for every statement: see
 /// [`crate::repository::begin`] for why a cached generic plan is a trap on a table that grows
 /// during the sale (the order lookup, and the lock table under `pg-lock`, run outside
 /// `begin`). The lock holders' sessions keep generic plans instead, made safe another way
 /// ([`holder_sessions`]).
-fn session_bounds(settings: &Settings) -> [(&'static str, String); 4] {
-    let ms = |value: u64| format!("{value}ms");
+fn session_bounds(database: &DatabaseSettings) -> [(&'static str, String); 4] {
+    let ms = |value: Duration| format!("{}ms", value.as_millis());
     [
-        ("statement_timeout", ms(settings.pg_statement_timeout_ms)),
-        ("lock_timeout", ms(settings.pg_lock_timeout_ms)),
+        ("statement_timeout", ms(database.statement_timeout)),
+        ("lock_timeout", ms(database.lock_timeout)),
         (
             "idle_in_transaction_session_timeout",
-            ms(settings.pg_idle_in_transaction_timeout_ms),
+            ms(database.idle_in_transaction_timeout),
         ),
         ("plan_cache_mode", "force_custom_plan".to_owned()),
     ]
@@ -240,16 +261,16 @@ pub const HOLDERS_APPLICATION_NAME: &str = "seckill lock holders";
 /// made with them already: as options of its new connections; and the connections made
 /// before are closed, each as soon as it is idle (one handed back just now becomes idle a
 /// moment later), waiting for them up to `HANDED_BACK`.
-async fn bound_sessions(pool: &PgPool, settings: &Settings) {
+async fn bound_sessions(pool: &PgPool, database: &DatabaseSettings) {
     const HANDED_BACK: Duration = Duration::from_secs(1);
-    let bounded = PgConnectOptions::new_without_pgpass().options(session_bounds(settings));
+    let bounded = PgConnectOptions::new_without_pgpass().options(session_bounds(database));
     let options = pool.connect_options().as_ref().clone();
     if let Some(bounds) = bounded.get_options()
         && options.get_options().is_some_and(|o| o.ends_with(bounds))
     {
         return;
     }
-    pool.set_connect_options(options.options(session_bounds(settings)));
+    pool.set_connect_options(options.options(session_bounds(database)));
     let deadline = tokio::time::Instant::now() + HANDED_BACK;
     loop {
         while let Some(mut idle) = pool.try_acquire() {
@@ -272,10 +293,8 @@ async fn bound_sessions(pool: &PgPool, settings: &Settings) {
 /// The longest a healthy batch can take: waiting for a connection, then its four
 /// statements (begin, read, insert-and-write, commit; a lock holder's batch sends at most
 /// four, usually one), each bounded by `statement_timeout` on the server, plus the work.
-fn batch_timeout(settings: &Settings) -> Duration {
-    settings.database_acquire_timeout()
-        + Duration::from_millis(settings.pg_statement_timeout_ms) * 4
-        + settings.work()
+fn batch_timeout(database: &DatabaseSettings, work: Duration) -> Duration {
+    database.acquire_timeout + database.statement_timeout * 4 + work
 }
 
 /// No ping before a pooled connection is handed out (sqlx pings by default): it would be one
@@ -283,146 +302,9 @@ fn batch_timeout(settings: &Settings) -> Duration {
 /// instead, and is dropped from the pool: its buyers are answered as for any lost
 /// connection (503 `database_unavailable`, or `outcome_unknown` where the write may have been
 /// sent: they look their order up, then retry).
-fn pool_options(settings: &Settings) -> PgPoolOptions {
+fn pool_options(database: &DatabaseSettings) -> PgPoolOptions {
     PgPoolOptions::new()
-        .max_connections(settings.database_max_connections)
-        .acquire_timeout(settings.database_acquire_timeout())
+        .max_connections(database.max_connections)
+        .acquire_timeout(database.acquire_timeout)
         .test_before_acquire(false)
-}
-
-/// How batches of different instances are kept apart, for the configured strategy.
-async fn exclusion(
-    settings: &Settings,
-    pool: &PgPool,
-    redis: &RedisLink,
-    source: &RedisSource,
-) -> anyhow::Result<Exclusion> {
-    let options = || {
-        LockOptions::builder()
-            .ttl(settings.lock_ttl())
-            .wait_timeout(settings.lock_wait())
-            .retry_delay(LOCK_RETRY_MIN, LOCK_RETRY_MAX)
-            .build()
-            .context("invalid LOCK_TTL_MS / LOCK_WAIT_MS")
-    };
-    Ok(match settings.lock_strategy {
-        LockStrategy::Redis => {
-            let conn = redis.get().expect("connected at start-up under redis");
-            // `connect` checks the server is Redis 7.0 or later, naming its version.
-            let locker = Locker::connect(conn, options()?)
-                .await
-                .context("cannot lock on this Redis (REDIS_URL / REDIS_SENTINELS)")?;
-            match source {
-                RedisSource::Url(url) => {
-                    let client = redis::Client::open(url.as_str())?;
-                    let signals = ReleaseSignals::connect(&client)
-                        .await
-                        .context("cannot subscribe to lock releases (REDIS_URL)")?;
-                    Exclusion::Redis(locker.with_release_signals(signals))
-                }
-                // Release messages come over one fixed connection, which would not follow
-                // a failover: through Sentinel, waiters poll.
-                RedisSource::Sentinels { .. } => Exclusion::Redis(locker),
-            }
-        }
-        LockStrategy::Redlock => {
-            let mut nodes = Vec::new();
-            for url in &settings.redlock_urls {
-                let url = url.expose_secret();
-                let setting = format!("REDLOCK_URLS: {}", redacted(url));
-                let node = redis_link::connect(url, redis_link::config())
-                    .await
-                    .with_context(|| format!("cannot connect to Redis ({setting})"))?;
-                nodes.push(node);
-            }
-            let redlock = Redlock::new(nodes).context("invalid REDLOCK_URLS")?;
-            // `connect` checks every master runs Redis 7.0 or later, naming its version.
-            Exclusion::Redlock(
-                Locker::connect(redlock, options()?)
-                    .await
-                    .context("cannot lock on these Redis masters (REDLOCK_URLS)")?,
-            )
-        }
-        LockStrategy::PgLock => {
-            // A pool of its own: the leaders' attempts and their watchdogs' renewals must not
-            // wait behind the batches for a connection (a late renewal costs the lease).
-            let locks = PgPoolOptions::new()
-                .max_connections(LOCK_TABLE_CONNECTIONS)
-                .acquire_timeout(settings.database_acquire_timeout())
-                .connect_lazy_with(pool.connect_options().as_ref().clone());
-            let table = PgLockTable::new(locks);
-            table
-                .install()
-                .await
-                .context("cannot create the lock table in PostgreSQL")?;
-            Exclusion::PgLock(Locker::new(table, options()?).context("invalid lock settings")?)
-        }
-        LockStrategy::ZooKeeper => {
-            let connect = settings.zookeeper_connect.as_str();
-            // The connector tries every server in turn for about one session timeout before
-            // it gives up.
-            let zk = ZkLock::builder(connect)
-                .session_timeout(settings.zookeeper_session_timeout())
-                .connect()
-                .await
-                .with_context(|| {
-                    format!(
-                        "cannot open a ZooKeeper session at {connect} within about {} ms (ZOOKEEPER_CONNECT)",
-                        settings.zookeeper_session_timeout_ms
-                    )
-                })?;
-            // The server bounds the session timeout to its own minSessionTimeout ..
-            // maxSessionTimeout; a lock's lease may be at most half the session's.
-            let granted = zk.session_timeout();
-            if zk.max_ttl() < settings.lock_ttl() {
-                anyhow::bail!(
-                    "ZooKeeper at {connect} granted a session timeout of {} ms, less than twice \
-                     LOCK_TTL_MS ({} ms) (ZOOKEEPER_SESSION_TIMEOUT_MS asked for {} ms): a lock \
-                     lives only as long as its session, and the ensemble may end a session 0.6 of \
-                     its timeout after the holder last proved it alive, so a holder could write \
-                     after the ensemble gave its lock away. Lower LOCK_TTL_MS to at most {} ms, \
-                     or raise the servers' maxSessionTimeout (zoo.cfg) to at least {} ms",
-                    granted.as_millis(),
-                    settings.lock_ttl_ms,
-                    settings.zookeeper_session_timeout_ms,
-                    zk.max_ttl().as_millis(),
-                    2 * settings.lock_ttl_ms,
-                );
-            }
-            let locker = Locker::new(zk, options()?).context("invalid lock settings")?;
-            probe(&locker, settings).await.with_context(|| {
-                format!("ZooKeeper at {connect} does not answer (ZOOKEEPER_CONNECT)")
-            })?;
-            Exclusion::ZooKeeper(locker)
-        }
-        LockStrategy::Etcd => {
-            let endpoints = settings.etcd_endpoints.join(",");
-            let etcd = EtcdLock::connect(&settings.etcd_endpoints)
-                .await
-                .with_context(|| {
-                    format!("cannot connect to etcd at {endpoints} (ETCD_ENDPOINTS)")
-                })?;
-            let locker = Locker::new(etcd, options()?).context("invalid lock settings")?;
-            // The client connects lazily: only a request tells whether etcd is there.
-            probe(&locker, settings)
-                .await
-                .with_context(|| format!("cannot reach etcd at {endpoints} (ETCD_ENDPOINTS)"))?;
-            Exclusion::Etcd(locker)
-        }
-        LockStrategy::PgRow => Exclusion::Transaction(Step::RowLock),
-        LockStrategy::PgOptimistic => Exclusion::Transaction(Step::Optimistic),
-        LockStrategy::PgAtomic => Exclusion::Transaction(Step::Atomic),
-        LockStrategy::None => Exclusion::Transaction(Step::Unsafe),
-    })
-}
-
-/// One read of the lock service (what it knows of a lock nobody takes), so that start-up
-/// fails now, naming the setting, rather than at the first purchase.
-async fn probe<B: Backend>(locker: &Locker<B>, settings: &Settings) -> anyhow::Result<()> {
-    let key = probe_key(&settings.redis_key_prefix);
-    match tokio::time::timeout(CONSENSUS_PROBE_WITHIN, locker.inspect(&key)).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(error)) => Err(error.into()),
-        Err(_) => anyhow::bail!("no answer within {CONSENSUS_PROBE_WITHIN:?}"),
-    }
 }

@@ -114,12 +114,12 @@ fn pullable_local_images(compose: &Value) -> Vec<String> {
 async fn spawn_instance(pool: PgPool, label: &str) -> (u16, testkit::PrefixCleanup) {
     let mut settings =
         seckill::Settings::try_parse_from(["seckill", "--database-url", "unused"]).unwrap();
-    settings.bind_addr = "127.0.0.1:0".parse().unwrap();
-    settings.redis_key_prefix = testkit::unique_prefix(label);
+    settings.http.bind_addr = "127.0.0.1:0".parse().unwrap();
+    settings.redis.key_prefix = testkit::unique_prefix(label);
     if let Ok(url) = std::env::var("REDIS_URL") {
-        settings.redis_url = url.into();
+        settings.redis.url = url.into();
     }
-    let cleanup = testkit::PrefixCleanup::new(settings.redis_url(), &settings.redis_key_prefix);
+    let cleanup = testkit::PrefixCleanup::new(settings.redis.url(), &settings.redis.key_prefix);
     let app = seckill::Application::build_with_pool(settings, pool)
         .await
         .unwrap();
@@ -294,7 +294,7 @@ fn the_redlock_profile_has_three_masters_that_the_apps_name() {
             urls,
         ])
         .unwrap();
-        assert_eq!(parsed.redlock_urls.len(), 3);
+        assert_eq!(parsed.lock.redlock_urls.len(), 3);
     }
 }
 
@@ -380,7 +380,7 @@ fn the_zookeeper_profile_serves_the_apps_with_sessions_that_fit_the_lease() {
 
     for (name, service) in app_services(&compose) {
         let settings = app_settings(&name, service, "zookeeper");
-        for address in settings.zookeeper_connect.split(',') {
+        for address in settings.lock.zookeeper_connect.split(',') {
             let (host, port) = address.split_once(':').expect("host:port");
             assert!(
                 servers.contains(host),
@@ -389,10 +389,10 @@ fn the_zookeeper_profile_serves_the_apps_with_sessions_that_fit_the_lease() {
             assert_eq!(port, "2181", "{name}: {address}");
         }
         assert!(
-            settings.zookeeper_session_timeout_ms <= max_session_ms,
+            settings.lock.zookeeper_session_timeout.as_millis() <= u128::from(max_session_ms),
             "{name}: asks for sessions of {} ms, the server grants at most {max_session_ms} ms \
              (and the apps refuse to start with less than LOCK_TTL_MS)",
-            settings.zookeeper_session_timeout_ms
+            settings.lock.zookeeper_session_timeout.as_millis()
         );
     }
 }
@@ -424,7 +424,7 @@ fn the_etcd_profile_has_one_server_listening_where_the_apps_look_for_it() {
 
     for (name, service) in app_services(&compose) {
         let settings = app_settings(&name, service, "etcd");
-        for endpoint in &settings.etcd_endpoints {
+        for endpoint in &settings.lock.etcd_endpoints {
             let authority = endpoint
                 .strip_prefix("http://")
                 .expect("an http:// endpoint");
@@ -533,8 +533,8 @@ fn the_image_listens_on_every_interface_and_builds_offline() {
         .find_map(|line| line.strip_prefix("ENV BIND_ADDR="))
         .expect("the runtime stage sets BIND_ADDR");
     let settings = seckill::Settings::try_parse_from(["seckill", "--bind-addr", bind]).unwrap();
-    assert!(settings.bind_addr.ip().is_unspecified(), "{bind}");
-    assert!(runtime.contains(&format!("EXPOSE {}", settings.bind_addr.port())));
+    assert!(settings.http.bind_addr.ip().is_unspecified(), "{bind}");
+    assert!(runtime.contains(&format!("EXPOSE {}", settings.http.bind_addr.port())));
 
     // The query macros build from `.sqlx/`, which the build context must include.
     let offline = dockerfile

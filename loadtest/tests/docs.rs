@@ -379,12 +379,12 @@ async fn route_and_metric_tables_match_what_an_instance_serves(pool: PgPool) {
     // Arrange: a real instance, which serves the document and the metrics.
     let mut settings =
         seckill::Settings::try_parse_from(["seckill", "--database-url", "unused"]).unwrap();
-    settings.bind_addr = "127.0.0.1:0".parse().unwrap();
-    settings.redis_key_prefix = testkit::unique_prefix("docs");
+    settings.http.bind_addr = "127.0.0.1:0".parse().unwrap();
+    settings.redis.key_prefix = testkit::unique_prefix("docs");
     if let Ok(url) = std::env::var("REDIS_URL") {
-        settings.redis_url = url.into();
+        settings.redis.url = url.into();
     }
-    let _cleanup = testkit::PrefixCleanup::new(settings.redis_url(), &settings.redis_key_prefix);
+    let _cleanup = testkit::PrefixCleanup::new(settings.redis.url(), &settings.redis.key_prefix);
     let app = seckill::Application::build_with_pool(settings, pool)
         .await
         .unwrap();

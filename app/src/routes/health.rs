@@ -181,15 +181,51 @@ async fn check(sale: &Sale, health: &Health) -> (StatusCode, Readiness) {
     let postgres = tokio::time::timeout(limit, postgres_answers(&health.postgres))
         .await
         .unwrap_or(false);
-    let redis = match health.redis.get() {
+    let redis = redis_answers(health, limit).await;
+    let redlock = redlock_quorum(sale, limit).await;
+    let (zookeeper, etcd) = consensus(sale, health, limit).await;
+    let restock_news = sale.hears_restocks();
+    let mut body = Readiness {
+        status: "ready",
+        postgres,
+        redis,
+        restock_news,
+        redlock,
+        zookeeper,
+        etcd,
+        error: None,
+        message: None,
+    };
+    if let Some(problem) = problem(sale, &body) {
+        body.status = "not_ready";
+        body.error = Some("not_ready");
+        body.message = Some(problem);
+        return (StatusCode::SERVICE_UNAVAILABLE, body);
+    }
+    if !redis || !restock_news {
+        body.status = "degraded";
+        body.message = Some(
+            "restock news is not heard (redis is unreachable): sales go on; restocks reach this instance within SOLD_OUT_RECHECK_MS",
+        );
+    }
+    (StatusCode::OK, body)
+}
+
+/// Whether Redis answers a `PING` within `limit`.
+async fn redis_answers(health: &Health, limit: Duration) -> bool {
+    match health.redis.get() {
         Some(mut conn) => {
             let ping = redis::cmd("PING");
             let ping = ping.query_async::<String>(&mut conn);
             matches!(tokio::time::timeout(limit, ping).await, Ok(Ok(_)))
         }
         None => false,
-    };
-    let redlock = match sale.exclusion() {
+    }
+}
+
+/// Under `redlock`, how many masters answer, of how many needed.
+async fn redlock_quorum(sale: &Sale, limit: Duration) -> Option<Quorum> {
+    match sale.exclusion() {
         Exclusion::Redlock(locker) => {
             let nodes = locker.backend();
             Some(Quorum {
@@ -198,8 +234,16 @@ async fn check(sale: &Sale, health: &Health) -> (StatusCode, Readiness) {
             })
         }
         _ => None,
-    };
-    let (zookeeper, etcd) = match sale.exclusion() {
+    }
+}
+
+/// Under `zookeeper` (first) or `etcd` (second), whether the lock service answers.
+async fn consensus(
+    sale: &Sale,
+    health: &Health,
+    limit: Duration,
+) -> (Option<Consensus>, Option<Consensus>) {
+    match sale.exclusion() {
         Exclusion::ZooKeeper(locker) => {
             let answers = health.lock_service_answers(locker, limit).await;
             let session = format!("{:?}", locker.backend().zookeeper().state());
@@ -217,45 +261,25 @@ async fn check(sale: &Sale, health: &Health) -> (StatusCode, Readiness) {
             (None, Some(consensus))
         }
         _ => (None, None),
-    };
-    let restock_news = sale.hears_restocks();
-    let mut body = Readiness {
-        status: "ready",
-        postgres,
-        redis,
-        restock_news,
-        redlock,
-        zookeeper: zookeeper.clone(),
-        etcd: etcd.clone(),
-        error: None,
-        message: None,
-    };
-    let problem = if !postgres {
+    }
+}
+
+/// What makes the instance unready, the first found: PostgreSQL, then what the strategy
+/// sells with.
+fn problem(sale: &Sale, body: &Readiness) -> Option<&'static str> {
+    if !body.postgres {
         Some("postgres is unreachable")
-    } else if !redis && sale.strategy.needs_redis() {
+    } else if !body.redis && sale.strategy.needs_redis() {
         Some("redis is unreachable")
-    } else if redlock.is_some_and(|q| q.reachable < q.needed) {
+    } else if body.redlock.is_some_and(|q| q.reachable < q.needed) {
         Some("a majority of the Redlock masters is unreachable")
-    } else if zookeeper.is_some_and(|z| !z.answers) {
+    } else if body.zookeeper.as_ref().is_some_and(|z| !z.answers) {
         Some(
             "the ZooKeeper session is not connected: the ensemble does not answer (ZOOKEEPER_CONNECT)",
         )
-    } else if etcd.is_some_and(|e| !e.answers) {
+    } else if body.etcd.as_ref().is_some_and(|e| !e.answers) {
         Some("etcd does not answer (ETCD_ENDPOINTS): it is down, or has no leader")
     } else {
         None
-    };
-    if let Some(problem) = problem {
-        body.status = "not_ready";
-        body.error = Some("not_ready");
-        body.message = Some(problem);
-        return (StatusCode::SERVICE_UNAVAILABLE, body);
     }
-    if !redis || !restock_news {
-        body.status = "degraded";
-        body.message = Some(
-            "restock news is not heard (redis is unreachable): sales go on; restocks reach this instance within SOLD_OUT_RECHECK_MS",
-        );
-    }
-    (StatusCode::OK, body)
 }

@@ -2,12 +2,12 @@
 //! four round trips. (The lock strategies sell their batches in [`super::fenced`].)
 //!
 //! 1. `BEGIN` with the session bounds.
-//! 2. Read the row the strategy's way ([`Step::locks`]): locked (`FOR UPDATE`) or not; and,
+//! 2. Read the row the strategy's way (`Step::locks`): locked (`FOR UPDATE`) or not; and,
 //!    in the same statement, which buyers already have an order.
-//! 3. Allocate in arrival order ([`allocate`]): each request gets its quantity while stock
+//! 3. Allocate in arrival order (`allocate`): each request gets its quantity while stock
 //!    lasts; a user who already bought, or who appears twice in the batch, gets
 //!    `already_purchased`; the rest get `sold_out`. Then insert every order and write the
-//!    stock, the strategy's way ([`Step::write`]), in one statement.
+//!    stock, the strategy's way (`Step::write`), in one statement.
 //! 4. Commit.
 //!
 //! Every buyer's answer is decided only by the commit: a batch that fails writes nothing

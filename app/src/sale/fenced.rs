@@ -35,7 +35,7 @@
 //! cannot have come from the same ensemble or cluster while we hold the lock: it was left by
 //! another lock backend (`LOCK_STRATEGY` changed on this database; Redis's fences, for
 //! one, are clock-based and far above a zxid). Such a batch writes nothing, and the
-//! operator is told what to do ([`fence_from_another_backend`]).
+//! operator is told what to do (`fence_from_another_backend`).
 
 use std::collections::{HashMap, HashSet};
 
@@ -129,99 +129,122 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
                 }
                 continue;
             }
-            // First as if the stock were plenty: the write then needs only that it is (no
-            // read first, whatever other instances sold since we last saw the row).
-            let mut decisions = allocate(i64::MAX, requests, &bought_before);
-            let (mut users, mut quantities) = sales(requests, &decisions);
-            let mut exact = None;
-            if let Some(row) = self.row
-                && row.stock < quantities.iter().map(|&q| i64::from(q)).sum::<i64>()
-            {
-                // Not enough for everyone, as far as we know: allocate against the row as
-                // we saw it, and write only if it is still so.
-                decisions = allocate(row.stock, requests, &bought_before);
-                (users, quantities) = sales(requests, &decisions);
-                exact = Some(row);
-            }
-            if users.is_empty() {
-                // Nothing to write.
-                if let (None, Some(left)) = (exact, self.row) {
-                    // As if the stock were plenty, only buyers found with an order by a
-                    // statement of this batch (which told us the row) get nothing: that
-                    // statement decided their answers.
-                    let found = Found {
-                        left,
-                        orders: HashMap::new(),
-                        bought: HashSet::new(),
-                    };
-                    return found.answers(requests, &decisions);
-                }
-                // Confirm that the row is still what we allocated against.
-                match self.look(requests).await {
-                    Ok((now, bought)) if Some(now) == exact => {
-                        let found = Found {
-                            left: now,
-                            orders: HashMap::new(),
-                            bought: bought.into_iter().collect(),
-                        };
-                        return found.answers(requests, &decisions);
-                    }
-                    Ok((_, bought)) => {
-                        bought_before.extend(bought);
-                        continue;
-                    }
-                    Err(error) => return all(requests, error),
-                }
-            }
-            let refused: Vec<i64> = requests
-                .iter()
-                .zip(&decisions)
-                .filter(|(_, d)| **d == Decision::SoldOut)
-                .map(|(r, _)| r.user_id.get())
-                .collect();
-            let batch = HolderBatch {
-                users: &users,
-                quantities: &quantities,
-                fence: fence.as_i64(),
-                exact: exact.map(|row| row.version),
-                refused: &refused,
+            let plan = self.plan(requests, &bought_before);
+            let attempt = if plan.users.is_empty() {
+                self.confirm_nothing_sold(requests, &plan).await
+            } else {
+                self.write(requests, &plan, fence).await
             };
-            let written = repository::sell_as_holder(self.pool, self.product, batch).await;
-            match written {
-                Ok(HolderWrite::Committed {
-                    row: left,
-                    orders,
-                    bought,
-                }) => {
-                    self.row = Some(left);
-                    let found = Found {
-                        left,
-                        orders: orders.into_iter().collect(),
-                        bought: bought.into_iter().collect(),
-                    };
-                    return found.answers(requests, &decisions);
-                }
-                Ok(HolderWrite::NotWritten) => {
-                    // Learn why: the row as it is, and which of the buyers have an order.
-                    match self.look(requests).await {
-                        Ok((_, bought)) => bought_before.extend(bought),
-                        Err(error) => return all(requests, error),
-                    }
-                }
-                Err(error) => {
-                    // The commit may or may not have happened: read the row again next time.
-                    self.row = None;
-                    let error = if repository::may_have_committed(&error) {
-                        PurchaseError::OutcomeUnknown
-                    } else {
-                        error.into()
-                    };
-                    return all(requests, error);
-                }
+            match attempt {
+                Attempt::Answered(answers) => return answers,
+                Attempt::Again { bought } => bought_before.extend(bought),
             }
         }
         // The row kept moving under us (restocks): the buyers may try again.
         all(requests, PurchaseError::Busy)
+    }
+
+    /// Allocate the batch: first as if the stock were plenty (the write then needs only that
+    /// it is: no read first, whatever other instances sold since we last saw the row); if
+    /// the row as we saw it has not enough for everyone, exactly against it (and the write
+    /// then happens only if the row is still so).
+    fn plan(&self, requests: &[PurchaseRequest], bought_before: &HashSet<i64>) -> Plan {
+        let decisions = allocate(i64::MAX, requests, bought_before);
+        let (users, quantities) = sales(requests, &decisions);
+        if let Some(row) = self.row
+            && row.stock < quantities.iter().map(|&q| i64::from(q)).sum::<i64>()
+        {
+            let decisions = allocate(row.stock, requests, bought_before);
+            let (users, quantities) = sales(requests, &decisions);
+            return Plan {
+                decisions,
+                users,
+                quantities,
+                exact: Some(row),
+            };
+        }
+        Plan {
+            decisions,
+            users,
+            quantities,
+            exact: None,
+        }
+    }
+
+    /// A plan that sells to nobody writes nothing: answer from the row we know, or confirm
+    /// by a read that the row is still what we allocated against.
+    async fn confirm_nothing_sold(&mut self, requests: &[PurchaseRequest], plan: &Plan) -> Attempt {
+        if let (None, Some(left)) = (plan.exact, self.row) {
+            // As if the stock were plenty, only buyers found with an order by a statement
+            // of this batch (which told us the row) get nothing: that statement decided
+            // their answers.
+            let found = Found {
+                left,
+                orders: HashMap::new(),
+                bought: HashSet::new(),
+            };
+            return Attempt::Answered(found.answers(requests, &plan.decisions));
+        }
+        match self.look(requests).await {
+            Ok((now, bought)) if Some(now) == plan.exact => {
+                let found = Found {
+                    left: now,
+                    orders: HashMap::new(),
+                    bought: bought.into_iter().collect(),
+                };
+                Attempt::Answered(found.answers(requests, &plan.decisions))
+            }
+            Ok((_, bought)) => Attempt::Again { bought },
+            Err(error) => Attempt::Answered(all(requests, error)),
+        }
+    }
+
+    /// The batch's one writing statement, under `fence`; when it writes nothing, a read
+    /// tells why.
+    async fn write(&mut self, requests: &[PurchaseRequest], plan: &Plan, fence: Fence) -> Attempt {
+        let refused: Vec<i64> = requests
+            .iter()
+            .zip(&plan.decisions)
+            .filter(|(_, d)| **d == Decision::SoldOut)
+            .map(|(r, _)| r.user_id.get())
+            .collect();
+        let batch = HolderBatch {
+            users: &plan.users,
+            quantities: &plan.quantities,
+            fence: fence.as_i64(),
+            exact: plan.exact.map(|row| row.version),
+            refused: &refused,
+        };
+        match repository::sell_as_holder(self.pool, self.product, batch).await {
+            Ok(HolderWrite::Committed {
+                row: left,
+                orders,
+                bought,
+            }) => {
+                self.row = Some(left);
+                let found = Found {
+                    left,
+                    orders: orders.into_iter().collect(),
+                    bought: bought.into_iter().collect(),
+                };
+                Attempt::Answered(found.answers(requests, &plan.decisions))
+            }
+            // Learn why: the row as it is, and which of the buyers have an order.
+            Ok(HolderWrite::NotWritten) => match self.look(requests).await {
+                Ok((_, bought)) => Attempt::Again { bought },
+                Err(error) => Attempt::Answered(all(requests, error)),
+            },
+            Err(error) => {
+                // The commit may or may not have happened: read the row again next time.
+                self.row = None;
+                let error = if repository::may_have_committed(&error) {
+                    PurchaseError::OutcomeUnknown
+                } else {
+                    error.into()
+                };
+                Attempt::Answered(all(requests, error))
+            }
+        }
     }
 
     /// Read the row (remembered from now on) and which of the buyers of `requests` have an
@@ -291,6 +314,26 @@ pub(crate) fn fence_from_another_backend(
          hand out: another LOCK_STRATEGY wrote it, or the lock's servers were rebuilt or restored; \
          with every instance of another strategy stopped, reset it: UPDATE products SET fence = 0"
     ))
+}
+
+/// A batch's allocation, and the write it makes.
+struct Plan {
+    /// Each buyer's decision, in the order of the requests.
+    decisions: Vec<Decision>,
+    /// The buyers sold to, and what each buys.
+    users: Vec<i64>,
+    quantities: Vec<i32>,
+    /// The row allocated against, when the stock was short: the write then requires it
+    /// unchanged. `None`: allocated as if the stock were plenty.
+    exact: Option<HeldRow>,
+}
+
+/// What one attempt of a batch came to.
+enum Attempt {
+    /// Every buyer has their answer.
+    Answered(Vec<Result<Bought, PurchaseError>>),
+    /// Nothing was decided: try again, knowing these buyers have an order already.
+    Again { bought: Vec<i64> },
 }
 
 /// What the statement that decided a batch found: a write, or a read of the unchanged row

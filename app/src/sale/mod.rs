@@ -1,11 +1,12 @@
 //! The purchase path.
 //!
-//! 1. [`catalog`]: is the product known to exist, and is it sold out (from memory)? Unknown
+//! 1. `catalog`: is the product known to exist, and is it sold out (from memory)? Unknown
 //!    products and sold-out answers never reach a desk, a lock or Redis.
-//! 2. [`desk`]: the purchase queues at its product's desk, where one leader task per
+//! 2. `desk`: the purchase queues at its product's desk, where one leader task per
 //!    instance sells batches of purchases, each in one transaction ([`fenced`] under a
 //!    lock of ours, [`batch`] otherwise).
-//! 3. The strategy decides how batches of different instances are kept apart:
+//! 3. The strategy decides how batches of different instances are kept apart ([`exclusion`],
+//!    which also connects each lock backend at start-up):
 //!
 //! | strategy | what keeps two instances' batches apart | write path |
 //! |---|---|---|
@@ -19,11 +20,12 @@
 //! | `pg-atomic` | one guarded `UPDATE ... WHERE stock >= sold` | [`batch::Step::Atomic`] |
 //! | `none` | nothing: unsafe on purpose, to show the lost update | [`batch::Step::Unsafe`] |
 //!
-//! [`restocks`] carries restock news between instances.
+//! `restocks` carries restock news between instances.
 
 pub mod batch;
 pub(crate) mod catalog;
 pub(crate) mod desk;
+pub mod exclusion;
 pub mod fenced;
 pub(crate) mod restocks;
 
@@ -38,8 +40,8 @@ use crate::metrics::{Metrics, PurchaseCounters};
 use crate::repository::{self, SessionBounds, StockSeen};
 use crate::settings::LockStrategy;
 use catalog::{Catalog, ForPurchase, Known};
-pub use desk::Exclusion;
 use desk::{Desk, DeskShared};
+pub use exclusion::Exclusion;
 use restocks::Restocks;
 
 /// One purchase, checked.

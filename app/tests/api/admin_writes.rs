@@ -69,15 +69,16 @@ async fn a_restock_retried_with_its_idempotency_key_adds_the_stock_once(
     assert!(books.balance(), "{books:?}");
 }
 
+/// A restock whose client went away still commits and reaches every instance.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_restock_whose_client_went_away_still_commits_and_reaches_every_instance(
+async fn restock_commits_and_spreads_though_its_client_went_away(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
     // Arrange: B remembers the product as sold out, and would for a minute without news.
     // The test holds the product's row, so A's restock waits for it.
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("restock-gone"));
-    settings.sold_out_recheck_ms = 60_000;
+    settings.sale.sold_out_recheck = Duration::from_millis(60_000);
     let apps = spawn_instances(2, &pool_options, &connect, &settings).await;
     let (a, b) = (&apps[0], &apps[1]);
     let id = a.create_product("Phone", 1).await;
@@ -151,8 +152,8 @@ async fn twin_stock_writes_sent_at_once_with_one_key_both_get_the_first_answer(
 ) {
     // Arrange: the test holds the product's row, so the twins both wait, whatever for.
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("twins"));
-    settings.pg_lock_timeout_ms = 20_000;
-    settings.pg_statement_timeout_ms = 20_000;
+    settings.database.lock_timeout = Duration::from_millis(20_000);
+    settings.database.statement_timeout = Duration::from_millis(20_000);
     let apps = spawn_instances(1, &pool_options, &connect, &settings).await;
     let app = &apps[0];
     let id = app.create_product("Phone", 1).await;
@@ -183,15 +184,16 @@ async fn twin_stock_writes_sent_at_once_with_one_key_both_get_the_first_answer(
     assert!(books.balance(), "{books:?}");
 }
 
+/// A restock whose connection was cut is answered outcome unknown and its retry adds it once.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_restock_whose_connection_was_cut_is_answered_outcome_unknown_and_its_retry_adds_it_once(
+async fn cut_restock_is_outcome_unknown_and_its_retry_adds_it_once(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
     // Arrange: the restock waits for the product's row, which the test holds.
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("restock-cut"));
-    settings.pg_lock_timeout_ms = 20_000;
-    settings.pg_statement_timeout_ms = 20_000;
+    settings.database.lock_timeout = Duration::from_millis(20_000);
+    settings.database.statement_timeout = Duration::from_millis(20_000);
     let apps = spawn_instances(1, &pool_options, &connect, &settings).await;
     let app = &apps[0];
     let id = app.create_product("Phone", 1).await;
@@ -232,7 +234,7 @@ async fn a_restock_retried_after_its_answer_was_lost_is_announced_again(
     // restock committed and its answer and news were lost (what a connection cut right after
     // the commit leaves): its row, its key and its new generation are in the database.
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("restock-lost"));
-    settings.sold_out_recheck_ms = 60_000;
+    settings.sale.sold_out_recheck = Duration::from_millis(60_000);
     let apps = spawn_instances(2, &pool_options, &connect, &settings).await;
     let (a, b) = (&apps[0], &apps[1]);
     let id = a.create_product("Phone", 1).await;

@@ -182,7 +182,7 @@ async fn a_buyer_who_left_before_the_batch_was_taken_is_skipped(pool: PgPool) {
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn beyond_a_full_queue_buyers_are_told_busy_at_once(pool: PgPool) {
     // Arrange: a queue of two, and the lock held, with buyers allowed to wait 30 s.
-    let desk = Desk::open(pool.clone(), 10, |s| s.queue_max = 2).await;
+    let desk = Desk::open(pool.clone(), 10, |s| s.sale.queue_max = 2).await;
     let held = desk.hold().await;
     let first = desk.queue(1, 1).await;
     let second = desk.queue(2, 1).await;
@@ -210,7 +210,7 @@ async fn beyond_a_full_queue_buyers_are_told_busy_at_once(pool: PgPool) {
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn batch_max_one_sells_one_purchase_per_transaction_and_per_hold(pool: PgPool) {
-    let desk = Desk::open(pool.clone(), 10, |s| s.batch_max = 1).await;
+    let desk = Desk::open(pool.clone(), 10, |s| s.sale.batch_max = 1).await;
     let held = desk.hold().await;
     let mut queued = Vec::new();
     for user in 1..=4 {
@@ -238,8 +238,8 @@ async fn a_hold_lasts_while_buyers_come_alone(pool: PgPool) {
     // ends with the queue empty and buyer 2 needs a hold of its own (as it would if holds
     // did not last); 1.5 s is room for a busy machine, and two batches fit in the 5 s.
     let desk = Desk::open(pool.clone(), 10, |s| {
-        s.work_ms = 1_500;
-        s.hold_ms = Some(5_000);
+        s.sale.work = Duration::from_millis(1_500);
+        s.sale.hold = Some(Duration::from_millis(5_000));
     })
     .await;
     let acquisitions = || desk.app.metric("seckill_lock_acquisitions_total");
@@ -271,8 +271,8 @@ async fn a_hold_sells_one_batch_while_others_want_the_lock(pool: PgPool) {
     // during buyer 3's batch: a buyer 4 that comes later needs a hold of its own however
     // holds are cut, so on a slow run this test passes without having shown the rule.
     let desk = Desk::open(pool.clone(), 10, |s| {
-        s.work_ms = 100;
-        s.hold_ms = Some(5_000);
+        s.sale.work = Duration::from_millis(100);
+        s.sale.hold = Some(Duration::from_millis(5_000));
     })
     .await;
     let acquisitions = || desk.app.metric("seckill_lock_acquisitions_total");
@@ -329,8 +329,9 @@ async fn read_batch(pool: &PgPool, product: seckill::domain::ProductId) -> Vec<i
     snapshot.bought
 }
 
+/// The batch read uses the orders index however small the table was when first planned.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn the_batch_read_uses_the_orders_index_however_small_the_table_was_when_first_planned(
+async fn batch_read_uses_the_orders_index_whatever_its_first_plan_saw(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -380,10 +381,9 @@ async fn the_batch_read_uses_the_orders_index_however_small_the_table_was_when_f
     );
 }
 
+/// An optimistic batch that read before a restock writes nothing and the restock stays.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn an_optimistic_batch_that_read_before_a_restock_writes_nothing_and_the_restock_stays(
-    pool: PgPool,
-) {
+async fn optimistic_batch_read_before_a_restock_leaves_the_restock_intact(pool: PgPool) {
     // Arrange: a pg-optimistic batch has read the row (stock 10)...
     use seckill::repository::{self, Restocked, StockWrite};
     let id: i64 =
@@ -441,8 +441,9 @@ async fn orders_seq_scans(session: &PgPool) -> i64 {
         .unwrap()
 }
 
+/// A holder's statement keeps to the indexes though its plan was made while orders was small.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_holders_statement_keeps_to_the_indexes_though_its_plan_was_made_while_orders_was_small(
+async fn holders_statement_keeps_to_indexes_though_planned_on_a_small_table(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
 ) {

@@ -25,8 +25,8 @@ async fn a_purchase_behind_a_hung_session_answers_busy_within_the_lock_timeout(p
         // Arrange: a session that took the product row and hangs, as an instance paused
         // inside its transaction would; PG_LOCK_TIMEOUT_MS is 500 ms.
         let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("hung"));
-        settings.lock_strategy = strategy;
-        settings.pg_lock_timeout_ms = 500;
+        settings.lock.strategy = strategy;
+        settings.database.lock_timeout = Duration::from_millis(500);
         let app = spawn_with(settings, pool.clone()).await;
         let id = app.create_product("Phone", 10).await;
         let hung = hold_row(&pool, id).await;
@@ -81,9 +81,9 @@ async fn postgres_ends_a_session_left_idle_in_its_transaction(pool: PgPool) {
 async fn a_full_pool_answers_busy_and_the_instance_stays_ready(pool: PgPool) {
     // Arrange: a pool of one connection, taken by someone else for the whole test.
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("pool"));
-    settings.lock_strategy = LockStrategy::PgRow;
-    settings.database_max_connections = 1;
-    settings.database_acquire_timeout_ms = 300;
+    settings.lock.strategy = LockStrategy::PgRow;
+    settings.database.max_connections = 1;
+    settings.database.acquire_timeout = Duration::from_millis(300);
     let small = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .acquire_timeout(Duration::from_millis(300))
@@ -146,9 +146,9 @@ async fn pooled_connections_the_server_closed_while_idle_answer_503_never_500(
     )
     .unwrap();
     url.set_path(&format!("/{database}"));
-    settings.database_url = url.to_string().into();
-    settings.lock_strategy = LockStrategy::PgAtomic;
-    settings.database_max_connections = 3;
+    settings.database.url = url.to_string().into();
+    settings.lock.strategy = LockStrategy::PgAtomic;
+    settings.database.max_connections = 3;
     let app = seckill::Application::build(settings)
         .await
         .expect("the app builds");

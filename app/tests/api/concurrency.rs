@@ -3,6 +3,7 @@
 //! most one order per buyer even when a buyer asks two instances at the same moment.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use futures::future::join_all;
 use seckill::LockStrategy;
@@ -26,7 +27,7 @@ async fn buy(app: &TestApp, id: i64, user: i64) -> (i64, u16, Option<i64>) {
 /// at the same moment; halfway, an admin restocks.
 async fn flood(strategy: LockStrategy, pool_options: PgPoolOptions, connect: PgConnectOptions) {
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("flood"));
-    settings.lock_strategy = strategy;
+    settings.lock.strategy = strategy;
     flood_with(settings, pool_options, connect).await;
 }
 
@@ -36,8 +37,8 @@ pub(crate) async fn flood_with(
     connect: PgConnectOptions,
 ) {
     // Arrange
-    let strategy = settings.lock_strategy;
-    settings.work_ms = 2; // widen the window a missing lock would show in
+    let strategy = settings.lock.strategy;
+    settings.sale.work = Duration::from_millis(2); // widen the window a missing lock would show in
     let apps = spawn_instances(3, &pool_options, &connect, &settings).await;
     let id = apps[0].create_product("Phone", STOCK).await;
 
@@ -189,8 +190,9 @@ async fn the_row_lock_sells_exactly_what_was_supplied_across_instances(
     flood(LockStrategy::PgRow, o, c).await;
 }
 
+/// The optimistic strategy sells exactly what was supplied across instances.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn the_optimistic_strategy_sells_exactly_what_was_supplied_across_instances(
+async fn pg_optimistic_sells_exactly_the_supply_across_instances(
     o: PgPoolOptions,
     c: PgConnectOptions,
 ) {
@@ -216,8 +218,8 @@ async fn redlock_sells_exactly_what_was_supplied_across_instances(
         &shared_redis_url(),
         &testkit::unique_prefix("flood-redlock"),
     );
-    settings.lock_strategy = LockStrategy::Redlock;
-    settings.redlock_urls = masters.iter().map(|m| m.url().into()).collect();
+    settings.lock.strategy = LockStrategy::Redlock;
+    settings.lock.redlock_urls = masters.iter().map(|m| m.url().into()).collect();
     flood_with(settings, o, c).await;
 }
 
@@ -226,8 +228,8 @@ async fn without_a_lock_concurrent_buyers_lose_updates(o: PgPoolOptions, c: PgCo
     // The control: the same flood with LOCK_STRATEGY=none must break the books, or the
     // tests above prove nothing.
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("none"));
-    settings.lock_strategy = LockStrategy::None;
-    settings.work_ms = 20;
+    settings.lock.strategy = LockStrategy::None;
+    settings.sale.work = Duration::from_millis(20);
     let apps = spawn_instances(3, &o, &c, &settings).await;
     let id = apps[0].create_product("Phone", STOCK).await;
 

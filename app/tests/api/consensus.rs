@@ -32,16 +32,16 @@ async fn etcd() -> EtcdServer {
 /// Test settings that lock in the ZooKeeper at `connect`.
 fn on_zookeeper(connect: String, label: &str) -> Settings {
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix(label));
-    settings.lock_strategy = LockStrategy::ZooKeeper;
-    settings.zookeeper_connect = connect;
+    settings.lock.strategy = LockStrategy::ZooKeeper;
+    settings.lock.zookeeper_connect = connect;
     settings
 }
 
 /// Test settings that lock in the etcd at `endpoint`.
 fn on_etcd(endpoint: String, label: &str) -> Settings {
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix(label));
-    settings.lock_strategy = LockStrategy::Etcd;
-    settings.etcd_endpoints = vec![endpoint];
+    settings.lock.strategy = LockStrategy::Etcd;
+    settings.lock.etcd_endpoints = vec![endpoint];
     settings
 }
 
@@ -64,8 +64,9 @@ async fn readyz_until(app: &TestApp, want: u16, within: Duration) -> (u16, Value
     }
 }
 
+/// Under zookeeper, a flood on three instances sells exactly what was supplied.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn under_zookeeper_a_flood_on_three_instances_sells_exactly_what_was_supplied(
+async fn zookeeper_flood_on_three_instances_sells_exactly_the_supply(
     o: PgPoolOptions,
     c: PgConnectOptions,
 ) {
@@ -165,8 +166,9 @@ async fn readyz_follows_the_lock_server<S: LockServer>(
     drop(server);
 }
 
+/// `/readyz` turns not ready while zookeeper is down and ready once it is back.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn readyz_turns_not_ready_while_zookeeper_is_down_and_ready_once_it_is_back(pool: PgPool) {
+async fn readyz_is_not_ready_while_zookeeper_is_down_and_ready_after(pool: PgPool) {
     let server = zookeeper().await;
     let app = spawn_with(on_zookeeper(server.connect_string(), "ready-zk"), pool).await;
     let (_, body) = app.get_json("/readyz").await;
@@ -190,8 +192,8 @@ async fn readyz_turns_not_ready_while_etcd_is_down_and_ready_once_it_is_back(poo
 async fn an_unreachable_zookeeper_stops_start_up_naming_zookeeper_connect(pool: PgPool) {
     // A short session: the client tries for about one session timeout before it gives up.
     let mut settings = on_zookeeper(format!("127.0.0.1:{}", testkit::free_port()), "no-zk");
-    settings.zookeeper_session_timeout_ms = 2_000;
-    settings.lock_ttl_ms = 1_000;
+    settings.lock.zookeeper_session_timeout = Duration::from_millis(2_000);
+    settings.lock.ttl = Duration::from_millis(1_000);
     let message = build_error(settings, pool).await;
     assert!(message.contains("ZOOKEEPER_CONNECT"), "{message}");
 }
@@ -203,10 +205,9 @@ async fn an_unreachable_etcd_stops_start_up_naming_etcd_endpoints(pool: PgPool) 
     assert!(message.contains("ETCD_ENDPOINTS"), "{message}");
 }
 
+/// A zookeeper session granted shorter than the lock ttl stops start up saying both.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_zookeeper_session_granted_shorter_than_the_lock_ttl_stops_start_up_saying_both(
-    pool: PgPool,
-) {
+async fn granted_zookeeper_session_too_short_for_the_ttl_stops_start_up(pool: PgPool) {
     // Arrange: the server grants sessions of at most 2 s; the service asks for 10 s and
     // holds its locks for 5 s.
     let server =
@@ -214,8 +215,8 @@ async fn a_zookeeper_session_granted_shorter_than_the_lock_ttl_stops_start_up_sa
             .await
             .unwrap();
     let mut settings = on_zookeeper(server.connect_string(), "short-zk");
-    settings.zookeeper_session_timeout_ms = 10_000;
-    settings.lock_ttl_ms = 5_000;
+    settings.lock.zookeeper_session_timeout = Duration::from_millis(10_000);
+    settings.lock.ttl = Duration::from_millis(5_000);
 
     // Act
     let message = build_error(settings, pool).await;
@@ -234,7 +235,7 @@ async fn a_zookeeper_session_granted_shorter_than_the_lock_ttl_stops_start_up_sa
 /// log says, it sells.
 async fn a_fence_left_by_another_backend_is_refused_until_reset(settings: Settings, pool: PgPool) {
     // Arrange: the row was last written under Redis's clock-based fences.
-    let strategy = settings.lock_strategy;
+    let strategy = settings.lock.strategy;
     let app = spawn_with(settings, pool.clone()).await;
     let id = app.create_product("Phone", 10).await;
     sqlx::query("UPDATE products SET fence = $2 WHERE id = $1")

@@ -172,10 +172,9 @@ async fn assert_owned_and_balanced(
     assert!(books.balance(), "{books:?}");
 }
 
+/// A holder gives the units of a buyer who had bought already to the next in line.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_holder_gives_the_units_of_a_buyer_who_had_bought_already_to_the_next_in_line(
-    pool: PgPool,
-) {
+async fn holder_gives_a_prior_buyers_units_to_the_next_in_line(pool: PgPool) {
     // Arrange: three units; user 7 bought one elsewhere (a twin on another instance).
     let (product, guard, _cleanup) = holding(&pool, 3).await;
     bought_elsewhere(&pool, product, 7).await;
@@ -231,8 +230,9 @@ async fn a_holder_tells_sold_out_only_when_no_unit_is_left_for_that_buyer(pool: 
     let _ = guard.release().await.unwrap();
 }
 
+/// An exact allocation is not written when a buyer it sells to has an order.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn an_exact_allocation_is_not_written_when_a_buyer_it_sells_to_has_an_order(pool: PgPool) {
+async fn exact_allocation_not_written_when_a_buyer_it_sells_to_has_an_order(pool: PgPool) {
     // Arrange: three units; in one hold, the holder sells one to user 1 and knows that two
     // are left.
     let (product, guard, _cleanup) = holding(&pool, 3).await;
@@ -314,10 +314,9 @@ async fn a_batch_of_buyers_who_all_bought_already_leaves_the_row_alone(pool: PgP
     let _ = guard.release().await.unwrap();
 }
 
+/// Buyers found with orders when the stock is short are answered without a write.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn buyers_found_with_orders_when_the_stock_is_short_are_answered_without_a_write(
-    pool: PgPool,
-) {
+async fn buyers_with_orders_under_short_stock_are_answered_without_a_write(pool: PgPool) {
     // Arrange: users 1 and 2 bought elsewhere; one unit is left.
     let (product, guard, _cleanup) = holding(&pool, 3).await;
     bought_elsewhere(&pool, product, 1).await;
@@ -432,10 +431,9 @@ async fn a_holders_batch_reads_none_of_the_orders_the_product_has_already(
     let _ = guard.release().await.unwrap();
 }
 
+/// An order committed by an overlapping writer undoes the batch and is answered.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn an_order_committed_by_an_overlapping_writer_undoes_the_batch_and_is_answered(
-    pool: PgPool,
-) {
+async fn order_by_an_overlapping_writer_undoes_the_batch_and_is_answered(pool: PgPool) {
     // Arrange: user 7's order is being written by another writer (a holder whose lease ran
     // out, say), not yet committed, when the holder sells a batch with 7 and 8.
     let (product, guard, _cleanup) = holding(&pool, 10).await;

@@ -56,8 +56,9 @@ async fn unknown_routes_answer_404_in_the_error_format(pool: PgPool) {
     assert_eq!((status, code.as_str()), (404, "not_found"));
 }
 
+/// A known path asked with the wrong method answers 405 in the error format.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_known_path_asked_with_the_wrong_method_answers_405_in_the_error_format(pool: PgPool) {
+async fn wrong_method_on_a_known_path_answers_405_in_the_error_format(pool: PgPool) {
     let app = spawn_app(pool).await;
     for (method, path) in [
         (reqwest::Method::GET, "/api/products/1/purchase"),

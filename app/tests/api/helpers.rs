@@ -21,13 +21,13 @@ pub const ADMIN_TOKEN: &str = "test-admin-token-0123";
 /// Settings for a test instance: port 0, a unique Redis key prefix, a patient lock.
 pub fn settings(redis_url: &str, prefix: &str) -> Settings {
     let mut settings = Settings::new("postgres://unused-the-test-hands-in-its-pool", redis_url);
-    settings.redis_key_prefix = prefix.into();
-    settings.bind_addr = "127.0.0.1:0".parse().unwrap();
-    settings.admin_token = Some(ADMIN_TOKEN.into());
-    settings.lock_strategy = LockStrategy::Redis;
-    settings.lock_ttl_ms = 5_000;
-    settings.lock_wait_ms = 30_000;
-    settings.database_max_connections = 5;
+    settings.redis.key_prefix = prefix.into();
+    settings.http.bind_addr = "127.0.0.1:0".parse().unwrap();
+    settings.http.admin_token = Some(ADMIN_TOKEN.into());
+    settings.lock.strategy = LockStrategy::Redis;
+    settings.lock.ttl = Duration::from_millis(5_000);
+    settings.lock.wait = Duration::from_millis(30_000);
+    settings.database.max_connections = 5;
     settings
 }
 
@@ -60,7 +60,7 @@ pub struct TestApp {
 
 /// Start an instance on `pool` with `settings`.
 pub async fn spawn_with(settings: Settings, pool: PgPool) -> TestApp {
-    let cleanup = testkit::PrefixCleanup::new(settings.redis_url(), &settings.redis_key_prefix);
+    let cleanup = testkit::PrefixCleanup::new(settings.redis.url(), &settings.redis.key_prefix);
     let app = Application::build_with_pool(settings, pool.clone())
         .await
         .expect("the app builds");

@@ -28,10 +28,9 @@ async fn a_buyer_who_bought_already_is_told_their_order(pool: PgPool) {
     assert_eq!(body["order_id"], order_id, "{body}");
 }
 
+/// A write whose connection was cut is answered outcome unknown with the order lookup.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_write_whose_connection_was_cut_is_answered_outcome_unknown_with_the_order_lookup(
-    pool: PgPool,
-) {
+async fn cut_write_is_answered_outcome_unknown_with_the_order_lookup(pool: PgPool) {
     // Arrange: the test holds the product's row, so the instance's write (one statement, the
     // lock holder's) waits for it; then PostgreSQL ends that session, as a failover or an
     // operator would. The client cannot tell whether such a write committed.

@@ -69,7 +69,7 @@ async fn admin_routes_refuse_a_missing_or_wrong_token(pool: PgPool) {
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn admin_routes_are_disabled_without_an_admin_token(pool: PgPool) {
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("no-admin"));
-    settings.admin_token = None;
+    settings.http.admin_token = None;
     let app = spawn_with(settings, pool.clone()).await;
 
     let response = app

@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
@@ -241,7 +243,7 @@ async fn a_purchase_waiting_too_long_for_the_lock_is_told_busy(pool: PgPool) {
     // Arrange: an instance that waits 300 ms, and the lock held elsewhere meanwhile.
     let prefix = testkit::unique_prefix("busy");
     let mut settings = crate::helpers::settings(&crate::helpers::shared_redis_url(), &prefix);
-    settings.lock_wait_ms = 300;
+    settings.lock.wait = Duration::from_millis(300);
     let app = crate::helpers::spawn_with(settings, pool.clone()).await;
     let id = app.create_product("Phone", 10).await;
     let conn = crate::helpers::redis_connection(&crate::helpers::shared_redis_url()).await;

@@ -20,9 +20,9 @@ async fn a_flood_of_reads_and_unknown_ids_does_not_make_the_sale_busy(
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("reads"));
     // A strategy whose batches run on the main pool (a lock holder's have a pool of their
     // own): the reads must not take the sale's connections from it.
-    settings.lock_strategy = seckill::LockStrategy::PgAtomic;
-    settings.database_max_connections = 2;
-    settings.database_acquire_timeout_ms = 100;
+    settings.lock.strategy = seckill::LockStrategy::PgAtomic;
+    settings.database.max_connections = 2;
+    settings.database.acquire_timeout = Duration::from_millis(100);
     // The instance's pool is the one handed in: made as these settings say.
     let pool = PgPoolOptions::new()
         .max_connections(2)

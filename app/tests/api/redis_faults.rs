@@ -87,9 +87,9 @@ async fn redlock_app(pool: PgPool) -> (Vec<RedisServer>, crate::helpers::TestApp
         &crate::helpers::shared_redis_url(),
         &testkit::unique_prefix("redlock"),
     );
-    settings.lock_strategy = seckill::LockStrategy::Redlock;
-    settings.redlock_urls = masters.iter().map(|m| m.url().into()).collect();
-    settings.lock_wait_ms = 3_000;
+    settings.lock.strategy = seckill::LockStrategy::Redlock;
+    settings.lock.redlock_urls = masters.iter().map(|m| m.url().into()).collect();
+    settings.lock.wait = Duration::from_millis(3_000);
     let app = spawn_with(settings, pool).await;
     (masters, app)
 }
@@ -138,7 +138,7 @@ async fn the_pg_strategies_start_and_sell_without_redis(pool: PgPool) {
     for strategy in WITHOUT_REDIS {
         // Arrange: nothing listens at REDIS_URL.
         let mut settings = settings(&dead, "");
-        settings.lock_strategy = strategy;
+        settings.lock.strategy = strategy;
         let app = spawn_with(settings, pool.clone()).await;
         let id = app.create_product("Phone", 10).await;
 
@@ -174,7 +174,7 @@ async fn the_pg_strategies_keep_selling_at_full_speed_when_redis_dies(pool: PgPo
         // Arrange: Redis is up at start, then dies.
         let mut redis = RedisServer::start();
         let mut settings = settings(&redis.url(), "");
-        settings.lock_strategy = strategy;
+        settings.lock.strategy = strategy;
         let app = spawn_with(settings, pool.clone()).await;
         let id = app.create_product("Phone", 10).await;
         assert_eq!(app.purchase(id, 1, 1).await.status(), 201);

@@ -26,11 +26,11 @@ struct Contended {
 impl Contended {
     async fn start(pool: PgPool) -> Self {
         let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("retries"));
-        settings.lock_strategy = LockStrategy::PgOptimistic;
-        settings.work_ms = 300;
-        settings.database_acquire_timeout_ms = 500;
-        settings.pg_statement_timeout_ms = 200;
-        settings.lock_wait_ms = 5_000;
+        settings.lock.strategy = LockStrategy::PgOptimistic;
+        settings.sale.work = Duration::from_millis(300);
+        settings.database.acquire_timeout = Duration::from_millis(500);
+        settings.database.statement_timeout = Duration::from_millis(200);
+        settings.lock.wait = Duration::from_millis(5_000);
         let app = spawn_with(settings, pool.clone()).await;
         let id = app.create_product("Phone", 10).await;
         let bumping = Arc::new(AtomicBool::new(true));
@@ -62,10 +62,10 @@ impl Contended {
     }
 }
 
+/// A batch that keeps conflicting is answered within one batch timeout and commits nothing
+/// after.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_batch_that_keeps_conflicting_is_answered_within_one_batch_timeout_and_commits_nothing_after(
-    pool: PgPool,
-) {
+async fn conflicting_batch_answers_within_its_timeout_then_commits_nothing(pool: PgPool) {
     // Arrange
     let contended = Contended::start(pool).await;
     let id = contended.id;

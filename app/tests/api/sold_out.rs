@@ -19,7 +19,7 @@ async fn once_an_instance_has_seen_the_sell_out_it_answers_from_memory(
 ) {
     // Arrange: two instances; A sells the last unit.
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("sold-out"));
-    settings.sold_out_recheck_ms = 60_000;
+    settings.sale.sold_out_recheck = Duration::from_millis(60_000);
     let apps = spawn_instances(2, &pool_options, &connect, &settings).await;
     let (a, b) = (&apps[0], &apps[1]);
     let id = a.create_product("Phone", 1).await;
@@ -47,7 +47,7 @@ async fn a_batch_that_answers_only_already_purchased_still_teaches_the_sell_out(
 ) {
     // Arrange: A sells the last unit to user 1; B has not seen the sell-out.
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("sold-out"));
-    settings.sold_out_recheck_ms = 60_000;
+    settings.sale.sold_out_recheck = Duration::from_millis(60_000);
     let apps = spawn_instances(2, &pool_options, &connect, &settings).await;
     let (a, b) = (&apps[0], &apps[1]);
     let id = a.create_product("Phone", 1).await;
@@ -74,7 +74,7 @@ async fn a_restock_reaches_another_instance_by_message_at_once(
 ) {
     // Arrange: B remembers the product as sold out, and would for a minute without news.
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("restock-news"));
-    settings.sold_out_recheck_ms = 60_000;
+    settings.sale.sold_out_recheck = Duration::from_millis(60_000);
     let apps = spawn_instances(2, &pool_options, &connect, &settings).await;
     let (a, b) = (&apps[0], &apps[1]);
     let id = a.create_product("Phone", 1).await;
@@ -104,8 +104,8 @@ async fn without_redis_a_restock_reaches_another_instance_within_the_recheck(
     // B remembers the product as sold out, for at most 500 ms at a time.
     let dead_redis = format!("redis://127.0.0.1:{}", testkit::free_port());
     let mut settings = settings(&dead_redis, "");
-    settings.lock_strategy = LockStrategy::PgRow;
-    settings.sold_out_recheck_ms = 500;
+    settings.lock.strategy = LockStrategy::PgRow;
+    settings.sale.sold_out_recheck = Duration::from_millis(500);
     let apps = spawn_instances(2, &pool_options, &connect, &settings).await;
     let (a, b) = (&apps[0], &apps[1]);
     let id = a.create_product("Phone", 1).await;
@@ -135,15 +135,16 @@ async fn a_product_with_stock_left_is_not_marked_sold_out(pool: PgPool) {
     assert_eq!(app.metric("seckill_sold_out_fast_path_total").await, 0.0);
 }
 
+/// Another deployment sharing redis and prefix cannot switch our sold out memory off.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn another_deployment_sharing_redis_and_prefix_cannot_switch_our_sold_out_memory_off(
+async fn other_deployment_on_our_redis_cannot_clear_our_sold_out_memory(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
     // Arrange: two deployments, each with its own database, on one Redis under one key
     // prefix. In ours, product 1 is sold out and remembered so for a minute.
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("deployments"));
-    settings.sold_out_recheck_ms = 60_000;
+    settings.sale.sold_out_recheck = Duration::from_millis(60_000);
     let ours = spawn_instances(1, &pool_options, &connect, &settings).await;
     let ours = &ours[0];
     let theirs_db = format!("seckill_other_deployment_{}", std::process::id());
@@ -220,8 +221,8 @@ async fn after_redis_restarts_restock_news_is_heard_again(
     // own reconnect attempts); B remembers the product as sold out for a minute.
     let mut redis = testkit::RedisServer::start();
     let mut settings = settings(&redis.url(), "");
-    settings.lock_strategy = LockStrategy::PgRow;
-    settings.sold_out_recheck_ms = 60_000;
+    settings.lock.strategy = LockStrategy::PgRow;
+    settings.sale.sold_out_recheck = Duration::from_millis(60_000);
     let apps = spawn_instances(2, &pool_options, &connect, &settings).await;
     let (a, b) = (&apps[0], &apps[1]);
     let id = a.create_product("Phone", 1).await;
@@ -260,7 +261,7 @@ async fn exchange(stream: &mut tokio::net::TcpStream, head: &str, body: &str) ->
 /// answered `sold_out` since (from memory: one answer on the fast-path counter).
 async fn seen_sold_out(pool: PgPool) -> (TestApp, i64) {
     let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("sold-out"));
-    settings.sold_out_recheck_ms = 60_000;
+    settings.sale.sold_out_recheck = Duration::from_millis(60_000);
     let app = crate::helpers::spawn_with(settings, pool).await;
     let id = app.create_product("Phone", 1).await;
     assert_eq!(app.purchase(id, 1, 1).await.status(), 201);
@@ -271,10 +272,9 @@ async fn seen_sold_out(pool: PgPool) -> (TestApp, i64) {
     (app, id)
 }
 
+/// A sold out product answers before the body is checked and keeps the connection.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_sold_out_product_answers_before_the_body_is_checked_and_keeps_the_connection(
-    pool: PgPool,
-) {
+async fn sold_out_answers_before_the_body_is_checked_keeping_the_connection(pool: PgPool) {
     // Arrange: a product this instance has seen sell out (and trusts it for the whole test).
     let (app, id) = seen_sold_out(pool).await;
     let address = app.address.trim_start_matches("http://");
@@ -357,10 +357,10 @@ async fn a_sold_out_product_answers_before_the_body_is_checked_and_keeps_the_con
     assert_eq!(app.metric("seckill_sold_out_fast_path_total").await, 10.0);
 }
 
+/// A whole sold out purchase in one write is answered at once and a stalled one within the
+/// bound.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn a_whole_sold_out_purchase_in_one_write_is_answered_at_once_and_a_stalled_one_within_the_bound(
-    pool: PgPool,
-) {
+async fn sold_out_write_answers_at_once_and_a_stalled_one_within_the_bound(pool: PgPool) {
     // Arrange: a product this instance has seen sell out, and one connection.
     let (app, id) = seen_sold_out(pool).await;
     let address = app.address.trim_start_matches("http://");

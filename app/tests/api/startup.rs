@@ -1,5 +1,7 @@
 //! Start-up fails fast, with a message that names the problem.
 
+use std::time::Duration;
+
 use sqlx::PgPool;
 
 use crate::helpers::{settings, shared_redis_url};
@@ -18,7 +20,7 @@ async fn build_error(settings: seckill::Settings, pool: Option<PgPool>) -> Strin
 #[tokio::test]
 async fn an_unreachable_postgres_stops_start_up_with_a_clear_message() {
     let mut settings = settings(&shared_redis_url(), "");
-    settings.database_url = format!(
+    settings.database.url = format!(
         "postgres://postgres@127.0.0.1:{}/nowhere",
         testkit::free_port()
     )
@@ -40,7 +42,7 @@ async fn an_unreachable_redis_stops_start_up_with_a_clear_message(pool: PgPool) 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn a_zero_lock_ttl_is_refused_at_start_up(pool: PgPool) {
     let mut settings = settings(&shared_redis_url(), "");
-    settings.lock_ttl_ms = 0;
+    settings.lock.ttl = Duration::from_millis(0);
     let message = build_error(settings, Some(pool)).await;
     assert!(message.contains("LOCK_TTL_MS"), "{message}");
 }
@@ -92,16 +94,17 @@ fn the_command_line_refuses_invalid_settings() {
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn redlock_without_masters_stops_start_up_with_a_clear_message(pool: PgPool) {
     let mut settings = settings(&shared_redis_url(), "");
-    settings.lock_strategy = seckill::LockStrategy::Redlock;
+    settings.lock.strategy = seckill::LockStrategy::Redlock;
     let message = build_error(settings, Some(pool)).await;
     assert!(message.contains("REDLOCK_URLS"), "{message}");
 }
 
+/// An empty, blank or short admin token stops start up with a message naming it.
 #[test]
-fn an_empty_blank_or_short_admin_token_stops_start_up_with_a_message_naming_it() {
+fn empty_blank_or_short_admin_token_stops_start_up_naming_it() {
     for token in ["", "   ", "short-token"] {
         let mut settings = settings(&shared_redis_url(), "");
-        settings.admin_token = Some(token.into());
+        settings.http.admin_token = Some(token.into());
         let why = settings.check().expect_err("a weak token was accepted");
         assert!(why.contains("ADMIN_TOKEN"), "{why}");
     }
@@ -128,8 +131,8 @@ fn a_weak_admin_token_in_the_environment_is_refused_without_being_shown() {
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn work_that_would_outlast_postgres_idle_timeout_is_refused(pool: PgPool) {
     let mut settings = settings(&shared_redis_url(), "");
-    settings.work_ms = 5_000;
-    settings.pg_idle_in_transaction_timeout_ms = 1_000;
+    settings.sale.work = Duration::from_millis(5_000);
+    settings.database.idle_in_transaction_timeout = Duration::from_millis(1_000);
     let message = build_error(settings, Some(pool)).await;
     assert!(
         message.contains("PG_IDLE_IN_TRANSACTION_TIMEOUT_MS"),
@@ -140,8 +143,8 @@ async fn work_that_would_outlast_postgres_idle_timeout_is_refused(pool: PgPool) 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn a_hold_as_long_as_the_buyers_wait_is_refused(pool: PgPool) {
     let mut settings = settings(&shared_redis_url(), "");
-    settings.hold_ms = Some(1_000);
-    settings.lock_wait_ms = 1_500;
+    settings.sale.hold = Some(Duration::from_millis(1_000));
+    settings.lock.wait = Duration::from_millis(1_500);
     let message = build_error(settings, Some(pool)).await;
     assert!(message.contains("HOLD_MS"), "{message}");
 }

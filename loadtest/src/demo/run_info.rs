@@ -44,7 +44,7 @@ pub fn command_line(args: &[String]) -> String {
     let mut line = String::from("loadtest");
     for arg in args {
         let arg = if arg.contains("://") {
-            seckill::settings::redacted(arg)
+            seckill::redact::redacted(arg)
         } else {
             arg.clone()
         };

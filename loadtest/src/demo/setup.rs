@@ -217,16 +217,17 @@ mod tests {
         }
         let settings = seckill::Settings::try_parse_from(&line).unwrap();
 
-        assert_eq!(settings.zookeeper_connect, "127.0.0.1:2181");
+        assert_eq!(settings.lock.zookeeper_connect, "127.0.0.1:2181");
         assert_eq!(settings.check(), Ok(()));
         // What the private ZooKeeper grants: the service refuses a shorter session.
+        let asked = settings.lock.zookeeper_session_timeout;
         assert!(
-            settings.zookeeper_session_timeout_ms <= servers::ZOOKEEPER_MAX_SESSION_TIMEOUT_MS,
+            asked.as_millis() <= u128::from(servers::ZOOKEEPER_MAX_SESSION_TIMEOUT_MS),
             "the private ZooKeeper would grant {} ms, less than the {} ms asked",
             servers::ZOOKEEPER_MAX_SESSION_TIMEOUT_MS,
-            settings.zookeeper_session_timeout_ms
+            asked.as_millis()
         );
-        assert!(settings.zookeeper_session_timeout_ms >= 2 * settings.lock_ttl_ms);
+        assert!(asked >= 2 * settings.lock.ttl);
     }
 
     #[test]

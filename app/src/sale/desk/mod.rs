@@ -29,42 +29,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use distlock::{
-    Backend, Error as LockError, EtcdLock, Locker, PgLockTable, Redlock, ReleaseOutcome, ZkLock,
-};
 use rand::Rng;
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::{Instant, sleep, timeout, timeout_at};
+use tokio::time::{Instant, sleep, timeout_at};
 
 use super::batch::{self, BatchError, Step};
-use super::fenced::{Holder, lock_failed, lock_key};
+use super::exclusion::Exclusion;
 use super::{Bought, PurchaseError, PurchaseRequest};
 use crate::domain::ProductId;
 use crate::metrics::Metrics;
-use crate::redis_link::RedisConn;
 use crate::repository::SessionBounds;
+
+mod locked;
 
 /// A buyer's answer.
 pub(crate) type Answer = Result<Bought, PurchaseError>;
-
-/// How the desks of one instance keep batches of a product apart from other instances'.
-pub enum Exclusion {
-    /// The Redis lock `lock_sale_<id>`, fenced.
-    Redis(Locker<RedisConn>),
-    /// The same lock on a majority of independent Redis masters, fenced.
-    Redlock(Locker<Redlock<redis::aio::ConnectionManager>>),
-    /// The same lock in PostgreSQL's lock table, fenced.
-    PgLock(Locker<PgLockTable>),
-    /// The same lock in ZooKeeper (an ephemeral sequential node per contender), fenced with
-    /// the holder node's creation zxid.
-    ZooKeeper(Locker<ZkLock>),
-    /// The same lock in etcd (a key on a lease per contender), fenced with the holder key's
-    /// create revision.
-    Etcd(Locker<EtcdLock>),
-    /// No lock of ours: the batch's transaction reads and writes the stock `step`'s way.
-    Transaction(Step),
-}
 
 /// What every desk of an instance shares.
 pub(crate) struct DeskShared {
@@ -110,28 +90,6 @@ pub(crate) struct Desk {
     queue: mpsc::UnboundedSender<Order>,
     /// Purchases queued and not yet taken into a batch or answered; at most `QUEUE_MAX`.
     depth: Arc<AtomicUsize>,
-}
-
-/// After giving up the lock with buyers still waiting, a leader waits this long before asking
-/// for it again, so that a leader of another instance, woken by the release, gets it. It
-/// pauses only if, within `CONTENTION_MEMORY`, one of its own acquisitions found the lock
-/// held or timed out waiting for it: another instance wants the product too. (A leader that
-/// has only ever found the lock free learns of the others when it first loses the race
-/// between two holds: under `redis` a fair race, the others being woken by the release
-/// message; under `redlock` and `pg-lock`, whose waiters poll, one it can win many times,
-/// so their buyers may wait several holds at the start of contention. Under `zookeeper` and
-/// `etcd` there is no race: the lock goes to the waiters in the order they asked, so a
-/// leader asking again stands behind those already waiting.)
-const HANDOFF_PAUSE: Duration = Duration::from_millis(2);
-
-/// How long a leader goes on pausing after a hold since it last found the lock held: other
-/// instances' leaders often find it free in the moment between two holds.
-const CONTENTION_MEMORY: Duration = Duration::from_secs(1);
-
-/// Whether another instance wanted the lock lately: an acquisition of ours found it held, or
-/// timed out, at `last_contended`, within `CONTENTION_MEMORY`.
-fn wanted_elsewhere(last_contended: Option<Instant>) -> bool {
-    last_contended.is_some_and(|at| at.elapsed() < CONTENTION_MEMORY)
 }
 
 /// A batch that conflicts with a concurrent writer (see `BatchError::Conflict`) is tried at
@@ -239,105 +197,6 @@ impl Leader {
             Exclusion::ZooKeeper(locker) => self.lead_locked(locker).await,
             Exclusion::Etcd(locker) => self.lead_locked(locker).await,
             Exclusion::Transaction(step) => self.lead(*step).await,
-        }
-    }
-
-    /// Take the lock, sell batches while buyers keep coming (up to the hold budget),
-    /// release, and start again.
-    async fn lead_locked<B: Backend>(&mut self, locker: &Locker<B>) {
-        let key = lock_key(&self.shared.key_prefix, self.product);
-        let metrics = self.shared.metrics.clone();
-        // When an acquisition last found the lock held by another instance.
-        let mut last_contended: Option<Instant> = None;
-        while self.wait_for_work().await {
-            // Wait for the lock until the first waiting buyer's deadline; then answer the
-            // buyers whose time is up, and wait again for the others.
-            self.take_queued();
-            self.answer_overdue();
-            let Some(until) = self.waiting.iter().map(|o| o.deadline).min() else {
-                continue;
-            };
-            let asked = Instant::now();
-            let guard = match timeout_at(until, locker.acquire(&key)).await {
-                Ok(Ok(guard)) => guard,
-                // Buyers whose time is up are answered at the top of the loop.
-                Err(_) | Ok(Err(LockError::Timeout { .. })) => {
-                    last_contended = Some(Instant::now());
-                    continue;
-                }
-                Ok(Err(error)) => {
-                    let error = lock_failed(error);
-                    tracing::warn!(%error, product_id = %self.product, "cannot take the lock");
-                    self.answer_all_waiting(error);
-                    continue;
-                }
-            };
-            metrics
-                .lock_wait_seconds
-                .observe(asked.elapsed().as_secs_f64());
-            metrics.lock_acquisitions.inc();
-            if guard.was_contended() {
-                last_contended = Some(Instant::now());
-            }
-            let held_since = Instant::now();
-            let shared = Arc::clone(&self.shared);
-            let mut holder = Holder::new(&shared.holders_pool, &metrics, &guard, self.product);
-            let mut batches = 0;
-            let still_waiting = loop {
-                let batch = self.take_batch();
-                if batch.is_empty() {
-                    break false;
-                }
-                batches += 1;
-                if !self.shared.work.is_zero() {
-                    // Outside any transaction: a holder that stalls here holds no row lock.
-                    sleep(self.shared.work).await;
-                }
-                let requests: Vec<PurchaseRequest> = batch.iter().map(|o| o.request).collect();
-                let selling = holder.sell(&requests);
-                let writing = Instant::now();
-                let answers = timeout(self.shared.batch_timeout, selling)
-                    .await
-                    // Cut short with its statement in flight: it may still commit.
-                    .unwrap_or_else(|_| vec![Err(PurchaseError::OutcomeUnknown); requests.len()]);
-                metrics
-                    .phases
-                    .write
-                    .observe(writing.elapsed().as_secs_f64());
-                let lost = answers
-                    .iter()
-                    .any(|a| matches!(a, Err(PurchaseError::LockLost)));
-                self.answer(batch, answers);
-                // While other instances want the product, one batch per hold: their queues
-                // fill meanwhile, and each of their batches carries more buyers than a second
-                // batch of ours would (the buyers who came while ours was sold).
-                if lost
-                    || self.shared.batch_max == 1
-                    || wanted_elsewhere(last_contended)
-                    || held_since.elapsed() >= self.shared.hold
-                    || !guard.is_held()
-                {
-                    break self.has_work();
-                }
-            };
-            metrics.batches_per_hold.observe(f64::from(batches));
-            metrics.lock_renewals.inc_by(guard.renewals());
-            match guard.release().await {
-                Ok(ReleaseOutcome::Released) => {}
-                Ok(lost) => {
-                    metrics.locks_lost.inc();
-                    tracing::warn!(product_id = %self.product, %lost, "the lock was lost while selling; the fence kept the data safe");
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "could not release the lock; its lease will free it")
-                }
-            }
-            // With BATCH_MAX=1 (the per-request baseline) the leader asks again at once, as
-            // every buyer used to; and so does a leader that has found the lock free for a
-            // while (one instance alone, or the others idle): nobody else is waiting.
-            if still_waiting && wanted_elsewhere(last_contended) && self.shared.batch_max > 1 {
-                sleep(HANDOFF_PAUSE).await;
-            }
         }
     }
 

@@ -1,0 +1,401 @@
+//! The five groups of settings, one struct each, as `seckill --help` shows them. Every
+//! flag and variable keeps the name it had before the groups (`--database-url`,
+//! `DATABASE_URL`), so each field names both.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Args;
+use secrecy::{ExposeSecret, SecretString};
+
+use super::LockStrategy;
+use super::range;
+use crate::redis_link::RedisSource;
+
+/// Where the service listens, and who may use its admin routes.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "HTTP")]
+pub struct HttpSettings {
+    /// Address to listen on. Port 0 picks a free port; the bound address is printed on
+    /// stdout as `listening on <address>`.
+    #[arg(
+        long = "bind-addr",
+        id = "bind_addr",
+        value_name = "BIND_ADDR",
+        env = "BIND_ADDR",
+        default_value = "127.0.0.1:8080"
+    )]
+    pub bind_addr: SocketAddr,
+
+    /// Token for the admin routes (`Authorization: Bearer <token>`), at least 16 characters
+    /// and not blank. Unset: admin routes answer 403. Kept out of logs, error messages and
+    /// debug output.
+    #[arg(
+        long = "admin-token",
+        id = "admin_token",
+        value_name = "ADMIN_TOKEN",
+        env = "ADMIN_TOKEN",
+        hide_env_values = true,
+        value_parser = secret,
+    )]
+    pub admin_token: Option<SecretString>,
+}
+
+/// PostgreSQL: where it is, the service's pools, and the bounds of its sessions.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Database")]
+pub struct DatabaseSettings {
+    /// PostgreSQL URL. Migrations run at start-up, so an empty database works. Kept out of
+    /// logs and debug output (it may hold a password).
+    #[arg(
+        long = "database-url",
+        id = "database_url",
+        value_name = "DATABASE_URL",
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        value_parser = secret,
+    )]
+    pub url: SecretString,
+
+    /// Size of the PostgreSQL connection pool. Lock holders' batches (the lock strategies)
+    /// have a pool of their own of the same size, which opens a connection only when a
+    /// holder needs one: about one per product being sold.
+    #[arg(
+        long = "database-max-connections",
+        id = "database_max_connections",
+        value_name = "DATABASE_MAX_CONNECTIONS",
+        env = "DATABASE_MAX_CONNECTIONS",
+        default_value_t = 10,
+        value_parser = range::DATABASE_MAX_CONNECTIONS.parser(),
+    )]
+    pub max_connections: u32,
+
+    /// Size of a second PostgreSQL pool, for public reads only (a product's books, order
+    /// look-ups, purchases of ids this instance does not know yet): a flood of reads waits
+    /// for these and never takes a connection the sale needs.
+    #[arg(
+        long = "database-read-connections",
+        id = "database_read_connections",
+        value_name = "DATABASE_READ_CONNECTIONS",
+        env = "DATABASE_READ_CONNECTIONS",
+        default_value_t = 2,
+        value_parser = range::DATABASE_READ_CONNECTIONS.parser(),
+    )]
+    pub read_connections: u32,
+
+    /// How long a request waits for a pooled connection before answering 503 busy, in ms.
+    #[arg(
+        long = "database-acquire-timeout-ms",
+        id = "database_acquire_timeout_ms",
+        value_name = "DATABASE_ACQUIRE_TIMEOUT_MS",
+        env = "DATABASE_ACQUIRE_TIMEOUT_MS",
+        default_value = "2000",
+        value_parser = range::DATABASE_ACQUIRE_TIMEOUT.parser(),
+    )]
+    pub acquire_timeout: Duration,
+
+    /// PostgreSQL `statement_timeout` of the service's sessions and transactions, in ms: no
+    /// statement runs longer (503 busy).
+    #[arg(
+        long = "pg-statement-timeout-ms",
+        id = "pg_statement_timeout_ms",
+        value_name = "PG_STATEMENT_TIMEOUT_MS",
+        env = "PG_STATEMENT_TIMEOUT_MS",
+        default_value = "5000",
+        value_parser = range::PG_STATEMENT_TIMEOUT.parser(),
+    )]
+    pub statement_timeout: Duration,
+
+    /// PostgreSQL `lock_timeout`, in ms: a purchase waiting for a row that another session
+    /// holds gives up after this long (503 busy) instead of hanging behind a hung instance.
+    #[arg(
+        long = "pg-lock-timeout-ms",
+        id = "pg_lock_timeout_ms",
+        value_name = "PG_LOCK_TIMEOUT_MS",
+        env = "PG_LOCK_TIMEOUT_MS",
+        default_value = "2000",
+        value_parser = range::PG_LOCK_TIMEOUT.parser(),
+    )]
+    pub lock_timeout: Duration,
+
+    /// PostgreSQL `idle_in_transaction_session_timeout`, in ms: PostgreSQL ends a session
+    /// that sits in an open transaction this long (a hung or paused instance), rolling its
+    /// transaction back and freeing its row locks.
+    #[arg(
+        long = "pg-idle-in-transaction-timeout-ms",
+        id = "pg_idle_in_transaction_timeout_ms",
+        value_name = "PG_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+        env = "PG_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+        default_value = "5000",
+        value_parser = range::PG_IDLE_IN_TRANSACTION_TIMEOUT.parser(),
+    )]
+    pub idle_in_transaction_timeout: Duration,
+}
+
+/// Redis: one server or the Sentinels that name it, and the prefix of every key.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Redis")]
+pub struct RedisSettings {
+    /// Redis URL: the lock under LOCK_STRATEGY=redis, and restock messages between
+    /// instances. The other strategies start and sell without it (restocks then reach other
+    /// instances within SOLD_OUT_RECHECK_MS).
+    #[arg(
+        long = "redis-url",
+        id = "redis_url",
+        value_name = "REDIS_URL",
+        env = "REDIS_URL",
+        default_value = "redis://127.0.0.1:6379",
+        hide_env_values = true,
+        value_parser = secret,
+    )]
+    pub url: SecretString,
+
+    /// Redis Sentinels, comma-separated (`redis://host:26379` each). Set: Redis is the
+    /// primary these Sentinels name for REDIS_SENTINEL_MASTER, for everything the service
+    /// uses Redis for (the redis lock, restock messages, readiness), and REDIS_URL is not
+    /// used. After a failover the service moves to the new primary by itself within about a
+    /// second. The redis lock's waiters then poll (release messages do not follow a failover).
+    #[arg(
+        long = "redis-sentinels",
+        id = "redis_sentinels",
+        value_name = "REDIS_SENTINELS",
+        env = "REDIS_SENTINELS",
+        value_delimiter = ',',
+        hide_env_values = true,
+        value_parser = secret,
+    )]
+    pub sentinels: Vec<SecretString>,
+
+    /// The name the Sentinels monitor the primary under (`sentinel monitor <name> ...`); used
+    /// with REDIS_SENTINELS.
+    #[arg(
+        long = "redis-sentinel-master",
+        id = "redis_sentinel_master",
+        value_name = "REDIS_SENTINEL_MASTER",
+        env = "REDIS_SENTINEL_MASTER",
+        default_value = "mymaster"
+    )]
+    pub sentinel_master: String,
+
+    /// Prefix for every Redis key and channel the service uses (lock `<prefix>lock_sale_<id>`,
+    /// its fence, the restock channel), so several deployments or test runs can share one Redis.
+    /// Under zookeeper and etcd it starts each lock's name there too (no '/' then).
+    #[arg(
+        long = "redis-key-prefix",
+        id = "redis_key_prefix",
+        value_name = "REDIS_KEY_PREFIX",
+        env = "REDIS_KEY_PREFIX",
+        default_value = ""
+    )]
+    pub key_prefix: String,
+}
+
+/// How purchases of one product are kept apart across instances, and where that lock lives.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Lock")]
+pub struct LockSettings {
+    /// How purchases of one product are kept apart across instances.
+    #[arg(
+        long = "lock-strategy",
+        id = "lock_strategy",
+        value_name = "LOCK_STRATEGY",
+        env = "LOCK_STRATEGY",
+        value_enum,
+        default_value_t = LockStrategy::Redis,
+    )]
+    pub strategy: LockStrategy,
+
+    /// Lease of the lock (redis, redlock, pg-lock, zookeeper, etcd), in ms. The watchdog renews
+    /// it every third of it while a batch is sold; a crashed holder blocks the product for at
+    /// most this long (under zookeeper, for the session timeout; under etcd, this rounded up
+    /// to whole seconds).
+    #[arg(
+        long = "lock-ttl-ms",
+        id = "lock_ttl_ms",
+        value_name = "LOCK_TTL_MS",
+        env = "LOCK_TTL_MS",
+        default_value = "5000",
+        value_parser = range::LOCK_TTL.parser(),
+    )]
+    pub ttl: Duration,
+
+    /// How long a purchase may wait in its product's queue (for the lock, and for its turn)
+    /// before answering 503 busy, in ms.
+    #[arg(
+        long = "lock-wait-ms",
+        id = "lock_wait_ms",
+        value_name = "LOCK_WAIT_MS",
+        env = "LOCK_WAIT_MS",
+        default_value = "2000",
+        value_parser = range::LOCK_WAIT.parser(),
+    )]
+    pub wait: Duration,
+
+    /// Independent Redis masters for LOCK_STRATEGY=redlock, comma-separated (3 or 5 is usual).
+    #[arg(
+        long = "redlock-urls",
+        id = "redlock_urls",
+        value_name = "REDLOCK_URLS",
+        env = "REDLOCK_URLS",
+        value_delimiter = ',',
+        hide_env_values = true,
+        value_parser = secret,
+    )]
+    pub redlock_urls: Vec<SecretString>,
+
+    /// ZooKeeper ensemble for LOCK_STRATEGY=zookeeper, as a connect string
+    /// (`host:port,host:port,...`). Lock nodes live under `/distlock`.
+    #[arg(
+        long = "zookeeper-connect",
+        id = "zookeeper_connect",
+        value_name = "ZOOKEEPER_CONNECT",
+        env = "ZOOKEEPER_CONNECT",
+        default_value = "127.0.0.1:2181"
+    )]
+    pub zookeeper_connect: String,
+
+    /// ZooKeeper session timeout asked for under LOCK_STRATEGY=zookeeper, in ms: the lease
+    /// of every lock (the ensemble keeps a lock as long as its holder's session, up to this
+    /// long after it last heard from the instance). Must be at least twice LOCK_TTL_MS, and
+    /// the server must grant that much (its maxSessionTimeout, 20 ticks = 40 s by default):
+    /// start-up fails otherwise, saying both numbers.
+    #[arg(
+        long = "zookeeper-session-timeout-ms",
+        id = "zookeeper_session_timeout_ms",
+        value_name = "ZOOKEEPER_SESSION_TIMEOUT_MS",
+        env = "ZOOKEEPER_SESSION_TIMEOUT_MS",
+        default_value = "10000",
+        value_parser = range::ZOOKEEPER_SESSION_TIMEOUT.parser(),
+    )]
+    pub zookeeper_session_timeout: Duration,
+
+    /// etcd endpoints for LOCK_STRATEGY=etcd, comma-separated (`http://host:2379` each).
+    /// Lock keys live under `distlock/`.
+    #[arg(
+        long = "etcd-endpoints",
+        id = "etcd_endpoints",
+        value_name = "ETCD_ENDPOINTS",
+        env = "ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379"
+    )]
+    pub etcd_endpoints: Vec<String>,
+}
+
+/// How one instance sells a product: its batches, holds, queue and limits.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Sale")]
+pub struct SaleSettings {
+    /// Most purchases sold in one transaction: a batch takes whatever waits, up to this, so
+    /// batches grow only while the queue is long. 1 sells one purchase per lock hold and per
+    /// transaction: the per-request baseline.
+    #[arg(
+        long = "batch-max",
+        id = "batch_max",
+        value_name = "BATCH_MAX",
+        env = "BATCH_MAX",
+        default_value_t = 256,
+        value_parser = range::BATCH_MAX.parser(),
+    )]
+    pub batch_max: u32,
+
+    /// How long an instance alone keeps a product's lock while buyers keep queueing, in ms,
+    /// before it gives it up and asks again (a batch already started is finished first).
+    /// While other instances want the product (an acquisition of this one found the lock
+    /// held, or timed out, within the last second), a hold sells one batch, whatever this is.
+    /// Must be below half of LOCK_WAIT_MS, or the buyers of other instances would give up
+    /// waiting for their turn (an instance that comes to want the product usually gets it
+    /// within one hold). Unset: 100, or just below half of LOCK_WAIT_MS when that is less.
+    #[arg(
+        long = "hold-ms",
+        id = "hold_ms",
+        value_name = "HOLD_MS",
+        env = "HOLD_MS",
+        value_parser = range::HOLD.parser(),
+    )]
+    pub hold: Option<Duration>,
+
+    /// Purchases that may queue for one product in one instance; beyond it, new arrivals get
+    /// an immediate 503 busy with Retry-After.
+    #[arg(
+        long = "queue-max",
+        id = "queue_max",
+        value_name = "QUEUE_MAX",
+        env = "QUEUE_MAX",
+        default_value_t = 10_000,
+        value_parser = range::QUEUE_MAX.parser(),
+    )]
+    pub queue_max: u32,
+
+    /// How long an instance trusts its own memory that a product is sold out before it asks
+    /// PostgreSQL again, in ms: the bound on how late a restock can reach an instance that
+    /// missed the restock message (Redis down).
+    #[arg(
+        long = "sold-out-recheck-ms",
+        id = "sold_out_recheck_ms",
+        value_name = "SOLD_OUT_RECHECK_MS",
+        env = "SOLD_OUT_RECHECK_MS",
+        default_value = "1000",
+        value_parser = range::SOLD_OUT_RECHECK.parser(),
+    )]
+    pub sold_out_recheck: Duration,
+
+    /// Extra time spent inside the critical section of every batch, in ms, to show leases,
+    /// renewals and races at work. 0 in production. Must stay below
+    /// PG_IDLE_IN_TRANSACTION_TIMEOUT_MS (the pg-* strategies spend it inside a transaction),
+    /// and under pg-row below PG_LOCK_TIMEOUT_MS (a batch waiting for the row waits it out).
+    #[arg(
+        long = "work-ms",
+        id = "work_ms",
+        value_name = "WORK_MS",
+        env = "WORK_MS",
+        default_value = "0",
+        value_parser = range::WORK.parser(),
+    )]
+    pub work: Duration,
+
+    /// The largest quantity one purchase may ask for.
+    #[arg(
+        long = "max-quantity",
+        id = "max_quantity",
+        value_name = "MAX_QUANTITY",
+        env = "MAX_QUANTITY",
+        default_value_t = 5,
+        value_parser = range::MAX_QUANTITY.parser(),
+    )]
+    pub max_quantity: u32,
+}
+
+impl DatabaseSettings {
+    /// The database URL, for connecting (never for logging).
+    pub fn url(&self) -> &str {
+        self.url.expose_secret()
+    }
+}
+
+impl RedisSettings {
+    /// The Redis URL, for connecting (never for logging).
+    pub fn url(&self) -> &str {
+        self.url.expose_secret()
+    }
+
+    /// Where Redis is: the Sentinels when REDIS_SENTINELS is set, REDIS_URL otherwise.
+    pub fn source(&self) -> RedisSource {
+        if self.sentinels.is_empty() {
+            RedisSource::Url(self.url().to_owned())
+        } else {
+            RedisSource::Sentinels {
+                urls: self
+                    .sentinels
+                    .iter()
+                    .map(|url| url.expose_secret().to_owned())
+                    .collect(),
+                master: self.sentinel_master.clone(),
+            }
+        }
+    }
+}
+
+fn secret(raw: &str) -> Result<SecretString, String> {
+    Ok(SecretString::from(raw))
+}

@@ -1,0 +1,112 @@
+//! The rules that tie settings together, one function each, with the message that names
+//! the settings. [`Settings::check`](super::Settings::check) applies them in turn.
+
+use std::time::Duration;
+
+use super::{DatabaseSettings, LockSettings, LockStrategy, RedisSettings, SaleSettings};
+
+/// Under pg-row, a batch waiting for the row waits out another batch's work.
+pub(super) fn work_ends_before_a_waiting_batch_gives_up(
+    lock: &LockSettings,
+    sale: &SaleSettings,
+    database: &DatabaseSettings,
+) -> Result<(), String> {
+    if lock.strategy == LockStrategy::PgRow && sale.work >= database.lock_timeout {
+        return Err(format!(
+            "WORK_MS ({}) must be below PG_LOCK_TIMEOUT_MS ({}) under LOCK_STRATEGY=pg-row: a batch that waits for the row waits out another batch's work, and would give up every time",
+            sale.work.as_millis(),
+            database.lock_timeout.as_millis()
+        ));
+    }
+    Ok(())
+}
+
+/// A hold shorter than half the wait leaves other instances' buyers time for their turn.
+pub(super) fn hold_is_below_half_the_wait(hold: Duration, wait: Duration) -> Result<(), String> {
+    if hold * 2 >= wait {
+        return Err(format!(
+            "HOLD_MS ({}) must be below half of LOCK_WAIT_MS ({}): other instances' buyers would give up waiting for their turn",
+            hold.as_millis(),
+            wait.as_millis()
+        ));
+    }
+    Ok(())
+}
+
+/// The pg-* strategies work inside a transaction, which PostgreSQL ends when idle too long.
+pub(super) fn work_ends_before_postgres_ends_the_transaction(
+    sale: &SaleSettings,
+    database: &DatabaseSettings,
+) -> Result<(), String> {
+    if sale.work >= database.idle_in_transaction_timeout {
+        return Err(format!(
+            "WORK_MS ({}) must be below PG_IDLE_IN_TRANSACTION_TIMEOUT_MS ({}): the pg-* strategies work inside a transaction, which PostgreSQL would end",
+            sale.work.as_millis(),
+            database.idle_in_transaction_timeout.as_millis()
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn sentinels_name_their_primary(redis: &RedisSettings) -> Result<(), String> {
+    if !redis.sentinels.is_empty() && redis.sentinel_master.trim().is_empty() {
+        return Err("REDIS_SENTINELS needs REDIS_SENTINEL_MASTER, the name the Sentinels monitor the primary under".into());
+    }
+    Ok(())
+}
+
+pub(super) fn redlock_has_masters(lock: &LockSettings) -> Result<(), String> {
+    if lock.strategy == LockStrategy::Redlock && lock.redlock_urls.is_empty() {
+        return Err(
+            "LOCK_STRATEGY=redlock needs REDLOCK_URLS (comma-separated Redis masters)".into(),
+        );
+    }
+    Ok(())
+}
+
+/// Under zookeeper a lock lives only as long as its session.
+pub(super) fn zookeeper_session_outlasts_two_leases(lock: &LockSettings) -> Result<(), String> {
+    if lock.strategy == LockStrategy::ZooKeeper && lock.zookeeper_session_timeout < 2 * lock.ttl {
+        return Err(format!(
+            "ZOOKEEPER_SESSION_TIMEOUT_MS ({}) must be at least twice LOCK_TTL_MS ({}) under LOCK_STRATEGY=zookeeper: a lock lives only as long as its session, and the ensemble may end a session 0.6 of its timeout after the holder last proved it alive, so a holder counting on a longer lease could write after the ensemble gave the lock away",
+            lock.zookeeper_session_timeout.as_millis(),
+            lock.ttl.as_millis()
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn zookeeper_has_an_ensemble(lock: &LockSettings) -> Result<(), String> {
+    if lock.strategy == LockStrategy::ZooKeeper && lock.zookeeper_connect.trim().is_empty() {
+        return Err(
+            "LOCK_STRATEGY=zookeeper needs ZOOKEEPER_CONNECT (host:port,host:port,...)".into(),
+        );
+    }
+    Ok(())
+}
+
+pub(super) fn etcd_has_endpoints(lock: &LockSettings) -> Result<(), String> {
+    if lock.strategy == LockStrategy::Etcd
+        && lock.etcd_endpoints.iter().all(|e| e.trim().is_empty())
+    {
+        return Err(
+            "LOCK_STRATEGY=etcd needs ETCD_ENDPOINTS (comma-separated http://host:2379)".into(),
+        );
+    }
+    Ok(())
+}
+
+/// Under zookeeper and etcd the prefix starts every lock's name, which cannot hold a '/'.
+pub(super) fn lock_names_hold_no_slash(
+    lock: &LockSettings,
+    redis: &RedisSettings,
+) -> Result<(), String> {
+    if lock.strategy.locks_in_consensus() && redis.key_prefix.contains('/') {
+        return Err(format!(
+            "REDIS_KEY_PREFIX ({:?}) must not contain '/' under LOCK_STRATEGY={}: it starts every lock's name there, and a lock's name cannot hold a '/'",
+            redis.key_prefix,
+            lock.strategy.name()
+        ));
+    }
+    Ok(())
+}
