@@ -10,7 +10,6 @@
 //!   kept when the instance failed.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -84,7 +83,7 @@ impl Instance {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log_file.try_clone()?);
-        own_process_group_and_die_with_parent(&mut command);
+        ::servers::Tie::OwnGroupDiesWithSpawner.apply(&mut command);
         let mut child = command.spawn().context("starting a seckill instance")?;
         let stdout = child.stdout.take().expect("piped");
         let mut instance = Self {
@@ -197,23 +196,5 @@ async fn read_address(
         Ok(Ok(address)) => Ok(address),
         Ok(Err(_)) => bail!("the instance stopped before it said where it listens"),
         Err(_) => bail!("the instance did not say where it listens within 60 s"),
-    }
-}
-
-/// Put the child in a process group of its own (a terminal's Ctrl-C does not reach it), and
-/// have the kernel kill it if this process dies first (`PR_SET_PDEATHSIG`).
-///
-/// The death signal fires when the *thread* that spawned the child exits; the demo spawns
-/// from tokio worker threads, which live as long as the runtime.
-pub fn own_process_group_and_die_with_parent(command: &mut Command) {
-    command.process_group(0);
-    // SAFETY: `prctl` is async-signal-safe and touches only the calling (child) process.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
     }
 }
