@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::Result;
-use crate::fenced::Fence;
+use crate::fence::Fence;
 use crate::options::LockOptions;
 use crate::token::Token;
 

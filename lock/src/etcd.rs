@@ -48,7 +48,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::backend::{Attempt, Backend, LockState, Renewal, Turn, Unlock};
 use crate::error::{Error, Result};
-use crate::fenced::Fence;
+use crate::fence::Fence;
 use crate::options::LockOptions;
 use crate::token::Token;
 

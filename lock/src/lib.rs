@@ -126,7 +126,7 @@ mod backend;
 mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
-mod fenced;
+mod fence;
 mod guard;
 pub mod keys;
 mod lease;
@@ -151,7 +151,8 @@ pub use backend::{Attempt, Backend, LockState, Renewal, Turn, Unlock};
 pub use error::{Error, Result};
 #[cfg(feature = "etcd")]
 pub use etcd::{DEFAULT_PREFIX as ETCD_DEFAULT_PREFIX, EtcdLock, EtcdLockBuilder};
-pub use fenced::{Fence, FencedGuard};
+pub use fence::Fence;
+pub use guard::FencedGuard;
 pub use guard::{LockGuard, ReleaseOutcome};
 pub use lease::LockLost;
 pub use locker::{Locker, Ran};

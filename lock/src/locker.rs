@@ -10,7 +10,7 @@ use tokio::time::{Instant, sleep, timeout};
 
 use crate::backend::{Attempt, Backend, LockState};
 use crate::error::{Error, Result};
-use crate::fenced::Fence;
+use crate::fence::Fence;
 use crate::guard::{Hold, LockGuard, OwnerTable, ReleaseOutcome, release_in_background};
 use crate::keys::release_channel;
 use crate::lease::{Lease, LockLost, Watchdog};

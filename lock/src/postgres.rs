@@ -27,7 +27,7 @@ use sqlx::PgPool;
 
 use crate::backend::{Attempt, Backend, LockState, Renewal, Unlock};
 use crate::error::{Error, Result};
-use crate::fenced::Fence;
+use crate::fence::Fence;
 use crate::token::Token;
 
 /// The schema: two tables, created if missing.

@@ -13,7 +13,7 @@ use redis::{ErrorKind, RedisError};
 
 use crate::backend::{Attempt, Backend, LockState, Renewal, Unlock};
 use crate::error::{Error, Result};
-use crate::fenced::Fence;
+use crate::fence::Fence;
 use crate::keys::{fence_key, release_channel};
 use crate::options::LockOptions;
 use crate::scripts::{ACQUIRE, ADVANCE_FENCE, FORCE_UNLOCK, INSPECT, RELEASE, RENEW};

@@ -66,7 +66,7 @@ use tokio::time::{Instant, timeout};
 
 use crate::backend::{Attempt, Backend, LockState, Renewal, Unlock};
 use crate::error::{Error, Result};
-use crate::fenced::Fence;
+use crate::fence::Fence;
 use crate::keys::{fence_key, release_channel};
 use crate::options::LockOptions;
 use crate::redis_node::{check_versions, parse_fence};

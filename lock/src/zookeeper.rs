@@ -66,7 +66,7 @@ use zookeeper_client as zk;
 
 use crate::backend::{Attempt, Backend, LockState, Renewal, Turn, Unlock};
 use crate::error::{Error, Result};
-use crate::fenced::Fence;
+use crate::fence::Fence;
 use crate::keys;
 use crate::options::LockOptions;
 use crate::token::Token;

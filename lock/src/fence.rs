@@ -1,8 +1,5 @@
-//! [`Fence`], the number a store checks to refuse a stale holder, and [`FencedGuard`], what
-//! code that writes under a lock needs whichever backend holds it.
-
-use crate::error::Result;
-use crate::guard::ReleaseOutcome;
+//! [`Fence`], the number a store checks to refuse a stale holder. A leaf: the backends hand
+//! fences out, the guard carries one, and neither needs the other to name it.
 
 /// A fencing token: a number that grows with every successful acquisition of one key.
 ///
@@ -70,24 +67,4 @@ impl std::fmt::Display for Fence {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.0.fmt(f)
     }
-}
-
-/// A held lock whose writes carry a fence: implemented by
-/// [`LockGuard`](crate::LockGuard) for every backend, so code that writes under the lock can
-/// be generic over how it was taken.
-pub trait FencedGuard: Send + Sync {
-    /// The locked key.
-    fn key(&self) -> &str;
-    /// The fence to send with every write.
-    fn fence(&self) -> Fence;
-    /// Whether the lease is still known to be ours.
-    fn is_held(&self) -> bool;
-    /// Lease renewals done so far.
-    fn renewals(&self) -> u64;
-    /// Take a fence above `seen`, only while still holding the lock.
-    fn advance_fence(&self, seen: Fence) -> impl Future<Output = Result<Fence>> + Send;
-    /// Give the lock back, and say how it ended.
-    fn release(self) -> impl Future<Output = Result<ReleaseOutcome>> + Send
-    where
-        Self: Sized;
 }
