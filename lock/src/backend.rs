@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use crate::error::Result;
 use crate::fence::Fence;
 use crate::options::LockOptions;
-use crate::token::Token;
+pub use crate::token::Token;
 
 /// What one acquire attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

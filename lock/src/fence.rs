@@ -25,7 +25,7 @@
 ///
 /// # Where fences come from
 /// On Redis, the counter is a key without a TTL (`{key}:fence`, see
-/// [`keys::fence_key`](crate::keys::fence_key)), and every acquisition takes
+/// [`redis::fence_key`](crate::redis::fence_key)), and every acquisition takes
 /// `max(INCR, TIME in microseconds)`: every fence is above the server's clock at its
 /// acquisition. A Redis that loses the counter, or comes back with it behind (a restart
 /// without persistence, an eviction, a failover to a replica that had not received the last

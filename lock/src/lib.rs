@@ -25,8 +25,8 @@
 //! # Backends
 //! A [`Backend`] runs single atomic steps (take, renew, release, advance the fence), each
 //! checked by token; everything else is written once, above it.
-//! - **One Redis** (7.0 or later): any [`redis::aio::ConnectionLike`], such as a
-//!   [`ConnectionManager`](redis::aio::ConnectionManager), a Redis Cluster connection, or
+//! - **One Redis** (7.0 or later): any [`redis::aio::ConnectionLike`](::redis::aio::ConnectionLike), such as a
+//!   [`ConnectionManager`](::redis::aio::ConnectionManager), a Redis Cluster connection, or
 //!   (feature `sentinel`) a `SentinelConnection` that follows the primary through
 //!   failovers.
 //! - **[`Redlock`]**: a majority of independent Redis masters.
@@ -48,7 +48,7 @@
 //!   `etcd`: the backends;
 //!   `scripts` (the Lua) and `keys` (fence key, release channel, cluster hash tags) serve
 //!   the Redis ones.
-//! - `fenced`: [`Fence`] and [`FencedGuard`]. `options`: [`LockOptions`]. `token`: [`Token`].
+//! - `fenced`: [`Fence`] and [`FencedGuard`]. `options`: [`LockOptions`]. `token`: [`Token`](backend::Token).
 //!   `retry`: backoff and deadlines. `error`: [`enum@Error`].
 //!
 //! Dependencies point one way, with no cycle: `owner` → `locker` → `guard` → `lease` →
@@ -86,7 +86,7 @@
 //! # Redis Cluster
 //! [`Locker`] is generic over the connection, so a `redis::cluster_async::ClusterConnection`
 //! works as is. Every script touches only the lock key and its fence key, and
-//! [`keys::fence_key`] names the fence so that it hashes to the lock key's slot: each lock lives on
+//! [`redis::fence_key`] names the fence so that it hashes to the lock key's slot: each lock lives on
 //! one node. (Tested against a real three-master cluster in `tests/cluster.rs`.) Waiters
 //! through a cluster connection poll.
 //!
@@ -122,48 +122,45 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod backend;
+pub mod backend;
 mod error;
 #[cfg(feature = "etcd")]
-mod etcd;
+pub mod etcd;
 mod fence;
 mod guard;
-pub mod keys;
+mod keys;
 mod lease;
 mod locker;
 mod options;
 mod owner;
 #[cfg(feature = "postgres")]
-mod postgres;
-mod redis_node;
-mod redlock;
+pub mod postgres;
+pub mod redis;
+pub mod redlock;
 mod retry;
-mod scripts;
 #[cfg(feature = "sentinel")]
-mod sentinel;
+pub mod sentinel;
 mod signals;
 mod token;
 mod waiting;
 #[cfg(feature = "zookeeper")]
-mod zookeeper;
+pub mod zookeeper;
 
-pub use backend::{Attempt, Backend, LockState, Renewal, Turn, Unlock};
+pub use backend::{Backend, LockState};
 pub use error::{Error, Result};
 #[cfg(feature = "etcd")]
-pub use etcd::{DEFAULT_PREFIX as ETCD_DEFAULT_PREFIX, EtcdLock, EtcdLockBuilder};
+pub use etcd::EtcdLock;
 pub use fence::Fence;
-pub use guard::FencedGuard;
-pub use guard::{LockGuard, ReleaseOutcome};
+pub use guard::{FencedGuard, LockGuard, ReleaseOutcome};
 pub use lease::LockLost;
 pub use locker::{Locker, Ran};
 pub use options::{LockOptions, LockOptionsBuilder};
 pub use owner::Owner;
 #[cfg(feature = "postgres")]
-pub use postgres::{PgLockTable, SCHEMA as PG_SCHEMA};
+pub use postgres::PgLockTable;
 pub use redlock::Redlock;
 #[cfg(feature = "sentinel")]
-pub use sentinel::{SentinelConnection, SentinelConnectionBuilder};
+pub use sentinel::SentinelConnection;
 pub use signals::ReleaseSignals;
-pub use token::Token;
 #[cfg(feature = "zookeeper")]
-pub use zookeeper::{DEFAULT_ROOT as ZK_DEFAULT_ROOT, ZkLock, ZkLockBuilder};
+pub use zookeeper::ZkLock;

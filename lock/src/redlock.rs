@@ -29,7 +29,7 @@
 //! | | distlock Redlock | redsync (Go) | node-redlock v5 |
 //! |---|---|---|---|
 //! | drift factor | 0.01 (+2 ms) | 0.01 (`validity = expiry - elapsed - expiry * driftFactor`, no constant) | 0.01 (+2 ms) |
-//! | ttl | 10 s ([`LockOptions`](crate::LockOptions)) | 8 s | per call |
+//! | ttl | 10 s ([`LockOptions`]) | 8 s | per call |
 //! | retry delay | [`Redlock::RETRY_DELAY`]: 50 ms doubling to 250 ms, each sleep drawn from the upper half | uniform 50-250 ms | 200 ms + up to 100 ms jitter |
 //! | attempts | until `wait_timeout` (5 s) | 32 tries | 10 retries |
 //! | renewal | watchdog every ttl / 3 | manual `Extend` | auto-extension 500 ms before expiry (`using`) |
@@ -67,10 +67,11 @@ use tokio::time::{Instant, timeout};
 use crate::backend::{Attempt, Backend, LockState, Renewal, Unlock};
 use crate::error::{Error, Result};
 use crate::fence::Fence;
-use crate::keys::{fence_key, release_channel};
 use crate::options::LockOptions;
-use crate::redis_node::{check_versions, parse_fence};
-use crate::scripts::{ACQUIRE, ADVANCE_FENCE, FORCE_UNLOCK, INSPECT, RAISE_FENCE, RELEASE, RENEW};
+use crate::redis::scripts::{
+    ACQUIRE, ADVANCE_FENCE, FORCE_UNLOCK, INSPECT, RAISE_FENCE, RELEASE, RENEW,
+};
+use crate::redis::{check_versions, fence_key, parse_fence, release_channel};
 use crate::token::Token;
 
 /// A lock over several independent Redis masters: a [`Backend`]. Cheap to clone.
@@ -213,7 +214,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Redlock<C> {
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
     fn check_key(&self, key: &str) -> Result<()> {
-        crate::keys::check(key)
+        crate::redis::check_key(key)
     }
 
     /// The ttl must leave validity after the drift and two rounds (acquire, then the fence

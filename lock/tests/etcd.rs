@@ -16,9 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock::{
-    Attempt, Backend, Error, EtcdLock, Fence, LockLost, LockOptions, Locker, Renewal, Token, Unlock,
-};
+use distlock::backend::{Attempt, Renewal, Token, Unlock};
+use distlock::{Backend, Error, EtcdLock, Fence, LockLost, LockOptions, Locker};
 use support::*;
 use testkit::{EtcdCluster, EtcdServer, TcpProxy};
 use tokio::task::JoinHandle;
@@ -662,7 +661,7 @@ async fn a_renewal_is_not_counted_when_the_holders_key_was_deleted_before_its_ke
         hold.until_holding(),
     )
     .await;
-    let own = format!("{}{KEY}/{}", distlock::ETCD_DEFAULT_PREFIX, token.as_str());
+    let own = format!("{}{KEY}/{}", distlock::etcd::DEFAULT_PREFIX, token.as_str());
     let deleted = etcd_client(&server.endpoint())
         .await
         .delete(own, None)
@@ -758,7 +757,7 @@ async fn a_waiter_whose_key_is_deleted_after_the_read_that_put_it_first_does_not
     hold.hold_after(token.as_str());
     assert!(held.release().await.unwrap().was_held());
     within(JOINS_WITHIN, "W's read went out", hold.until_holding()).await;
-    let own = format!("{}{KEY}/{}", distlock::ETCD_DEFAULT_PREFIX, token.as_str());
+    let own = format!("{}{KEY}/{}", distlock::etcd::DEFAULT_PREFIX, token.as_str());
     let deleted = etcd_client(&server.endpoint())
         .await
         .delete(own, None)

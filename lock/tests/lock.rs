@@ -72,7 +72,7 @@ async fn the_fence_key_hashes_to_the_lock_keys_slot_and_has_no_ttl() {
         .try_acquire(&key)
         .await
         .unwrap();
-    let fence_key = distlock::keys::fence_key(&key).unwrap();
+    let fence_key = distlock::redis::fence_key(&key).unwrap();
     assert_eq!(fence_key, format!("{{{key}}}:fence"));
     assert_eq!(
         get(&mut conn, &fence_key).await,
@@ -277,7 +277,7 @@ async fn signalled_locker(
 /// Wait (up to 10 s) until one connection, other than the one with client id `not`, is
 /// subscribed to the release channel of `key` on `admin`'s Redis; its client id.
 async fn wait_for_subscriber(admin: &mut ConnectionManager, key: &str, not: Option<u64>) -> u64 {
-    let channel = distlock::keys::release_channel(key).unwrap();
+    let channel = distlock::redis::release_channel(key).unwrap();
     let found = async {
         loop {
             let (_, count): (String, i64) = redis::cmd("PUBSUB")
@@ -562,7 +562,7 @@ async fn a_fence_counter_set_back_by_a_failover_still_hands_out_a_larger_fence()
     drop(a);
     wait_until_gone(&mut conn, &key).await;
     redis::cmd("SET")
-        .arg(distlock::keys::fence_key(&key).unwrap())
+        .arg(distlock::redis::fence_key(&key).unwrap())
         .arg(a_fence.get() - 1)
         .exec_async(&mut conn)
         .await

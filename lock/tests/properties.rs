@@ -12,9 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use distlock::{
-    Attempt, Backend, Error, Fence, LockLost, LockOptions, ReleaseOutcome, Token, Unlock,
-};
+use distlock::backend::{Attempt, Token, Unlock};
+use distlock::{Backend, Error, Fence, LockLost, LockOptions, ReleaseOutcome};
 use support::*;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 

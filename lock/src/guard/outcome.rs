@@ -2,7 +2,7 @@
 
 use crate::lease::LockLost;
 
-/// How a lock ended when its guard gave it back ([`LockGuard::release`]).
+/// How a lock ended when its guard gave it back ([`LockGuard::release`](crate::LockGuard::release)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "`Lost` means the work under the guard may have overlapped another holder's"]
 #[non_exhaustive]
