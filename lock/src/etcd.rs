@@ -52,6 +52,12 @@ use crate::fence::Fence;
 use crate::options::LockOptions;
 use crate::token::Token;
 
+impl From<etcd::Error> for Error {
+    fn from(error: etcd::Error) -> Self {
+        Error::backend("etcd", error)
+    }
+}
+
 /// Where lock keys live unless [`EtcdLock::with_prefix`] says otherwise.
 pub const DEFAULT_PREFIX: &str = "distlock/";
 
@@ -142,7 +148,7 @@ impl EtcdLockBuilder {
     /// A client for each endpoint, used one at a time (see [`EtcdLock::connect`]).
     ///
     /// # Errors
-    /// [`Error::InvalidOptions`] for a zero request timeout; [`Error::Etcd`] for an
+    /// [`Error::InvalidOptions`] for a zero request timeout; [`Error::Backend`] for an
     /// endpoint that is not a URL, or none at all.
     pub async fn connect(self) -> Result<EtcdLock> {
         let timeout = self.request_timeout;
@@ -208,7 +214,7 @@ impl EtcdLock {
     /// another to answer.
     ///
     /// # Errors
-    /// [`Error::Etcd`] for an endpoint that is not a URL, or none at all.
+    /// [`Error::Backend`] for an endpoint that is not a URL, or none at all.
     pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(endpoints: S) -> Result<Self> {
         Self::builder(endpoints).connect().await
     }

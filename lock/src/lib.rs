@@ -147,7 +147,7 @@ mod waiting;
 pub mod zookeeper;
 
 pub use backend::{Backend, LockState};
-pub use error::{Error, Result};
+pub use error::{BoxError, Error, Result};
 #[cfg(feature = "etcd")]
 pub use etcd::EtcdLock;
 pub use fence::Fence;

@@ -84,7 +84,7 @@ impl<B: Backend> Locker<B> {
     ///
     /// # Errors
     /// As [`new`](Self::new); [`Error::UnsupportedServer`] for a server too old, naming its
-    /// version; [`Error::Redis`] (or the backend's own error) when it cannot be reached.
+    /// version; [`Error::Backend`] when it cannot be reached.
     pub async fn connect(backend: B, options: LockOptions) -> Result<Self> {
         let locker = Self::new(backend, options)?;
         locker.backend.check_server().await?;
@@ -126,7 +126,7 @@ impl<B: Backend> Locker<B> {
     ///
     /// # Errors
     /// [`Error::Held`] when another owner holds the lock; [`Error::InvalidKey`] for an empty
-    /// key; [`Error::Redis`] (or the backend's own error) when it cannot be reached;
+    /// key; [`Error::Backend`] when it cannot be reached;
     /// [`Error::NoQuorum`] from Redlock; [`Error::Aborted`] when the attempt's task ended
     /// without an answer (a panic in the backend).
     ///
@@ -165,7 +165,7 @@ impl<B: Backend> Locker<B> {
     ///
     /// # Errors
     /// [`Error::Timeout`] when the deadline passes; [`Error::InvalidKey`] for an empty key;
-    /// [`Error::Redis`] (or the backend's own error) at once when it cannot be reached
+    /// [`Error::Backend`] at once when it cannot be reached
     /// (waiting would not help); [`Error::NoQuorum`] from Redlock; [`Error::Aborted`] as
     /// for [`try_acquire`](Self::try_acquire); [`Error::Unsupported`] for a wait outside a
     /// tokio runtime (it needs its timers).
@@ -253,7 +253,7 @@ impl<B: Backend> Locker<B> {
     /// held, the lease left, the last fence handed out (reads only; nothing is taken).
     ///
     /// # Errors
-    /// [`Error::InvalidKey`]; [`Error::Redis`] (or the backend's own error) when it cannot
+    /// [`Error::InvalidKey`]; [`Error::Backend`] when it cannot
     /// be reached; [`Error::Unsupported`] from a backend that cannot tell.
     pub async fn inspect(&self, key: &str) -> Result<LockState> {
         self.backend.check_key(key)?;

@@ -30,6 +30,12 @@ use crate::error::{Error, Result};
 use crate::fence::Fence;
 use crate::token::Token;
 
+impl From<sqlx::Error> for Error {
+    fn from(error: sqlx::Error) -> Self {
+        Error::backend("postgres", error)
+    }
+}
+
 /// The schema: two tables, created if missing.
 pub const SCHEMA: &str = include_str!("../sql/postgres.sql");
 
@@ -57,7 +63,7 @@ impl PgLockTable {
     /// Create the lock tables if they are missing.
     ///
     /// # Errors
-    /// [`Error::Postgres`] when the database cannot be reached or refuses the schema.
+    /// [`Error::Backend`] when the database cannot be reached or refuses the schema.
     pub async fn install(&self) -> Result<()> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")

@@ -198,7 +198,16 @@ async fn acquire_fails_at_once_when_redis_is_down() {
     let outcome = timeout(Duration::from_secs(30), locker.acquire("k"))
         .await
         .unwrap();
-    assert!(matches!(outcome, Err(Error::Redis(_))), "{outcome:?}");
+    assert!(
+        matches!(
+            outcome,
+            Err(Error::Backend {
+                backend: "redis",
+                ..
+            })
+        ),
+        "{outcome:?}"
+    );
 }
 
 #[tokio::test]

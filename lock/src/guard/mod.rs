@@ -81,7 +81,7 @@ impl<B: Backend> LockGuard<B> {
     /// # Errors
     /// [`Error::NotHeld`] when the lock no longer holds this guard's token;
     /// [`Error::InvalidFence`] when `seen` is [`Fence::MAX`] or above (no fence can follow
-    /// it); [`Error::Redis`] (or the backend's own error) when it cannot be reached.
+    /// it); [`Error::Backend`] when it cannot be reached.
     ///
     /// # Cancel safety
     /// Cancel safe: if dropped, the counter may have been raised, which only ever
@@ -131,7 +131,7 @@ impl<B: Backend> LockGuard<B> {
     /// backend found it gone or taken: then [`lost`](Self::lost) resolves too);
     /// [`Error::InvalidOptions`] for a ttl the options would refuse (under 1 ms, over
     /// [`LockOptions::MAX_TTL`], or too short for the watchdog's renewal interval);
-    /// [`Error::Redis`] (or the backend's own error) when it cannot be reached (the lease
+    /// [`Error::Backend`] when it cannot be reached (the lease
     /// is unchanged).
     ///
     /// # Cancel safety
@@ -216,7 +216,7 @@ impl<B: Backend> LockGuard<B> {
     /// another holder's.
     ///
     /// # Errors
-    /// [`Error::Redis`] (or the backend's own error) when it cannot be reached; the lease
+    /// [`Error::Backend`] when it cannot be reached; the lease
     /// then frees the lock within one ttl (the watchdog has already stopped).
     ///
     /// # Cancel safety

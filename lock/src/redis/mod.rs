@@ -24,6 +24,12 @@ pub(crate) mod scripts;
 pub(crate) use keys::check as check_key;
 pub use keys::{fence_key, release_channel};
 
+impl From<RedisError> for Error {
+    fn from(error: RedisError) -> Self {
+        Error::backend("redis", error)
+    }
+}
+
 /// The oldest Redis the lock runs on: `SET ... NX PX ... GET` came with 7.0.
 pub(crate) const OLDEST_REDIS: (u32, u32) = (7, 0);
 
