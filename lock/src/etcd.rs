@@ -46,7 +46,7 @@ use etcd_client::{
 };
 use tokio::time::{Instant, sleep, sleep_until};
 
-use crate::backend::{Attempt, Backend, LockState, Renewal, Turn, Unlock};
+use crate::backend::{Attempt, Backend, LockState, Protocol, Renewal, Turn, Unlock};
 use crate::error::{Error, Result};
 use crate::fence::Fence;
 use crate::options::LockOptions;
@@ -896,8 +896,8 @@ impl Backend for EtcdLock {
         Ok(())
     }
 
-    fn waits_in_line(&self) -> bool {
-        true
+    fn protocol(&self) -> Protocol {
+        Protocol::Queue
     }
 
     /// Put our key; hold if it heads the line, or else take it back at once.

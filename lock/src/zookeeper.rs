@@ -64,7 +64,7 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 use zookeeper_client as zk;
 
-use crate::backend::{Attempt, Backend, LockState, Renewal, Turn, Unlock};
+use crate::backend::{Attempt, Backend, LockState, Protocol, Renewal, Turn, Unlock};
 use crate::error::{Error, Result};
 use crate::fence::Fence;
 use crate::keys;
@@ -899,8 +899,8 @@ impl Backend for ZkLock {
         self.check_ttl(options.ttl())
     }
 
-    fn waits_in_line(&self) -> bool {
-        true
+    fn protocol(&self) -> Protocol {
+        Protocol::Queue
     }
 
     /// Create our node, then look at the line: the head holds; anyone else gives its node
