@@ -128,6 +128,7 @@ mod error;
 pub mod etcd;
 mod fence;
 mod guard;
+#[cfg(any(feature = "postgres", feature = "zookeeper", feature = "etcd"))]
 mod keys;
 mod lease;
 mod locker;
