@@ -2,11 +2,14 @@
 //! signal, reentrancy, the drop fallback) is written once in [`Locker`](crate::Locker) and
 //! [`LockGuard`](crate::LockGuard); a backend only runs single atomic steps.
 //!
-//! | backend | type | one atomic step is |
-//! |---|---|---|
-//! | one Redis (or a Redis Cluster) | any [`redis::aio::ConnectionLike`] | a Lua script |
-//! | a majority of independent Redis masters | [`Redlock`](crate::Redlock) | the script on every node, counted |
-//! | a PostgreSQL lock table (feature `postgres`) | [`PgLockTable`](crate::PgLockTable) | one SQL statement |
+//! | backend | type | one atomic step is | waited on by |
+//! |---|---|---|---|
+//! | one Redis (or a Redis Cluster) | any [`redis::aio::ConnectionLike`] | a Lua script | [`Protocol::Retry`] |
+//! | one Redis behind Sentinel (feature `sentinel`) | [`SentinelConnection`](crate::SentinelConnection) | a Lua script on the primary | [`Protocol::Retry`] |
+//! | a majority of independent Redis masters | [`Redlock`](crate::Redlock) | the script on every node, counted | [`Protocol::Retry`] |
+//! | a PostgreSQL lock table (feature `postgres`) | [`PgLockTable`](crate::PgLockTable) | one SQL statement | [`Protocol::Retry`] |
+//! | ZooKeeper (feature `zookeeper`) | [`ZkLock`](crate::ZkLock) | one request to the ensemble | [`Protocol::Queue`] |
+//! | etcd (feature `etcd`) | [`EtcdLock`](crate::EtcdLock) | one request to the cluster | [`Protocol::Queue`] |
 //!
 //! # Writing a backend
 //! The trait is public so that the crate's own backends are written once against it, and so

@@ -24,15 +24,11 @@
 /// statement, at the cost of one more row version per write.)
 ///
 /// # Where fences come from
-/// On Redis, the counter is a key without a TTL (`{key}:fence`, see
-/// [`redis::fence_key`](crate::redis::fence_key)), and every acquisition takes
-/// `max(INCR, TIME in microseconds)`: every fence is above the server's clock at its
-/// acquisition. A Redis that loses the counter, or comes back with it behind (a restart
-/// without persistence, an eviction, a failover to a replica that had not received the last
-/// acquisitions, a restore from an older snapshot), therefore still hands out a fence above
-/// every one it handed out before, as long as the Redis hosts' clocks do not step back and
-/// one key is not acquired more than once per microsecond on average. On PostgreSQL ([`PgLockTable`](crate::PgLockTable)), the counter is a row
-/// that outlives the lock row and is as durable as the database.
+/// Redis: a counter key without a TTL ([`redis::fence_key`](crate::redis::fence_key)), each
+/// acquisition taking `max(INCR, the server's clock in microseconds)`, so a counter lost or
+/// set back still hands out larger fences (the crate doc's timing assumptions say when).
+/// PostgreSQL: a counter row that outlives the lock row. ZooKeeper and etcd: the number the
+/// server gives the holder's node or key (a zxid, a create revision).
 ///
 /// A store that refuses a fence cannot tell a stale holder from a counter that went back
 /// (say, after someone reset it by hand); the holder can, with

@@ -38,24 +38,10 @@
 //! partial holds to clean up, and waiters that retry in lock step split the votes again.
 //!
 //! # Limits
-//! Redlock's safety rests on bounded process pauses, bounded network delay and clocks that
-//! drift by less than `drift_factor`. Martin Kleppmann's critique ("How to do distributed
-//! locking", 2016) shows how a long pause or a clock jump breaks mutual exclusion; the fence
-//! is what keeps a store safe then.
-//!
-//! A node that restarts without persistence forgets two things:
-//! - **the lock keys it held**, which may let a second majority form: restart nodes only
-//!   after one ttl, or run them with persistence;
-//! - **its fence counters**. Waiting a ttl does not help here: the counter is gone for good.
-//!   What keeps fences ordered is that every counter starts above the node's clock in
-//!   microseconds (see [`Fence`]): a node that comes back empty still hands out fences above
-//!   everything issued before, provided its clock did not step back.
-//!
-//! The same loss happens without a restart when Redis evicts keys under memory pressure.
-//! Run lock instances with `maxmemory-policy noeviction` (writes then fail loudly when
-//! memory is full). `volatile-*` policies never evict a fence counter (it has no TTL), but
-//! they may evict a held lock key, which breaks mutual exclusion for that key; `allkeys-*`
-//! policies may evict both.
+//! Redlock's safety rests on bounded pauses, bounded network delay and bounded clock drift,
+//! and on nodes that keep their keys; the crate's README (Redlock's limits) says what breaks
+//! it and what the fence still keeps. Run lock nodes with persistence and
+//! `maxmemory-policy noeviction`.
 
 use std::sync::Arc;
 use std::time::Duration;

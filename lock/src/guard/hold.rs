@@ -48,13 +48,8 @@ impl<B: Backend> Hold<B> {
     }
 
     /// Stop renewing, then delete the lock if it still holds our token, and say how the
-    /// lock ended (see [`ReleaseOutcome`]).
-    ///
-    /// A lock found gone while our own lease still ran reads as released: under the
-    /// crate's timing assumptions nobody else can have had it while our lease ran, so that
-    /// is a re-sent release whose first try deleted it. A lock deleted behind our back (an
-    /// operator, a failover) and not yet noticed by the watchdog reads the same way. A lock
-    /// found holding another token is always reported taken.
+    /// lock ended: found gone while our lease ran reads as released, found holding another
+    /// token as taken (the reasoning is in `guard/outcome.rs`).
     pub(crate) async fn release(&self) -> Result<ReleaseOutcome> {
         self.stop_watchdog();
         let held_when_sent = self.lease.is_held();

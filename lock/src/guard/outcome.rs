@@ -1,4 +1,14 @@
 //! [`ReleaseOutcome`]: how a lock ended when its guard gave it back.
+//!
+//! # Why "nothing there" reads as released
+//! A release that finds our token deletes it: the lock was ours throughout. A release that
+//! finds *nothing* while our own lease still runs is also reported released: under the
+//! crate's timing assumptions nobody else can have held the lock while our lease ran, so
+//! this is usually a re-sent release whose first try had deleted it. The other way to find
+//! nothing is a key lost behind our back since the last renewal (a `DEL`, an eviction, a
+//! failover) that the watchdog had not yet noticed; another owner may then have taken the
+//! lock and given it back meanwhile, which no release can see: only a fenced write tells.
+//! A release that finds another token is always [`ReleaseOutcome::Lost`].
 
 use crate::lease::LockLost;
 
@@ -7,19 +17,14 @@ use crate::lease::LockLost;
 #[must_use = "`Lost` means the work under the guard may have overlapped another holder's"]
 #[non_exhaustive]
 pub enum ReleaseOutcome {
-    /// Our token was there and is gone now, while our lease still ran: under the crate's
-    /// timing assumptions, nobody else held the lock while we did. Or nothing was there
-    /// while our lease still ran: a re-sent release whose first try had deleted it (the
-    /// common case), or a key lost behind our back since the last renewal (a `DEL`, an
-    /// eviction, a failover) that the watchdog had not yet noticed; then another owner may
-    /// have taken the lock and given it back meanwhile, which no release can see: only a
-    /// fenced write tells. For a reentrant guard that is not the owner's last, the lease is
-    /// still ours.
+    /// The lock was ours until the release: our token was deleted, or nothing was there
+    /// while our lease still ran (see the module doc). For a reentrant guard that is not the
+    /// owner's last: the lease is still ours.
     Released,
     /// The lock was no longer ours when it was given back, for this reason: the lease ran
     /// out (or its backend could not be reached to renew it), the watchdog had found the
-    /// key deleted, or another owner's token is in it now. The work done under the guard may have
-    /// overlapped another holder's; only fenced writes are safe.
+    /// key deleted, or another owner's token is in it now. The work under the guard may
+    /// have overlapped another holder's; only fenced writes are safe.
     Lost(LockLost),
 }
 

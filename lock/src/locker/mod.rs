@@ -17,8 +17,10 @@ use crate::signals::ReleaseSignals;
 use crate::waiting::Waiting;
 use attempt::Attempted;
 
-/// Takes locks on one [`Backend`]: a Redis connection, a [`Redlock`](crate::Redlock) set of
-/// masters, or a [`PgLockTable`](crate::PgLockTable).
+/// Takes locks on one [`Backend`]: a Redis connection (also behind Sentinel, or a Redis
+/// Cluster), a [`Redlock`](crate::Redlock) set of masters, a
+/// [`PgLockTable`](crate::PgLockTable), a [`ZkLock`](crate::ZkLock) or an
+/// [`EtcdLock`](crate::EtcdLock).
 ///
 /// Cheap to clone (the backend and options are shared). On Redis, use a multiplexed
 /// connection such as [`redis::aio::ConnectionManager`]: concurrent lock calls are then
