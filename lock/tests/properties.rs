@@ -199,9 +199,8 @@ async fn fences_follow_the_order_in_which_contending_holders_held_the_lock<H: Ha
     }
 }
 
-async fn the_same_owner_reenters_and_the_lock_goes_when_the_count_returns_to_zero<H: Harness>(
-    h: H,
-) {
+/// The same owner reenters and the lock goes when the count returns to zero.
+async fn reentrant_owner_releases_the_lock_when_its_count_reaches_zero<H: Harness>(h: H) {
     // Arrange
     let key = h.key("reentrant");
     let locker = locker(h.backend().await, patient());
@@ -384,9 +383,8 @@ async fn an_endless_wait_gets_the_lock_once_the_holder_releases_it<H: Harness>(h
     assert!(fence > holder_fence);
 }
 
-async fn the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_release<H: Harness>(
-    h: H,
-) {
+/// The watchdog keeps the lock through several ttls and stops after release.
+async fn watchdog_keeps_the_lock_for_several_ttls_and_stops_at_release<H: Harness>(h: H) {
     // Arrange: ttl 3 s, renewed every second.
     // TIMING: a renewal may come a second late (a busy machine, a backend's slow answer)
     // and still land within the lease; without a watchdog the lock would go at 3 s, a third
@@ -1021,14 +1019,14 @@ suite!(
     a_stale_guards_release_does_not_delete_the_next_holders_lock,
     fences_strictly_increase_across_holders_and_a_deleted_lock,
     fences_follow_the_order_in_which_contending_holders_held_the_lock,
-    the_same_owner_reenters_and_the_lock_goes_when_the_count_returns_to_zero,
+    reentrant_owner_releases_the_lock_when_its_count_reaches_zero,
     plain_acquisitions_are_not_reentrant,
     try_acquire_returns_at_once_when_the_lock_is_held,
     acquire_gives_up_at_its_deadline,
     acquire_gets_the_lock_once_the_holder_releases_it,
     an_acquisition_that_had_to_wait_says_it_was_contended,
     an_endless_wait_gets_the_lock_once_the_holder_releases_it,
-    the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_release,
+    watchdog_keeps_the_lock_for_several_ttls_and_stops_at_release,
     a_dropped_guard_releases_the_lock,
     a_dropped_guard_stops_its_watchdog,
     a_dropped_reentrant_guard_counts_down_and_the_last_one_releases,

@@ -356,8 +356,9 @@ async fn masters_restarted_empty_still_hand_out_larger_fences() {
     assert!(after.release().await.unwrap().was_held());
 }
 
+/// A master that comes back with its counter behind still gives a larger fence.
 #[tokio::test]
-async fn a_master_that_comes_back_with_its_counter_behind_still_gives_a_larger_fence() {
+async fn a_master_whose_counter_went_back_still_gives_a_larger_fence() {
     // Arrange: A takes a fence over three masters and gives the lock back; then every master
     // comes back with its counter one step behind A's fence (each failed over to a replica
     // that missed A's acquisition).
