@@ -1050,6 +1050,7 @@ suite!(
     acquire_with_takes_the_lease_and_wait_of_the_call_not_the_lockers,
 );
 
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
 /// A store that keeps its own line of waiters, and counts the watches that woke them.
 trait LineHarness: Harness {
     /// Watches that woke a waiter of `backend` so far.
@@ -1073,6 +1074,7 @@ impl LineHarness for support::EtcdHarness {
 /// Line up `n` waiters behind a holder, one process each, each joining only once the one
 /// before it is in line; answers the holder, and the waiters' tasks (each answers when it
 /// got the lock, as a place in the order of holds) with their backends.
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
 async fn line_up<H: LineHarness>(
     h: &H,
     key: &str,
@@ -1117,6 +1119,7 @@ async fn line_up<H: LineHarness>(
     (holder, waiters)
 }
 
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
 async fn the_lock_is_granted_in_arrival_order_whichever_process_asked<H: LineHarness>(h: H) {
     // Arrange: a holder, and five processes that ask one after another.
     let key = h.key("arrival-order");
@@ -1143,6 +1146,7 @@ async fn the_lock_is_granted_in_arrival_order_whichever_process_asked<H: LineHar
     );
 }
 
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
 async fn a_release_wakes_only_the_next_waiter<H: LineHarness>(h: H) {
     // Arrange: a holder and five waiters, none woken yet.
     let key = h.key("no-herd");
