@@ -291,7 +291,7 @@ impl LockProbe {
             .await
             .unwrap_or(None),
             Self::ZooKeeper(client) => {
-                let lock_node = format!("{}/{key}", distlock::ZK_DEFAULT_ROOT);
+                let lock_node = format!("{}/{key}", distlock::zookeeper::DEFAULT_ROOT);
                 let children = match client.list_children(&lock_node).await {
                     Ok(children) => children,
                     Err(zookeeper_client::Error::NoNode) => Vec::new(),
@@ -303,7 +303,7 @@ impl LockProbe {
                     .min_by_key(|name| name[name.len().saturating_sub(10)..].to_owned())
             }
             Self::Etcd(client) => {
-                let line = format!("{}{key}/", distlock::ETCD_DEFAULT_PREFIX);
+                let line = format!("{}{key}/", distlock::etcd::DEFAULT_PREFIX);
                 let first_created = etcd_client::GetOptions::new()
                     .with_prefix()
                     .with_sort(etcd_client::SortTarget::Create, etcd_client::SortOrder::Ascend)
@@ -714,7 +714,7 @@ async fn paused_holder_then_redis_comes_back(
     }
     signal(instances[0].pid(), "-STOP");
     drop(probes);
-    let fence_key = distlock::keys::fence_key(&lock_key).unwrap();
+    let fence_key = distlock::redis::fence_key(&lock_key).unwrap();
     // A's fence: under Redlock, the largest counter of the majority that granted it (the
     // others were raised to it).
     let mut a_fence = 0_i64;

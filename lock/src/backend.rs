@@ -2,11 +2,14 @@
 //! signal, reentrancy, the drop fallback) is written once in [`Locker`](crate::Locker) and
 //! [`LockGuard`](crate::LockGuard); a backend only runs single atomic steps.
 //!
-//! | backend | type | one atomic step is |
-//! |---|---|---|
-//! | one Redis (or a Redis Cluster) | any [`redis::aio::ConnectionLike`] | a Lua script |
-//! | a majority of independent Redis masters | [`Redlock`](crate::Redlock) | the script on every node, counted |
-//! | a PostgreSQL lock table (feature `postgres`) | [`PgLockTable`](crate::PgLockTable) | one SQL statement |
+//! | backend | type | one atomic step is | waited on by |
+//! |---|---|---|---|
+//! | one Redis (or a Redis Cluster) | any [`redis::aio::ConnectionLike`] | a Lua script | [`Protocol::Retry`] |
+//! | one Redis behind Sentinel (feature `sentinel`) | [`SentinelConnection`](crate::SentinelConnection) | a Lua script on the primary | [`Protocol::Retry`] |
+//! | a majority of independent Redis masters | [`Redlock`](crate::Redlock) | the script on every node, counted | [`Protocol::Retry`] |
+//! | a PostgreSQL lock table (feature `postgres`) | [`PgLockTable`](crate::PgLockTable) | one SQL statement | [`Protocol::Retry`] |
+//! | ZooKeeper (feature `zookeeper`) | [`ZkLock`](crate::ZkLock) | one request to the ensemble | [`Protocol::Queue`] |
+//! | etcd (feature `etcd`) | [`EtcdLock`](crate::EtcdLock) | one request to the cluster | [`Protocol::Queue`] |
 //!
 //! # Writing a backend
 //! The trait is public so that the crate's own backends are written once against it, and so
@@ -21,9 +24,21 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::Result;
-use crate::fenced::Fence;
+use crate::fence::Fence;
 use crate::options::LockOptions;
-use crate::token::Token;
+pub use crate::token::Token;
+
+/// The two ways a backend can be waited on ([`Backend::protocol`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Protocol {
+    /// The locker retries [`Backend::try_lock`] until the deadline, pausing between attempts
+    /// (Redis, Redlock, PostgreSQL).
+    Retry,
+    /// The backend keeps its own line of waiters: the locker calls [`Backend::lock_in_line`]
+    /// once, bounded by the deadline (ZooKeeper, etcd).
+    Queue,
+}
 
 /// What one acquire attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,16 +189,16 @@ pub trait Backend: Send + Sync + 'static {
         ttl
     }
 
-    /// `true` for a backend that keeps its own line of waiters (ZooKeeper, etcd):
-    /// [`Locker::acquire`](crate::Locker::acquire) then calls [`lock_in_line`](Self::lock_in_line)
-    /// once instead of retrying [`try_lock`](Self::try_lock).
-    fn waits_in_line(&self) -> bool {
-        false
+    /// How [`Locker::acquire`](crate::Locker::acquire) waits on this backend: by retrying
+    /// [`try_lock`](Self::try_lock) (the default), or by joining the backend's own line once
+    /// with [`lock_in_line`](Self::lock_in_line).
+    fn protocol(&self) -> Protocol {
+        Protocol::Retry
     }
 
     /// Join the line for `key` as `token`, and resolve once `token` holds the lock, with its
     /// fence and the instant its lease is counted from. Only called when
-    /// [`waits_in_line`](Self::waits_in_line) is `true`. The backend keeps its own lease
+    /// [`protocol`](Self::protocol) is [`Protocol::Queue`]. The backend keeps its own lease
     /// (a session, a lease it keeps alive) while the caller waits in line.
     ///
     /// The locker runs it in a task of its own, bounded by the caller's deadline. When it

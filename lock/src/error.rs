@@ -113,22 +113,52 @@ pub enum Error {
         key: String,
     },
 
-    /// Redis could not be reached, or answered with an error.
-    #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
+    /// The store could not be reached, or answered with an error: `backend` names it
+    /// (`"redis"`, `"postgres"`, `"zookeeper"`, `"etcd"`, or a third-party backend's name)
+    /// and `source` is its client's own error, which
+    /// [`backend_source`](Error::backend_source) gives back typed.
+    #[error("{backend}: {source}")]
+    Backend {
+        /// Which store.
+        backend: &'static str,
+        /// The store client's error.
+        source: BoxError,
+    },
+}
 
-    /// ZooKeeper could not be reached, or answered with an error (the `zookeeper` backend).
-    #[cfg(feature = "zookeeper")]
-    #[error("zookeeper: {0}")]
-    ZooKeeper(#[from] zookeeper_client::Error),
+/// A store client's error, as [`Error::Backend`] carries it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-    /// etcd could not be reached, or answered with an error (the `etcd` backend).
-    #[cfg(feature = "etcd")]
-    #[error("etcd: {0}")]
-    Etcd(#[from] etcd_client::Error),
+impl Error {
+    /// An error of the store `backend` (for backends, the crate's own and third-party ones).
+    pub fn backend(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        Error::Backend {
+            backend,
+            source: source.into(),
+        }
+    }
 
-    /// PostgreSQL could not be reached, or answered with an error (the `postgres` backend).
-    #[cfg(feature = "postgres")]
-    #[error("postgres: {0}")]
-    Postgres(#[from] sqlx::Error),
+    /// The store client's own error, when this is an [`Error::Backend`] holding an `E`
+    /// (`redis::RedisError`, `sqlx::Error`, ...).
+    pub fn backend_source<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            Error::Backend { source, .. } => source.downcast_ref(),
+            _ => None,
+        }
+    }
+
+    /// As [`backend_source`](Self::backend_source), by value: the client's error, or this
+    /// error back when it holds no `E`.
+    ///
+    /// # Errors
+    /// `self`, unchanged, when it is not an [`Error::Backend`] holding an `E`.
+    pub fn into_backend_source<E: std::error::Error + 'static>(self) -> Result<E, Self> {
+        match self {
+            Error::Backend { backend, source } => match source.downcast::<E>() {
+                Ok(source) => Ok(*source),
+                Err(source) => Err(Error::Backend { backend, source }),
+            },
+            other => Err(other),
+        }
+    }
 }

@@ -46,11 +46,17 @@ use etcd_client::{
 };
 use tokio::time::{Instant, sleep, sleep_until};
 
-use crate::backend::{Attempt, Backend, LockState, Renewal, Turn, Unlock};
+use crate::backend::{Attempt, Backend, LockState, Protocol, Renewal, Turn, Unlock};
 use crate::error::{Error, Result};
-use crate::fenced::Fence;
+use crate::fence::Fence;
 use crate::options::LockOptions;
 use crate::token::Token;
+
+impl From<etcd::Error> for Error {
+    fn from(error: etcd::Error) -> Self {
+        Error::backend("etcd", error)
+    }
+}
 
 /// Where lock keys live unless [`EtcdLock::with_prefix`] says otherwise.
 pub const DEFAULT_PREFIX: &str = "distlock/";
@@ -142,7 +148,7 @@ impl EtcdLockBuilder {
     /// A client for each endpoint, used one at a time (see [`EtcdLock::connect`]).
     ///
     /// # Errors
-    /// [`Error::InvalidOptions`] for a zero request timeout; [`Error::Etcd`] for an
+    /// [`Error::InvalidOptions`] for a zero request timeout; [`Error::Backend`] for an
     /// endpoint that is not a URL, or none at all.
     pub async fn connect(self) -> Result<EtcdLock> {
         let timeout = self.request_timeout;
@@ -208,7 +214,7 @@ impl EtcdLock {
     /// another to answer.
     ///
     /// # Errors
-    /// [`Error::Etcd`] for an endpoint that is not a URL, or none at all.
+    /// [`Error::Backend`] for an endpoint that is not a URL, or none at all.
     pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(endpoints: S) -> Result<Self> {
         Self::builder(endpoints).connect().await
     }
@@ -890,8 +896,8 @@ impl Backend for EtcdLock {
         Ok(())
     }
 
-    fn waits_in_line(&self) -> bool {
-        true
+    fn protocol(&self) -> Protocol {
+        Protocol::Queue
     }
 
     /// Put our key; hold if it heads the line, or else take it back at once.

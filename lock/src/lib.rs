@@ -22,38 +22,63 @@
 //!    process that is paused longer than the lease; for that, every acquisition carries a
 //!    [`Fence`], a number that only grows, which the store checks to refuse stale writes.
 //!
+//! # Reading it: one acquire and one release
+//! Read in this order, following `Locker::acquire` on one Redis and `LockGuard::release`:
+//! 1. `locker/mod.rs`: [`Locker`], its public calls; `acquire` goes to `wait_for`.
+//! 2. `locker/wait.rs`: the wait as steps. `wait_for` re-enters a key the owner holds, takes
+//!    this process's turn for the key (`waiting.rs`, with release signals), then asks the
+//!    backend's [`Protocol`](backend::Protocol): `poll_until_free` (one attempt, then a pause
+//!    a release announcement cuts short, `signals.rs`) or `wait_in_line` (ZooKeeper, etcd).
+//! 3. `locker/attempt.rs`: one attempt in a task of its own, and the hold it becomes: the
+//!    lease and the watchdog (`lease.rs`).
+//! 4. `backend.rs`: the [`Backend`] trait, the steps a store runs; then one store:
+//!    `redis/mod.rs` with its Lua in `redis/scripts.rs` and its key names in `redis/keys.rs`.
+//! 5. `guard/mod.rs`: [`LockGuard`]; its `release` goes to `guard/hold.rs`, which stops the
+//!    watchdog, runs the backend's `unlock` and says how the lock ended
+//!    (`guard/outcome.rs`); dropped unreleased, `hold.rs` releases in the background.
+//!
+//! Then, as needed: `fence.rs` ([`Fence`]), `owner.rs` and `guard/owner_table.rs`
+//! (reentrancy), `options.rs`, `error.rs`, and the other stores: `redlock.rs`,
+//! `sentinel.rs`, `postgres.rs`, and the `zookeeper` and `etcd` modules (each a folder:
+//! the handle and its builder, the session or the members, the line, the reaper or the
+//! leases).
+//!
 //! # Backends
 //! A [`Backend`] runs single atomic steps (take, renew, release, advance the fence), each
-//! checked by token; everything else is written once, above it.
-//! - **One Redis** (7.0 or later): any [`redis::aio::ConnectionLike`], such as a
-//!   [`ConnectionManager`](redis::aio::ConnectionManager), a Redis Cluster connection, or
-//!   (feature `sentinel`) a `SentinelConnection` that follows the primary through
-//!   failovers.
-//! - **[`Redlock`]**: a majority of independent Redis masters.
-//! - **[`PgLockTable`]** (feature `postgres`): the seed articles' database lock, a table
-//!   with a unique name per lock.
-//! - **`ZkLock`** (feature `zookeeper`): the seed articles' third lock, ZooKeeper's
-//!   ephemeral sequential nodes; each waiter watches the one before it; the session is the
-//!   lease and the fence is a zxid.
-//! - **`EtcdLock`** (feature `etcd`): keys on a lease in create-revision order, each waiter
-//!   watching the one before it; the fence is the create revision.
+//! checked by token; everything else is written once, above it. Each store is a module:
+//! - [`redis`]: **one Redis** (7.0 or later), any [`ConnectionLike`](::redis::aio::ConnectionLike),
+//!   such as a [`ConnectionManager`](::redis::aio::ConnectionManager) or a Redis Cluster
+//!   connection.
+//! - `sentinel` (feature `sentinel`): a `SentinelConnection` that follows the primary
+//!   through failovers, for the single-Redis lock.
+//! - [`redlock`]: a majority of independent Redis masters ([`Redlock`]).
+//! - `postgres` (feature `postgres`): the classic database design, a lock table with a
+//!   unique name per lock (`PgLockTable`).
+//! - `zookeeper` (feature `zookeeper`): the classic ZooKeeper design, ephemeral sequential
+//!   nodes, each waiter watching the one before it; the session is the lease and the fence
+//!   is a zxid (`ZkLock`).
+//! - `etcd` (feature `etcd`): keys on a lease in create-revision order, each waiter watching
+//!   the one before it; the fence is the create revision (`EtcdLock`).
+//!
+//! A store of your own implements [`backend::Backend`] (see that module).
 //!
 //! # Layout
-//! - `locker`: [`Locker`], one attempt and the deadline-bounded wait (backoff, or wake-ups:
-//!   `signals`, the pub/sub subscription [`ReleaseSignals`]; `waiting`, the local turns).
-//! - `guard`: [`LockGuard`], the state of one acquisition, release and the drop fallback.
+//! - `locker/`: [`Locker`]; `attempt` (one attempt, the hold) and `wait` (the bounded wait).
+//!   `waiting`: the local turns; `signals`: the pub/sub subscription [`ReleaseSignals`].
+//! - `guard/`: [`LockGuard`]; `hold` (one acquisition, its release, the drop fallback),
+//!   `outcome` ([`ReleaseOutcome`]), `owner_table`, `fenced` ([`FencedGuard`]).
 //! - `lease`: the watchdog task and the lost signal ([`LockLost`]).
 //! - `owner`: [`Owner`], the explicit identity behind reentrancy.
-//! - `backend`: the [`Backend`] trait. `redis_node`, `redlock`, `postgres`, `zookeeper`,
-//!   `etcd`: the backends;
-//!   `scripts` (the Lua) and `keys` (fence key, release channel, cluster hash tags) serve
-//!   the Redis ones.
-//! - `fenced`: [`Fence`] and [`FencedGuard`]. `options`: [`LockOptions`]. `token`: [`Token`].
-//!   `retry`: backoff and deadlines. `error`: [`enum@Error`].
+//! - `backend`: the [`Backend`] trait and what its steps answer. The stores: `redis/`,
+//!   `sentinel`, `redlock`, `postgres`, `zookeeper`, `etcd`; `keys`: the key checks of the
+//!   stores that name a lock after its key.
+//! - Leaves: `fence` ([`Fence`]), `options` ([`LockOptions`]), `token`, `retry` (backoff and
+//!   deadlines), `error` ([`enum@Error`]).
 //!
 //! Dependencies point one way, with no cycle: `owner` → `locker` → `guard` → `lease` →
-//! `backend`; the backends know nothing of lockers and guards, and the guard nothing of the
-//! locker.
+//! `backend` → `fence`; the stores know nothing of lockers and guards, and the guard nothing
+//! of the locker. The wait names one store module, `redis`, for a key's release channel
+//! (release signals are Redis pub/sub).
 //!
 //! # Example
 //! ```no_run
@@ -86,7 +111,7 @@
 //! # Redis Cluster
 //! [`Locker`] is generic over the connection, so a `redis::cluster_async::ClusterConnection`
 //! works as is. Every script touches only the lock key and its fence key, and
-//! [`keys::fence_key`] names the fence so that it hashes to the lock key's slot: each lock lives on
+//! [`redis::fence_key`] names the fence so that it hashes to the lock key's slot: each lock lives on
 //! one node. (Tested against a real three-master cluster in `tests/cluster.rs`.) Waiters
 //! through a cluster connection poll.
 //!
@@ -122,47 +147,46 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod backend;
+pub mod backend;
 mod error;
 #[cfg(feature = "etcd")]
-mod etcd;
-mod fenced;
+pub mod etcd;
+mod fence;
 mod guard;
-pub mod keys;
+#[cfg(any(feature = "postgres", feature = "zookeeper", feature = "etcd"))]
+mod keys;
 mod lease;
 mod locker;
 mod options;
 mod owner;
 #[cfg(feature = "postgres")]
-mod postgres;
-mod redis_node;
-mod redlock;
+pub mod postgres;
+pub mod redis;
+pub mod redlock;
 mod retry;
-mod scripts;
 #[cfg(feature = "sentinel")]
-mod sentinel;
+pub mod sentinel;
 mod signals;
 mod token;
 mod waiting;
 #[cfg(feature = "zookeeper")]
-mod zookeeper;
+pub mod zookeeper;
 
-pub use backend::{Attempt, Backend, LockState, Renewal, Turn, Unlock};
-pub use error::{Error, Result};
+pub use backend::{Backend, LockState};
+pub use error::{BoxError, Error, Result};
 #[cfg(feature = "etcd")]
-pub use etcd::{DEFAULT_PREFIX as ETCD_DEFAULT_PREFIX, EtcdLock, EtcdLockBuilder};
-pub use fenced::{Fence, FencedGuard};
-pub use guard::{LockGuard, ReleaseOutcome};
+pub use etcd::EtcdLock;
+pub use fence::Fence;
+pub use guard::{FencedGuard, LockGuard, ReleaseOutcome};
 pub use lease::LockLost;
 pub use locker::{Locker, Ran};
 pub use options::{LockOptions, LockOptionsBuilder};
 pub use owner::Owner;
 #[cfg(feature = "postgres")]
-pub use postgres::{PgLockTable, SCHEMA as PG_SCHEMA};
+pub use postgres::PgLockTable;
 pub use redlock::Redlock;
 #[cfg(feature = "sentinel")]
-pub use sentinel::{SentinelConnection, SentinelConnectionBuilder};
+pub use sentinel::SentinelConnection;
 pub use signals::ReleaseSignals;
-pub use token::Token;
 #[cfg(feature = "zookeeper")]
-pub use zookeeper::{DEFAULT_ROOT as ZK_DEFAULT_ROOT, ZkLock, ZkLockBuilder};
+pub use zookeeper::ZkLock;

@@ -1,10 +1,10 @@
-//! The database lock of the seed articles: a lock table in PostgreSQL (feature `postgres`).
+//! The classic database lock: a lock table in PostgreSQL (feature `postgres`).
 //!
-//! The seed's lock is a row whose name has a unique constraint: `INSERT` takes it (only one
-//! concurrent insert can succeed), `DELETE` gives it back. It lists four flaws; here is how
-//! this backend deals with each.
+//! The lock is a row whose name has a unique constraint: `INSERT` takes it (only one
+//! concurrent insert can succeed), `DELETE` gives it back. The design has four known flaws;
+//! here is how this backend deals with each.
 //!
-//! | flaw | the seed's cure | here |
+//! | flaw | the usual cure | here |
 //! |---|---|---|
 //! | single point of failure | replication | not built: run PostgreSQL with a synchronous standby. A failover to an asynchronous one can lose rows, and with them locks (fences are in the same database as the data they protect, so a store in that database stays consistent with them) |
 //! | no expiry: a dead holder keeps the row for ever | a timed cleanup job | every row has `expires_at` from the database's clock; the acquire statement itself takes over an expired row, atomically, so no job is needed; the watchdog renews live holders |
@@ -27,8 +27,14 @@ use sqlx::PgPool;
 
 use crate::backend::{Attempt, Backend, LockState, Renewal, Unlock};
 use crate::error::{Error, Result};
-use crate::fenced::Fence;
+use crate::fence::Fence;
 use crate::token::Token;
+
+impl From<sqlx::Error> for Error {
+    fn from(error: sqlx::Error) -> Self {
+        Error::backend("postgres", error)
+    }
+}
 
 /// The schema: two tables, created if missing.
 pub const SCHEMA: &str = include_str!("../sql/postgres.sql");
@@ -57,7 +63,7 @@ impl PgLockTable {
     /// Create the lock tables if they are missing.
     ///
     /// # Errors
-    /// [`Error::Postgres`] when the database cannot be reached or refuses the schema.
+    /// [`Error::Backend`] when the database cannot be reached or refuses the schema.
     pub async fn install(&self) -> Result<()> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")

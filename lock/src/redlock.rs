@@ -29,7 +29,7 @@
 //! | | distlock Redlock | redsync (Go) | node-redlock v5 |
 //! |---|---|---|---|
 //! | drift factor | 0.01 (+2 ms) | 0.01 (`validity = expiry - elapsed - expiry * driftFactor`, no constant) | 0.01 (+2 ms) |
-//! | ttl | 10 s ([`LockOptions`](crate::LockOptions)) | 8 s | per call |
+//! | ttl | 10 s ([`LockOptions`]) | 8 s | per call |
 //! | retry delay | [`Redlock::RETRY_DELAY`]: 50 ms doubling to 250 ms, each sleep drawn from the upper half | uniform 50-250 ms | 200 ms + up to 100 ms jitter |
 //! | attempts | until `wait_timeout` (5 s) | 32 tries | 10 retries |
 //! | renewal | watchdog every ttl / 3 | manual `Extend` | auto-extension 500 ms before expiry (`using`) |
@@ -38,24 +38,10 @@
 //! partial holds to clean up, and waiters that retry in lock step split the votes again.
 //!
 //! # Limits
-//! Redlock's safety rests on bounded process pauses, bounded network delay and clocks that
-//! drift by less than `drift_factor`. Martin Kleppmann's critique ("How to do distributed
-//! locking", 2016) shows how a long pause or a clock jump breaks mutual exclusion; the fence
-//! is what keeps a store safe then.
-//!
-//! A node that restarts without persistence forgets two things:
-//! - **the lock keys it held**, which may let a second majority form: restart nodes only
-//!   after one ttl, or run them with persistence;
-//! - **its fence counters**. Waiting a ttl does not help here: the counter is gone for good.
-//!   What keeps fences ordered is that every counter starts above the node's clock in
-//!   microseconds (see [`Fence`]): a node that comes back empty still hands out fences above
-//!   everything issued before, provided its clock did not step back.
-//!
-//! The same loss happens without a restart when Redis evicts keys under memory pressure.
-//! Run lock instances with `maxmemory-policy noeviction` (writes then fail loudly when
-//! memory is full). `volatile-*` policies never evict a fence counter (it has no TTL), but
-//! they may evict a held lock key, which breaks mutual exclusion for that key; `allkeys-*`
-//! policies may evict both.
+//! Redlock's safety rests on bounded pauses, bounded network delay and bounded clock drift,
+//! and on nodes that keep their keys; the crate's README (Redlock's limits) says what breaks
+//! it and what the fence still keeps. Run lock nodes with persistence and
+//! `maxmemory-policy noeviction`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,11 +52,12 @@ use tokio::time::{Instant, timeout};
 
 use crate::backend::{Attempt, Backend, LockState, Renewal, Unlock};
 use crate::error::{Error, Result};
-use crate::fenced::Fence;
-use crate::keys::{fence_key, release_channel};
+use crate::fence::Fence;
 use crate::options::LockOptions;
-use crate::redis_node::{check_versions, parse_fence};
-use crate::scripts::{ACQUIRE, ADVANCE_FENCE, FORCE_UNLOCK, INSPECT, RAISE_FENCE, RELEASE, RENEW};
+use crate::redis::scripts::{
+    ACQUIRE, ADVANCE_FENCE, FORCE_UNLOCK, INSPECT, RAISE_FENCE, RELEASE, RENEW,
+};
+use crate::redis::{check_versions, fence_key, parse_fence, release_channel};
 use crate::token::Token;
 
 /// A lock over several independent Redis masters: a [`Backend`]. Cheap to clone.
@@ -213,7 +200,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Redlock<C> {
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
     fn check_key(&self, key: &str) -> Result<()> {
-        crate::keys::check(key)
+        crate::redis::check_key(key)
     }
 
     /// The ttl must leave validity after the drift and two rounds (acquire, then the fence

@@ -107,7 +107,7 @@ impl SentinelConnection {
     /// connect to it, with the defaults of [`builder`](Self::builder).
     ///
     /// # Errors
-    /// [`Error::Redis`](crate::Error::Redis) when no Sentinel answers, none knows `service`,
+    /// [`Error::Backend`](crate::Error::Backend) when no Sentinel answers, none knows `service`,
     /// or the primary cannot be reached.
     pub async fn connect<T: IntoConnectionInfo>(sentinels: Vec<T>, service: &str) -> Result<Self> {
         Self::builder(sentinels, service)?.connect().await
@@ -116,7 +116,7 @@ impl SentinelConnection {
     /// A builder for a connection to the primary named `service` through `sentinels`.
     ///
     /// # Errors
-    /// [`Error::Redis`](crate::Error::Redis) for an invalid Sentinel address, or none.
+    /// [`Error::Backend`](crate::Error::Backend) for an invalid Sentinel address, or none.
     pub fn builder<T: IntoConnectionInfo>(
         sentinels: Vec<T>,
         service: &str,

@@ -61,7 +61,7 @@ impl ReleaseSignals {
     /// protocol is replaced with RESP3, which subscriptions need here).
     ///
     /// # Errors
-    /// [`Error::Redis`](crate::Error::Redis) when Redis cannot be reached.
+    /// [`Error::Backend`](crate::Error::Backend) when Redis cannot be reached.
     pub async fn connect(client: &redis::Client) -> Result<Self> {
         let info = client.get_connection_info().clone();
         let settings = info

@@ -64,9 +64,9 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 use zookeeper_client as zk;
 
-use crate::backend::{Attempt, Backend, LockState, Renewal, Turn, Unlock};
+use crate::backend::{Attempt, Backend, LockState, Protocol, Renewal, Turn, Unlock};
 use crate::error::{Error, Result};
-use crate::fenced::Fence;
+use crate::fence::Fence;
 use crate::keys;
 use crate::options::LockOptions;
 use crate::token::Token;
@@ -240,7 +240,7 @@ impl ZkLockBuilder {
     ///
     /// # Errors
     /// [`Error::InvalidOptions`] for a root ZooKeeper would refuse, or a zero request
-    /// timeout; [`Error::ZooKeeper`] when no session can be opened.
+    /// timeout; [`Error::Backend`] when no session can be opened.
     pub async fn connect(self) -> Result<ZkLock> {
         let root = self.root.trim_end_matches('/').to_owned();
         if let Some(why) = root_problem(&root) {
@@ -343,7 +343,7 @@ impl ZkLock {
     /// Open a session on `cluster` with the default settings.
     ///
     /// # Errors
-    /// [`Error::ZooKeeper`] when no session can be opened.
+    /// [`Error::Backend`] when no session can be opened.
     pub async fn connect(cluster: impl Into<String>) -> Result<Self> {
         Self::builder(cluster).connect().await
     }
@@ -398,7 +398,7 @@ impl ZkLock {
     {
         let client = self.client().await?;
         match step(client.clone()).await {
-            Err(Error::ZooKeeper(zk::Error::SessionExpired | zk::Error::ClientClosed)) => {
+            Err(error) if session_ended(&error) => {
                 self.replace(&client).await?;
                 step(self.client().await?).await
             }
@@ -417,7 +417,7 @@ impl ZkLock {
             .runtime
             .spawn(async move { lock.replace_now(failed).await })
             .await
-            .unwrap_or(Err(Error::ZooKeeper(zk::Error::ClientClosed)))
+            .unwrap_or(Err(zk::Error::ClientClosed.into()))
     }
 
     async fn replace_now(&self, failed: zk::SessionId) -> Result<()> {
@@ -854,9 +854,23 @@ fn fence_of(czxid: i64) -> Fence {
 /// request timed out), rather than saying the session is over.
 fn transient(error: &Error) -> bool {
     matches!(
-        error,
-        Error::ZooKeeper(zk::Error::ConnectionLoss | zk::Error::Timeout)
+        error.backend_source(),
+        Some(zk::Error::ConnectionLoss | zk::Error::Timeout)
     )
+}
+
+/// Whether `error` says the session is over (expired, or its client closed).
+fn session_ended(error: &Error) -> bool {
+    matches!(
+        error.backend_source(),
+        Some(zk::Error::SessionExpired | zk::Error::ClientClosed)
+    )
+}
+
+impl From<zk::Error> for Error {
+    fn from(error: zk::Error) -> Self {
+        Error::backend("zookeeper", error)
+    }
 }
 
 fn lost_place(key: &str, why: &'static str) -> Error {
@@ -885,8 +899,8 @@ impl Backend for ZkLock {
         self.check_ttl(options.ttl())
     }
 
-    fn waits_in_line(&self) -> bool {
-        true
+    fn protocol(&self) -> Protocol {
+        Protocol::Queue
     }
 
     /// Create our node, then look at the line: the head holds; anyone else gives its node
@@ -1104,7 +1118,7 @@ impl ZkLock {
                     tracing::debug!(%key, %error, "ZooKeeper unreachable while waiting in line; trying again");
                     sleep(RETRY_AFTER).await;
                 }
-                Err(Error::ZooKeeper(zk::Error::SessionExpired | zk::Error::ClientClosed)) => {
+                Err(error) if session_ended(&error) => {
                     return Err(lost_place(
                         key,
                         "the ZooKeeper session ended, and our node with it",
@@ -1166,7 +1180,7 @@ impl ZkLock {
         // fire it: the client sets the watch again on the next server.
         let event = watcher.changed().await;
         if event.session_state.is_terminated() {
-            return Err(Error::ZooKeeper(zk::Error::SessionExpired));
+            return Err(zk::Error::SessionExpired.into());
         }
         if event.event_type == zk::EventType::NodeDeleted {
             self.inner.wake_ups.fetch_add(1, Ordering::Relaxed);

@@ -3,9 +3,8 @@
 
 use std::time::Duration;
 
-use distlock::{
-    Attempt, Backend, Error, Fence, LockOptions, Locker, Renewal, Result, Token, Unlock,
-};
+use distlock::backend::{Attempt, Renewal, Token, Unlock};
+use distlock::{Backend, Error, Fence, LockOptions, Locker, Result};
 
 /// A backend whose every step panics, as a buggy third-party one might.
 struct Panicking;

@@ -40,7 +40,7 @@ async fn the_lock_works_through_a_cluster_with_both_keys_in_one_slot() {
 
     for id in 1..=20 {
         let key = format!("lock_sale_{id}");
-        let fence_key = distlock::keys::fence_key(&key).unwrap();
+        let fence_key = distlock::redis::fence_key(&key).unwrap();
         assert_eq!(
             keyslot(&mut conn, &key).await,
             keyslot(&mut conn, &fence_key).await,

@@ -12,9 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use distlock::{
-    Attempt, Backend, Error, Fence, LockLost, LockOptions, ReleaseOutcome, Token, Unlock,
-};
+use distlock::backend::{Attempt, Token, Unlock};
+use distlock::{Backend, Error, Fence, LockLost, LockOptions, ReleaseOutcome};
 use support::*;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
@@ -200,9 +199,8 @@ async fn fences_follow_the_order_in_which_contending_holders_held_the_lock<H: Ha
     }
 }
 
-async fn the_same_owner_reenters_and_the_lock_goes_when_the_count_returns_to_zero<H: Harness>(
-    h: H,
-) {
+/// The same owner reenters and the lock goes when the count returns to zero.
+async fn reentrant_owner_releases_the_lock_when_its_count_reaches_zero<H: Harness>(h: H) {
     // Arrange
     let key = h.key("reentrant");
     let locker = locker(h.backend().await, patient());
@@ -385,9 +383,8 @@ async fn an_endless_wait_gets_the_lock_once_the_holder_releases_it<H: Harness>(h
     assert!(fence > holder_fence);
 }
 
-async fn the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_release<H: Harness>(
-    h: H,
-) {
+/// The watchdog keeps the lock through several ttls and stops after release.
+async fn watchdog_keeps_the_lock_for_several_ttls_and_stops_at_release<H: Harness>(h: H) {
     // Arrange: ttl 3 s, renewed every second.
     // TIMING: a renewal may come a second late (a busy machine, a backend's slow answer)
     // and still land within the lease; without a watchdog the lock would go at 3 s, a third
@@ -1022,14 +1019,14 @@ suite!(
     a_stale_guards_release_does_not_delete_the_next_holders_lock,
     fences_strictly_increase_across_holders_and_a_deleted_lock,
     fences_follow_the_order_in_which_contending_holders_held_the_lock,
-    the_same_owner_reenters_and_the_lock_goes_when_the_count_returns_to_zero,
+    reentrant_owner_releases_the_lock_when_its_count_reaches_zero,
     plain_acquisitions_are_not_reentrant,
     try_acquire_returns_at_once_when_the_lock_is_held,
     acquire_gives_up_at_its_deadline,
     acquire_gets_the_lock_once_the_holder_releases_it,
     an_acquisition_that_had_to_wait_says_it_was_contended,
     an_endless_wait_gets_the_lock_once_the_holder_releases_it,
-    the_watchdog_keeps_the_lock_through_several_ttls_and_stops_after_release,
+    watchdog_keeps_the_lock_for_several_ttls_and_stops_at_release,
     a_dropped_guard_releases_the_lock,
     a_dropped_guard_stops_its_watchdog,
     a_dropped_reentrant_guard_counts_down_and_the_last_one_releases,
@@ -1053,6 +1050,7 @@ suite!(
     acquire_with_takes_the_lease_and_wait_of_the_call_not_the_lockers,
 );
 
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
 /// A store that keeps its own line of waiters, and counts the watches that woke them.
 trait LineHarness: Harness {
     /// Watches that woke a waiter of `backend` so far.
@@ -1076,6 +1074,7 @@ impl LineHarness for support::EtcdHarness {
 /// Line up `n` waiters behind a holder, one process each, each joining only once the one
 /// before it is in line; answers the holder, and the waiters' tasks (each answers when it
 /// got the lock, as a place in the order of holds) with their backends.
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
 async fn line_up<H: LineHarness>(
     h: &H,
     key: &str,
@@ -1120,6 +1119,7 @@ async fn line_up<H: LineHarness>(
     (holder, waiters)
 }
 
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
 async fn the_lock_is_granted_in_arrival_order_whichever_process_asked<H: LineHarness>(h: H) {
     // Arrange: a holder, and five processes that ask one after another.
     let key = h.key("arrival-order");
@@ -1146,6 +1146,7 @@ async fn the_lock_is_granted_in_arrival_order_whichever_process_asked<H: LineHar
     );
 }
 
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
 async fn a_release_wakes_only_the_next_waiter<H: LineHarness>(h: H) {
     // Arrange: a holder and five waiters, none woken yet.
     let key = h.key("no-herd");

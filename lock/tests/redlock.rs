@@ -148,7 +148,7 @@ async fn a_lost_minority_does_not_let_a_second_holder_in() {
 async fn fences_keep_growing_when_the_majority_changes() {
     // Arrange: node 0's counter is far ahead of the others (and of the clock).
     let mut cluster = RedlockHarness::start(3).await;
-    let fence_key = distlock::keys::fence_key("k").unwrap();
+    let fence_key = distlock::redis::fence_key("k").unwrap();
     let ahead: u64 = 1 << 61;
     let _: () = redis::cmd("SET")
         .arg(&fence_key)
@@ -356,8 +356,9 @@ async fn masters_restarted_empty_still_hand_out_larger_fences() {
     assert!(after.release().await.unwrap().was_held());
 }
 
+/// A master that comes back with its counter behind still gives a larger fence.
 #[tokio::test]
-async fn a_master_that_comes_back_with_its_counter_behind_still_gives_a_larger_fence() {
+async fn a_master_whose_counter_went_back_still_gives_a_larger_fence() {
     // Arrange: A takes a fence over three masters and gives the lock back; then every master
     // comes back with its counter one step behind A's fence (each failed over to a replica
     // that missed A's acquisition).
@@ -368,7 +369,7 @@ async fn a_master_that_comes_back_with_its_counter_behind_still_gives_a_larger_f
     assert!(a.release().await.unwrap().was_held());
     for conn in masters.conns() {
         redis::cmd("SET")
-            .arg(distlock::keys::fence_key("lock_sale_1").unwrap())
+            .arg(distlock::redis::fence_key("lock_sale_1").unwrap())
             .arg(a_fence.get() - 1)
             .exec_async(&mut conn.clone())
             .await

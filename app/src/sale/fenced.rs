@@ -71,11 +71,16 @@ const MAX_ATTEMPTS: usize = 4;
 
 /// Map a lock error to the purchase's answer.
 pub(crate) fn lock_failed(error: LockError) -> PurchaseError {
-    match error {
-        LockError::Timeout { .. } => PurchaseError::Busy,
-        LockError::Redis(error) => PurchaseError::Redis(error.into()),
-        LockError::Postgres(error) => PurchaseError::Database(error.into()),
-        other => PurchaseError::LockService(other.into()),
+    if let LockError::Timeout { .. } = error {
+        return PurchaseError::Busy;
+    }
+    let error = match error.into_backend_source::<redis::RedisError>() {
+        Ok(redis) => return PurchaseError::Redis(redis.into()),
+        Err(other) => other,
+    };
+    match error.into_backend_source::<sqlx::Error>() {
+        Ok(database) => PurchaseError::Database(database.into()),
+        Err(other) => PurchaseError::LockService(other.into()),
     }
 }
 

@@ -222,7 +222,7 @@ async fn terminate_backends(
 }
 
 /// The Redis keys of the product's lock: the lock and its fence counter
-/// (`distlock::keys`).
+/// (`distlock::redis`).
 struct LockKeys {
     lock: String,
     fence: String,
@@ -248,7 +248,7 @@ impl LockKeys {
     fn of(product_id: i64) -> anyhow::Result<Self> {
         // The service's lock key: `<REDIS_KEY_PREFIX>lock_sale_<id>`.
         let lock = format!("{KEY_PREFIX}lock_sale_{product_id}");
-        let fence = distlock::keys::fence_key(&lock)?;
+        let fence = distlock::redis::fence_key(&lock)?;
         Ok(Self { lock, fence })
     }
 

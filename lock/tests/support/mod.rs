@@ -455,7 +455,7 @@ impl ZkHarness {
     }
 
     fn lock_node(key: &str) -> String {
-        format!("{}/{key}", distlock::ZK_DEFAULT_ROOT)
+        format!("{}/{key}", distlock::zookeeper::DEFAULT_ROOT)
     }
 
     /// The lock's contender nodes, lowest sequence first.
@@ -608,7 +608,7 @@ impl EtcdHarness {
     }
 
     fn line_prefix(key: &str) -> String {
-        format!("{}{key}/", distlock::ETCD_DEFAULT_PREFIX)
+        format!("{}{key}/", distlock::etcd::DEFAULT_PREFIX)
     }
 
     /// The lock's contender keys, first created first.
@@ -890,7 +890,7 @@ pub async fn zk_contenders(connect_string: &str, key: &str) -> Vec<String> {
     let client = zookeeper_client::Client::connect(connect_string)
         .await
         .expect("a session to look at the line");
-    let lock_node = format!("{}/{key}", distlock::ZK_DEFAULT_ROOT);
+    let lock_node = format!("{}/{key}", distlock::zookeeper::DEFAULT_ROOT);
     match client.list_children(&lock_node).await {
         Ok(children) => children,
         Err(zookeeper_client::Error::NoNode) => Vec::new(),
@@ -927,7 +927,7 @@ pub async fn etcd_client(endpoint: &str) -> etcd_client::Client {
 /// once sends some requests to a member that is down, and they fail).
 #[cfg(feature = "etcd")]
 pub async fn etcd_line(endpoints: &[String], key: &str) -> Vec<EtcdContender> {
-    let prefix = format!("{}{key}/", distlock::ETCD_DEFAULT_PREFIX);
+    let prefix = format!("{}{key}/", distlock::etcd::DEFAULT_PREFIX);
     let in_order = etcd_client::GetOptions::new()
         .with_prefix()
         .with_sort(

@@ -1,9 +1,9 @@
-//! The lock on one Redis: every step is one Lua script from [`scripts`](crate::scripts).
+//! The lock on one Redis: every step is one Lua script from `scripts`.
 //!
 //! Implemented for every [`ConnectionLike`] that can be cloned: a
 //! [`ConnectionManager`](redis::aio::ConnectionManager) (reconnects after a restart), a
 //! `MultiplexedConnection`, or a Redis Cluster connection. Every script touches only the
-//! lock key and its fence key, which [`fence_key`](crate::fence_key) puts in one slot, so
+//! lock key and its fence key, which [`fence_key`] puts in one slot, so
 //! each lock lives on one cluster node.
 
 use std::time::Duration;
@@ -13,11 +13,22 @@ use redis::{ErrorKind, RedisError};
 
 use crate::backend::{Attempt, Backend, LockState, Renewal, Unlock};
 use crate::error::{Error, Result};
-use crate::fenced::Fence;
-use crate::keys::{fence_key, release_channel};
+use crate::fence::Fence;
 use crate::options::LockOptions;
-use crate::scripts::{ACQUIRE, ADVANCE_FENCE, FORCE_UNLOCK, INSPECT, RELEASE, RENEW};
 use crate::token::Token;
+use scripts::{ACQUIRE, ADVANCE_FENCE, FORCE_UNLOCK, INSPECT, RELEASE, RENEW};
+
+mod keys;
+pub(crate) mod scripts;
+
+pub(crate) use keys::check as check_key;
+pub use keys::{fence_key, release_channel};
+
+impl From<RedisError> for Error {
+    fn from(error: RedisError) -> Self {
+        Error::backend("redis", error)
+    }
+}
 
 /// The oldest Redis the lock runs on: `SET ... NX PX ... GET` came with 7.0.
 pub(crate) const OLDEST_REDIS: (u32, u32) = (7, 0);
@@ -27,7 +38,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn check_key(&self, key: &str) -> Result<()> {
-        crate::keys::check(key)
+        check_key(key)
     }
 
     /// Any option: `WAIT` works on a Redis with replicas (and answers 0 without any).
@@ -213,7 +224,7 @@ fn too_old(error: RedisError) -> Error {
     error.into()
 }
 
-/// A fence as a script returns it: a decimal string (see [`scripts`](crate::scripts)).
+/// A fence as a script returns it: a decimal string (see [`scripts`]).
 pub(crate) fn parse_fence(value: &str) -> Result<Fence> {
     match value.parse::<u64>() {
         Ok(fence) if fence > 0 && fence <= Fence::MAX => Ok(Fence(fence)),

@@ -1,8 +1,5 @@
-//! [`Fence`], the number a store checks to refuse a stale holder, and [`FencedGuard`], what
-//! code that writes under a lock needs whichever backend holds it.
-
-use crate::error::Result;
-use crate::guard::ReleaseOutcome;
+//! [`Fence`], the number a store checks to refuse a stale holder. A leaf: the backends hand
+//! fences out, the guard carries one, and neither needs the other to name it.
 
 /// A fencing token: a number that grows with every successful acquisition of one key.
 ///
@@ -27,15 +24,11 @@ use crate::guard::ReleaseOutcome;
 /// statement, at the cost of one more row version per write.)
 ///
 /// # Where fences come from
-/// On Redis, the counter is a key without a TTL (`{key}:fence`, see
-/// [`keys::fence_key`](crate::keys::fence_key)), and every acquisition takes
-/// `max(INCR, TIME in microseconds)`: every fence is above the server's clock at its
-/// acquisition. A Redis that loses the counter, or comes back with it behind (a restart
-/// without persistence, an eviction, a failover to a replica that had not received the last
-/// acquisitions, a restore from an older snapshot), therefore still hands out a fence above
-/// every one it handed out before, as long as the Redis hosts' clocks do not step back and
-/// one key is not acquired more than once per microsecond on average. On PostgreSQL ([`PgLockTable`](crate::PgLockTable)), the counter is a row
-/// that outlives the lock row and is as durable as the database.
+/// Redis: a counter key without a TTL ([`redis::fence_key`](crate::redis::fence_key)), each
+/// acquisition taking `max(INCR, the server's clock in microseconds)`, so a counter lost or
+/// set back still hands out larger fences (the crate doc's timing assumptions say when).
+/// PostgreSQL: a counter row that outlives the lock row. ZooKeeper and etcd: the number the
+/// server gives the holder's node or key (a zxid, a create revision).
 ///
 /// A store that refuses a fence cannot tell a stale holder from a counter that went back
 /// (say, after someone reset it by hand); the holder can, with
@@ -70,24 +63,4 @@ impl std::fmt::Display for Fence {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.0.fmt(f)
     }
-}
-
-/// A held lock whose writes carry a fence: implemented by
-/// [`LockGuard`](crate::LockGuard) for every backend, so code that writes under the lock can
-/// be generic over how it was taken.
-pub trait FencedGuard: Send + Sync {
-    /// The locked key.
-    fn key(&self) -> &str;
-    /// The fence to send with every write.
-    fn fence(&self) -> Fence;
-    /// Whether the lease is still known to be ours.
-    fn is_held(&self) -> bool;
-    /// Lease renewals done so far.
-    fn renewals(&self) -> u64;
-    /// Take a fence above `seen`, only while still holding the lock.
-    fn advance_fence(&self, seen: Fence) -> impl Future<Output = Result<Fence>> + Send;
-    /// Give the lock back, and say how it ended.
-    fn release(self) -> impl Future<Output = Result<ReleaseOutcome>> + Send
-    where
-        Self: Sized;
 }
