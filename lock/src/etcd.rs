@@ -965,12 +965,15 @@ impl Backend for EtcdLock {
         // The watch of `before`, and the member it was made on.
         let mut watch: Option<(etcd::WatchStream, usize)> = None;
         loop {
+            // Whether this round kept the lease alive before its read.
+            let mut kept_alive = false;
             if Instant::now() >= keep_alive_at {
                 let sent = Instant::now();
                 match self.keep_alive(lease).await {
                     Ok(true) => {
                         proven_at = sent;
                         keep_alive_at = sent + every;
+                        kept_alive = true;
                     }
                     Ok(false) => return Err(lost("our etcd lease ran out while we waited")),
                     Err(error) if unreachable(&error) => {
@@ -1014,7 +1017,10 @@ impl Backend for EtcdLock {
                 // TIMING: the holder's lease is counted from the last keep-alive (or the
                 // grant); one older than a renewal period (after a wait through faults) is
                 // proven again first, so that the guard starts with two thirds of a lease.
-                if Instant::now() >= proven_at + every {
+                // A read sent after this round's keep-alive is proof enough, however long
+                // the two took: asking for a fresher one would loop for ever on a member
+                // slower than that.
+                if !kept_alive && Instant::now() >= proven_at + every {
                     // Due now: the top of the loop keeps the lease alive, and only a read
                     // after that can hand us the lock. A keep-alive proves the lease, not
                     // the key: our key deleted between the read above and the keep-alive

@@ -786,10 +786,63 @@ async fn a_waiter_whose_key_is_deleted_after_the_read_that_put_it_first_does_not
     assert!(etcd_leases(&server.endpoint()).await.is_empty());
 }
 
+/// W waits in line behind A through a member so slow that a keep-alive and a read together
+/// take longer than W's keep-alive period (a third of its ttl). When A releases, W heads
+/// the line with a proof older than that period: it keeps its lease alive and reads the
+/// line again, and that read, sent after the keep-alive, is proof enough. (It used to ask
+/// for a fresher proof, and keep alive and read for ever, its lease alive, holding up
+/// everyone behind it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_head_of_the_line_takes_its_turn_through_a_slow_member() {
+    // Arrange: A holds the lock; W waits in line behind it, through a proxy that slows
+    // every answer by 300 ms, with a 1.2 s ttl (a keep-alive every 400 ms) and a request
+    // timeout no answer comes near.
+    // TIMING: a keep-alive and then a read take at least 600 ms through the proxy, more
+    // than W's 400 ms keep-alive period; etcd grants W a lease of at least 2 s (its
+    // minimum), which W's keep-alives, one every loop, renew in time.
+    let server = start_server().await;
+    let endpoints = vec![server.endpoint()];
+    let a = process(&endpoints, options(LONG_TTL, Duration::from_secs(30))).await;
+    let held = a.acquire(KEY).await.unwrap();
+    let slow = AnswerHold::start(server.port());
+    slow.delay_answers(ms(300));
+    let w = EtcdLock::builder([slow.endpoint()])
+        .request_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .unwrap();
+    let token = Token::new();
+    let in_line = {
+        let (w, token) = (w.clone(), token.clone());
+        tokio::spawn(async move { w.lock_in_line(KEY, &token, ms(1_200)).await })
+    };
+    until_waiting(&endpoints, 1, JOINS_WITHIN).await;
+    let w_place = etcd_line(&endpoints, KEY).await[1].clone();
+    // TIMING: W's join is answered, then its first keep-alive and read (about a second
+    // through the proxy): by then W has found A before it, and watches A's key.
+    sleep(Duration::from_secs(3)).await;
+    assert!(!in_line.is_finished(), "W's wait ended before A released");
+
+    // Act: A releases.
+    assert!(held.release().await.unwrap().was_held());
+    // TIMING: a few slow round trips: W's watch fires, it reads, keeps alive and reads.
+    let turn = within(Duration::from_secs(10), "W's turn came", in_line)
+        .await
+        .unwrap()
+        .expect("W's wait in line failed");
+
+    // Assert: W holds with the place it joined at, after waiting; its release frees the line.
+    assert_eq!(turn.fence, Fence::new(w_place.revision as u64));
+    assert!(turn.waited);
+    assert_eq!(w.wake_ups(), 1, "W's wake-ups");
+    assert_eq!(w.unlock(KEY, &token).await.unwrap(), Unlock::Released);
+    assert!(etcd_line(&endpoints, KEY).await.is_empty());
+}
+
 /// A TCP forwarder in front of one etcd member that can hold back the member's answers, as
 /// a network that loses them would: the requests reach etcd and are applied, and the
-/// client's own timeout gives up on the answer. Every connection through it is closed on
-/// drop.
+/// client's own timeout gives up on the answer. It can also slow every answer, as a slow
+/// member (or a slow link to it) would. Every connection through it is closed on drop.
 struct AnswerHold {
     port: u16,
     shared: Arc<HoldState>,
@@ -803,6 +856,8 @@ struct HoldState {
     marker: Mutex<Option<Vec<u8>>>,
     /// Some answer was held.
     held: AtomicBool,
+    /// How long each answer waits in the forwarder before it goes on.
+    delay: Mutex<Duration>,
     /// Set on drop: the threads end.
     stopped: AtomicBool,
     /// Both ends of every connection, to close them on drop.
@@ -859,6 +914,11 @@ impl AnswerHold {
         *self.shared.marker.lock().unwrap() = Some(marker.as_bytes().to_vec());
     }
 
+    /// Slow every answer from now on by `delay`.
+    fn delay_answers(&self, delay: Duration) {
+        *self.shared.delay.lock().unwrap() = delay;
+    }
+
     /// Let the answers go on.
     fn release(&self) {
         self.shared.holding.store(false, Ordering::SeqCst);
@@ -907,20 +967,37 @@ impl HoldState {
         let _ = from.shutdown(Shutdown::Both);
     }
 
-    /// Server to client: each read waits here while answers are held.
+    /// Server to client: each answer goes on `delay` after it came (a reader thread stamps
+    /// it, so that a slow member adds latency, not a queue), and waits here while answers
+    /// are held.
     fn forward_answers(&self, mut from: TcpStream, mut to: TcpStream) {
-        let mut buf = [0u8; 16 * 1024];
-        while let Ok(n @ 1..) = from.read(&mut buf) {
-            while self.holding.load(Ordering::SeqCst) && !self.stopped.load(Ordering::SeqCst) {
-                self.held.store(true, Ordering::SeqCst);
-                std::thread::sleep(ms(5));
+        let (stamped, due) = std::sync::mpsc::channel::<(std::time::Instant, Vec<u8>)>();
+        let Ok(closing) = from.try_clone() else {
+            return;
+        };
+        std::thread::scope(|scope| {
+            scope.spawn(move || {
+                let mut buf = [0u8; 16 * 1024];
+                while let Ok(n @ 1..) = from.read(&mut buf) {
+                    let at = std::time::Instant::now() + *self.delay.lock().unwrap();
+                    if stamped.send((at, buf[..n].to_vec())).is_err() {
+                        break;
+                    }
+                }
+            });
+            for (at, answer) in due {
+                std::thread::sleep(at.saturating_duration_since(std::time::Instant::now()));
+                while self.holding.load(Ordering::SeqCst) && !self.stopped.load(Ordering::SeqCst) {
+                    self.held.store(true, Ordering::SeqCst);
+                    std::thread::sleep(ms(5));
+                }
+                if to.write_all(&answer).is_err() {
+                    break;
+                }
             }
-            if to.write_all(&buf[..n]).is_err() {
-                break;
-            }
-        }
-        let _ = to.shutdown(Shutdown::Both);
-        let _ = from.shutdown(Shutdown::Both);
+            let _ = to.shutdown(Shutdown::Both);
+            let _ = closing.shutdown(Shutdown::Both);
+        });
     }
 }
 
