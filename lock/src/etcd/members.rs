@@ -1,6 +1,24 @@
 //! The members of the cluster: one client each, asked one at a time, and the failover from
 //! a member that cannot answer to the next ([`EtcdLock::call`]). Also what the errors of
-//! etcd's client say: which ones mean "ask another member".
+//! etcd's client say: which ones mean "ask another member" ([`unreachable()`]).
+//!
+//! Why a step may go to another member, or twice to one: every step of this backend may
+//! run twice (see [`Backend`](crate::backend::Backend)), so one whose answer was lost with
+//! its member may go to another, or again to the same: a grant sent again finds its lease
+//! there (ids are ours), a join finds its key, a delete or revoke finds nothing left to do,
+//! a read or keep-alive is harmless. A member that failed without timing out is asked once
+//! more before the next, because its client hands a request the error of an earlier
+//! connection attempt whose own request was given up meanwhile (tonic's reconnect keeps
+//! that error for the next request): after a member came back, its first answer can be the
+//! failure of a connection made while it was away. A member that timed out is not asked
+//! again: that would cost another timeout.
+//!
+//! Why each request runs in a task of its own ([`EtcdLock::ask`]): the task moves the
+//! member in use on even when the caller has given up meanwhile (a renewal the watchdog
+//! cancels at the end of its lease, a wait dropped at its deadline, a readiness probe under
+//! a timeout no longer than ours: the service's `/readyz` gives `inspect` 1 s, the default
+//! request timeout). Otherwise a caller that gives up first would leave the member in use
+//! on the hung member, and every later step would start there again.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -38,18 +56,8 @@ pub(super) fn client_options(timeout: Duration) -> etcd::ConnectOptions {
 
 impl EtcdLock {
     /// Send `request` to the member in use; if it cannot be reached ([`unreachable()`]), to
-    /// the next, until every member was tried. Every step of this backend may run twice
-    /// (see [`Backend`](crate::backend::Backend)), so one whose answer was lost with its member may go to another,
-    /// or again to the same: a grant sent again finds its lease there (ids are ours), a
-    /// join finds its key, a delete or revoke finds nothing left to do, a read or
-    /// keep-alive is harmless.
-    ///
-    /// A member that failed without timing out is asked once more before the next: its
-    /// client hands a request the error of an earlier connection attempt whose own request
-    /// was given up meanwhile (tonic's reconnect keeps that error for the next request), so
-    /// after a member came back, its first answer can be the failure of a connection made
-    /// while it was away. A member that timed out is not asked again: that would cost
-    /// another timeout.
+    /// the next, until every member was tried (a member that failed without timing out is
+    /// asked twice). Answers the first answer that is not such a failure, or the last error.
     pub(super) async fn call<T, F, Fut>(&self, request: F) -> Result<T, etcd::Error>
     where
         F: Fn(etcd::Client) -> Fut,
@@ -82,16 +90,9 @@ impl EtcdLock {
 
     /// `request` to member `at`, bounded by the request timeout. If the member does not
     /// answer in time, or fails on our `last_try` of it, `current` moves on to the next
-    /// member before anything else is tried, so that the steps after this one start there
-    /// (unless a step has moved it already: its news is as new).
-    ///
-    /// The request runs in a task of its own, which moves `current` even when the caller
-    /// has given up meanwhile: a renewal the watchdog cancels at the end of its lease, a
-    /// wait dropped at its deadline, or a readiness probe under a timeout no longer than
-    /// ours (the service's `/readyz` gives `inspect` 1 s, the default request timeout). A
-    /// caller that gives up before the member has had its request timeout would otherwise
-    /// leave `current` on the hung member, and every later step would start there again.
-    /// The task ends within the request timeout; it sends nothing more.
+    /// member (unless a step has moved it already: its news is as new), so that the steps
+    /// after this one start there. The request runs in a task of its own, which ends within
+    /// the request timeout and sends nothing more.
     async fn ask<T, Fut>(&self, at: usize, last_try: bool, request: Fut) -> Result<T, etcd::Error>
     where
         Fut: Future<Output = Result<T, etcd::Error>> + Send + 'static,

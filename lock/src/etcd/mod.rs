@@ -193,16 +193,11 @@ impl EtcdLock {
 
     /// Connect to the cluster at `endpoints` (`http://host:port`) with the default request
     /// timeout (1 s; [`builder`](Self::builder) sets another): a client for each member,
-    /// used one at a time.
-    ///
-    /// Each request waits at most the request timeout for its member. A member that does
-    /// not answer in time (hung: stopped, or black-holed with its connection up), cannot be
-    /// reached, or has no leader is passed over at once: the step goes to the next member,
-    /// and so do the steps after it, until every member was tried. A hung member thus costs
-    /// one request timeout, once, and not one per step. With more than one member,
-    /// [`Locker::new`](crate::Locker::new) refuses a ttl that leaves a renewal (or a waiter's
-    /// keep-alive) less than two request timeouts: one to give up on a hung member, one for
-    /// another to answer.
+    /// used one at a time. A member that does not answer within the request timeout
+    /// (hung), cannot be reached, or has no leader is passed over at once, for this step
+    /// and the ones after it: a hung member costs one request timeout, once. With more than
+    /// one member, [`Locker::new`](crate::Locker::new) refuses a ttl that leaves a renewal
+    /// less than two request timeouts (one to give up on a hung member, one for another).
     ///
     /// # Errors
     /// [`Error::Etcd`] for an endpoint that is not a URL, or none at all.

@@ -178,12 +178,11 @@ impl<'a> Waiter<'a> {
     ///
     /// TIMING: the holder's lease is counted from the last keep-alive (or the grant); one
     /// older than a renewal period (after a wait through faults) is proven again first, so
-    /// that the guard starts with two thirds of a lease. A keep-alive proves the lease, not
-    /// the key: our key deleted between the read and the keep-alive (its lease living on)
-    /// would be a turn for a key that is gone, while the waiter behind us, woken by that
-    /// delete, takes the lock too; so only a read after it hands us the lock. A read sent
-    /// after this round's keep-alive is proof enough, however long the two took: asking for
-    /// a fresher one would loop for ever on a member slower than that.
+    /// that the guard starts with two thirds of a lease. Only a read after the keep-alive
+    /// hands us the lock: a keep-alive proves the lease, not the key (our key deleted, its
+    /// lease living on, would be a turn for a key that is gone, while the waiter behind us,
+    /// woken by that delete, takes the lock too). That read is proof enough, however long
+    /// the two took: asking for a fresher one loops for ever on a slow member.
     pub(super) fn turn(&mut self, kept_alive: bool) -> Option<Turn> {
         if !kept_alive && Instant::now() >= self.proven_at + self.every {
             self.keep_alive_at = Instant::now();
