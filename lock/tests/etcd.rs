@@ -146,9 +146,11 @@ async fn assert_still_waiting(waiter: &mut Waiting, when: &str) {
     }
 }
 
+/// The server dies under a holder: the holder is told within its lease, and another process
+/// that wants the lock all along gets it only after that (once the server is back and the
+/// holder's lease is over), with a larger fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_holder_is_told_within_its_lease_when_the_server_dies_and_nobody_gets_the_lock_before()
-{
+async fn a_holder_is_told_within_its_lease_when_the_server_dies() {
     // Arrange: A holds the lock on a 3 s lease; B is another process that wants it.
     let mut server = start_server().await;
     let endpoints = vec![server.endpoint()];
@@ -191,9 +193,11 @@ async fn the_holder_is_told_within_its_lease_when_the_server_dies_and_nobody_get
     drop(server);
 }
 
+/// etcd is killed and started again while a waiter waits in line: the waiter keeps its
+/// place (its watch breaks, its reads are refused), and gets the lock with that place when
+/// the holder releases, woken once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_keeps_its_place_through_a_restart_of_etcd_and_gets_the_lock_when_the_holder_releases()
- {
+async fn a_waiter_keeps_its_place_through_a_restart_of_etcd() {
     // Arrange: A holds the lock; B waits in line behind it.
     let server = start_server().await;
     let endpoints = vec![server.endpoint()];
@@ -233,8 +237,11 @@ async fn a_waiter_keeps_its_place_through_a_restart_of_etcd_and_gets_the_lock_wh
     drop(server);
 }
 
+/// A cluster of three; the member a waiter talks to dies: the waiter keeps its place, and
+/// its lease alive through another member past the lease's end, and gets the lock with that
+/// place when the holder releases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_keeps_its_place_and_its_lease_when_the_member_it_talks_to_dies() {
+async fn a_waiter_keeps_its_place_when_the_member_it_talks_to_dies() {
     // Arrange: a cluster of three; A holds the lock; B waits in line, talking to a follower
     // (its first endpoint), on a lease it must keep alive past the kill.
     let cluster = start_cluster(3).await;
@@ -280,8 +287,11 @@ async fn a_waiter_keeps_its_place_and_its_lease_when_the_member_it_talks_to_dies
     drop(cluster);
 }
 
+/// The leader of a cluster of three dies under a holder: the lock lives through the
+/// survivors' election and still excludes another process (told it is held, not that etcd
+/// is out of reach); then two processes still take turns, each fence larger than the last.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_the_leader_of_three_down_a_held_lock_survives_and_two_processes_still_take_turns() {
+async fn a_held_lock_survives_the_loss_of_the_leader_of_three() {
     // Arrange: two processes on the whole cluster, and A holding the lock.
     // TIMING: a 20 s lease outlasts the survivors' election on a busy machine (a few
     // election timeouts); renewals every second show soon that the lock lives on after it.
@@ -331,100 +341,40 @@ async fn with_the_leader_of_three_down_a_held_lock_survives_and_two_processes_st
     assert!(etcd_line(&endpoints, KEY).await.is_empty());
 }
 
+/// With two of three members down (the leader and a follower), a process's acquire fails
+/// with `Timeout` by its deadline and its `try_acquire` fails with etcd's error within a
+/// request timeout; once they are back and the failed attempts' leases are over, nothing
+/// is left in line and the lock is taken again, with a larger fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_two_of_three_down_acquire_fails_by_its_deadline_and_once_they_are_back_nothing_is_left_and_the_lock_is_taken_again()
- {
-    // Arrange: a process on the whole cluster, which has taken and given back the lock
-    // once (so that its fence is known).
+async fn with_two_of_three_down_acquire_fails_in_time_and_recovers_after() {
     let cluster = start_cluster(3).await;
     let endpoints = cluster.endpoints();
-    let wait = Duration::from_secs(5);
-    let a = process(&endpoints, options(TTL, wait)).await;
-    let first = a.acquire(KEY).await.unwrap();
-    let first_fence = first.fence();
-    assert!(first.release().await.unwrap().was_held());
-    let leader = cluster.leader().expect("a leader");
-    let follower = (0..3).find(|&i| i != leader).unwrap();
-
-    // Act: the leader and a follower die; the last member has no leader and no quorum.
-    let mut cluster = cluster;
-    cluster.kill(leader);
-    cluster.kill(follower);
-    let killed = Instant::now();
-    let waited = a.acquire(KEY).await;
-    let waited_for = killed.elapsed();
-    let started = Instant::now();
-    let tried = within(
+    let a = process(&endpoints, options(TTL, Duration::from_secs(5))).await;
+    let bounds = TwoDownBounds {
+        margin: MARGIN,
         // TIMING: try_acquire has no deadline of its own; each request to etcd has the
         // request timeout at each member (1 s, `EtcdLock::connect`), and the first that
         // fails at every member ends it.
-        REQUEST_TIMEOUT + MARGIN,
-        "try_acquire gave up",
-        a.try_acquire(KEY),
-    )
-    .await;
-    let tried_for = started.elapsed();
-
-    // Assert: both failed, clearly and in time: acquire tried again until its deadline.
-    let waited = waited.expect_err("acquired without a quorum");
-    println!("acquire without a quorum, after {waited_for:?}: {waited:?}");
-    assert!(matches!(waited, Error::Timeout { .. }), "{waited:?}");
-    assert!(
-        waited_for <= wait + MARGIN,
-        "acquire took {waited_for:?}, its wait is {wait:?}"
-    );
-    let tried = tried.expect_err("try_acquire succeeded without a quorum");
-    println!("try_acquire without a quorum, after {tried_for:?}: {tried:?}");
-    assert!(
-        matches!(
-            tried,
-            Error::Backend {
-                backend: "etcd",
-                ..
-            }
-        ),
-        "{tried:?}"
-    );
-
-    // Act: both come back.
-    let cluster = blocking(move || {
-        let mut cluster = cluster;
-        cluster.restart(leader);
-        cluster.restart(follower);
-        cluster
-    })
-    .await;
-
-    // Assert: once the leases of the failed attempts are over, no contender key is left,
-    // and the lock is taken again with a larger fence, at the first try.
-    // TIMING: a key of a failed attempt could only live on its lease, which nothing renews:
-    // the new leader gives it its TTL again plus an election timeout.
-    within(
-        TTL + ELECTION + MARGIN * 2,
-        "the line emptied once the failed attempts' leases were over",
-        async {
-            loop {
-                let line = etcd_line(&endpoints, KEY).await;
-                if line.is_empty() {
-                    break;
-                }
-                println!("still in line: {line:?}");
-                sleep(ms(200)).await;
-            }
-        },
-    )
-    .await;
-    let again = a.acquire(KEY).await.unwrap();
-    assert!(again.fence() > first_fence);
-    assert!(again.release().await.unwrap().was_held());
+        try_acquire_within: REQUEST_TIMEOUT + MARGIN,
+        // TIMING: a key of a failed attempt could only live on its lease, which nothing
+        // renews: the new leader gives it its TTL again plus an election timeout.
+        line_empty_within: TTL + ELECTION + MARGIN * 2,
+    };
+    let etcd_failed = |tried: &Error| matches!(tried, Error::Backend { backend: "etcd", .. });
+    let line = || etcd_line(&endpoints, KEY);
+    let cluster = two_of_three_down(cluster, a, KEY, bounds, etcd_failed, line).await;
     drop(cluster);
 }
 
+/// A member hangs (SIGSTOP) under a holder and another process that both talk to it first:
+/// the holder's renewals get past it and it is never told otherwise; the other process is
+/// told the lock is held, and once the holder releases, gets it within its wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_held_lock_lives_through_a_hung_member_and_another_process_is_refused_then_served() {
+async fn a_held_lock_lives_through_a_hung_member() {
     // Arrange: a cluster of three; A holds the lock with a watchdog; A and B (another
     // process) both talk first to a follower, which will hang. (A hung leader would add an
-    // election, which `with_the_leader_of_three_down...` covers with a kill.)
+    // election, which `a_held_lock_survives_the_loss_of_the_leader_of_three` covers with a
+    // kill.)
     let cluster = start_cluster(3).await;
     let endpoints = cluster.endpoints();
     let leader = cluster.leader().expect("a leader");
@@ -477,8 +427,11 @@ async fn a_held_lock_lives_through_a_hung_member_and_another_process_is_refused_
     drop(cluster);
 }
 
+/// A readiness prober gives each probe up before the request timeout (as the service's
+/// `/readyz` does) while the member it talks to first hangs: its steps still move off that
+/// member, and after the first few, probes are answered by the others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn probes_given_up_before_the_request_timeout_still_move_a_process_off_a_hung_member() {
+async fn probes_given_up_early_still_move_a_process_off_a_hung_member() {
     // Arrange: a cluster of three; A holds the lock (talking to the leader first); a prober
     // that only inspects the lock, as the service's readiness probe does, talks first to a
     // follower, which will hang. It has answered once, so its connection is up.
@@ -529,9 +482,11 @@ async fn probes_given_up_before_the_request_timeout_still_move_a_process_off_a_h
     drop(cluster);
 }
 
+/// A holder is cut off from etcd for longer than its lease: it is told before the waiter
+/// behind it gets the lock, whose fence is larger (a fenced store refuses the old holder's
+/// write); back in reach, the old guard finds the lock taken, and takes it again later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_holder_cut_off_past_its_lease_is_told_the_next_holder_gets_a_larger_fence_and_the_old_guard_finds_the_lock_taken()
- {
+async fn a_holder_cut_off_past_its_lease_is_told_and_fenced_off() {
     // Arrange: A reaches etcd through a proxy that the test cuts; B, directly, waits in
     // line behind A; a fenced store has A's write.
     let server = start_server().await;
@@ -601,6 +556,9 @@ async fn through(hold: &AnswerHold, server: &EtcdServer) -> EtcdLock {
     etcd(&[hold.endpoint(), server.endpoint()]).await
 }
 
+/// The answer to the transaction that puts our key is lost, and the same transaction is
+/// sent again to another endpoint: it finds our key there, on its lease, and the lock is
+/// ours (renewed, then released, leaving no lease).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_join_sent_again_after_its_answer_was_lost_keeps_its_key_on_its_lease() {
     // Arrange: the answer to the transaction that puts our key (the first request to carry
@@ -645,8 +603,11 @@ async fn a_join_sent_again_after_its_answer_was_lost_keeps_its_key_on_its_lease(
     assert!(etcd_leases(&server.endpoint()).await.is_empty());
 }
 
+/// The holder's key is deleted (its lease living on) while a renewal's read is on its way:
+/// the keep-alive finds a live lease, but the read after it finds no key, and the renewal is
+/// not counted (`Gone`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_renewal_is_not_counted_when_the_holders_key_was_deleted_before_its_keep_alive() {
+async fn a_renewal_fails_when_the_key_was_deleted_before_its_keep_alive() {
     // Arrange: we hold the lock; the answer to the renewal's first request (the first to
     // carry our token from now on) will be held.
     let server = start_server().await;
@@ -687,8 +648,11 @@ async fn a_renewal_is_not_counted_when_the_holders_key_was_deleted_before_its_ke
     assert_eq!(renewal, Renewal::Gone);
 }
 
+/// A waiter's lease grant is applied but its answer lost, so it is sent again elsewhere;
+/// the wait is then given up (as at a deadline) and unlocked: at once, neither the waiter's
+/// key nor any lease granted for it (the first grant's too) is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wait_given_up_after_a_lost_grant_answer_leaves_neither_key_nor_lease_once_unlocked() {
+async fn a_wait_given_up_after_a_lost_grant_answer_leaves_no_key_or_lease() {
     // Arrange: A holds the lock; every answer to the waiter through the hold is held, the
     // first its lease grant's.
     let server = start_server().await;
@@ -730,8 +694,11 @@ async fn a_wait_given_up_after_a_lost_grant_answer_leaves_neither_key_nor_lease_
     assert!(held.release().await.unwrap().was_held());
 }
 
+/// A waiter's read finds nobody before it, and its key is deleted (its lease living on)
+/// while that answer is on its way: the keep-alive that follows finds the lease alive, but
+/// the waiter is not handed the lock for a key that is gone; it loses its place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_whose_key_is_deleted_after_the_read_that_put_it_first_does_not_get_the_lock() {
+async fn a_waiter_whose_key_was_deleted_is_not_handed_the_lock() {
     // Arrange: A holds the lock; W waits in line behind it, through a hold, on a 6 s lease
     // kept alive every 2 s. W's requests wait longer than any answer is held here, so a
     // held answer comes late instead of being sent again elsewhere.
@@ -794,10 +761,63 @@ async fn a_waiter_whose_key_is_deleted_after_the_read_that_put_it_first_does_not
     assert!(etcd_leases(&server.endpoint()).await.is_empty());
 }
 
+/// W waits in line behind A through a member so slow that a keep-alive and a read together
+/// take longer than W's keep-alive period (a third of its ttl). When A releases, W heads
+/// the line with a proof older than that period: it keeps its lease alive and reads the
+/// line again, and that read, sent after the keep-alive, is proof enough. (It used to ask
+/// for a fresher proof, and keep alive and read for ever, its lease alive, holding up
+/// everyone behind it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_head_of_the_line_takes_its_turn_through_a_slow_member() {
+    // Arrange: A holds the lock; W waits in line behind it, through a proxy that slows
+    // every answer by 300 ms, with a 1.2 s ttl (a keep-alive every 400 ms) and a request
+    // timeout no answer comes near.
+    // TIMING: a keep-alive and then a read take at least 600 ms through the proxy, more
+    // than W's 400 ms keep-alive period; etcd grants W a lease of at least 2 s (its
+    // minimum), which W's keep-alives, one every loop, renew in time.
+    let server = start_server().await;
+    let endpoints = vec![server.endpoint()];
+    let a = process(&endpoints, options(LONG_TTL, Duration::from_secs(30))).await;
+    let held = a.acquire(KEY).await.unwrap();
+    let slow = AnswerHold::start(server.port());
+    slow.delay_answers(ms(300));
+    let w = EtcdLock::builder([slow.endpoint()])
+        .request_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .unwrap();
+    let token = Token::new();
+    let in_line = {
+        let (w, token) = (w.clone(), token.clone());
+        tokio::spawn(async move { w.lock_in_line(KEY, &token, ms(1_200)).await })
+    };
+    until_waiting(&endpoints, 1, JOINS_WITHIN).await;
+    let w_place = etcd_line(&endpoints, KEY).await[1].clone();
+    // TIMING: W's join is answered, then its first keep-alive and read (about a second
+    // through the proxy): by then W has found A before it, and watches A's key.
+    sleep(Duration::from_secs(3)).await;
+    assert!(!in_line.is_finished(), "W's wait ended before A released");
+
+    // Act: A releases.
+    assert!(held.release().await.unwrap().was_held());
+    // TIMING: a few slow round trips: W's watch fires, it reads, keeps alive and reads.
+    let turn = within(Duration::from_secs(10), "W's turn came", in_line)
+        .await
+        .unwrap()
+        .expect("W's wait in line failed");
+
+    // Assert: W holds with the place it joined at, after waiting; its release frees the line.
+    assert_eq!(turn.fence, Fence::new(w_place.revision as u64));
+    assert!(turn.waited);
+    assert_eq!(w.wake_ups(), 1, "W's wake-ups");
+    assert_eq!(w.unlock(KEY, &token).await.unwrap(), Unlock::Released);
+    assert!(etcd_line(&endpoints, KEY).await.is_empty());
+}
+
 /// A TCP forwarder in front of one etcd member that can hold back the member's answers, as
 /// a network that loses them would: the requests reach etcd and are applied, and the
-/// client's own timeout gives up on the answer. Every connection through it is closed on
-/// drop.
+/// client's own timeout gives up on the answer. It can also slow every answer, as a slow
+/// member (or a slow link to it) would. Every connection through it is closed on drop.
 struct AnswerHold {
     port: u16,
     shared: Arc<HoldState>,
@@ -811,6 +831,8 @@ struct HoldState {
     marker: Mutex<Option<Vec<u8>>>,
     /// Some answer was held.
     held: AtomicBool,
+    /// How long each answer waits in the forwarder before it goes on.
+    delay: Mutex<Duration>,
     /// Set on drop: the threads end.
     stopped: AtomicBool,
     /// Both ends of every connection, to close them on drop.
@@ -867,6 +889,11 @@ impl AnswerHold {
         *self.shared.marker.lock().unwrap() = Some(marker.as_bytes().to_vec());
     }
 
+    /// Slow every answer from now on by `delay`.
+    fn delay_answers(&self, delay: Duration) {
+        *self.shared.delay.lock().unwrap() = delay;
+    }
+
     /// Let the answers go on.
     fn release(&self) {
         self.shared.holding.store(false, Ordering::SeqCst);
@@ -915,20 +942,37 @@ impl HoldState {
         let _ = from.shutdown(Shutdown::Both);
     }
 
-    /// Server to client: each read waits here while answers are held.
+    /// Server to client: each answer goes on `delay` after it came (a reader thread stamps
+    /// it, so that a slow member adds latency, not a queue), and waits here while answers
+    /// are held.
     fn forward_answers(&self, mut from: TcpStream, mut to: TcpStream) {
-        let mut buf = [0u8; 16 * 1024];
-        while let Ok(n @ 1..) = from.read(&mut buf) {
-            while self.holding.load(Ordering::SeqCst) && !self.stopped.load(Ordering::SeqCst) {
-                self.held.store(true, Ordering::SeqCst);
-                std::thread::sleep(ms(5));
+        let (stamped, due) = std::sync::mpsc::channel::<(std::time::Instant, Vec<u8>)>();
+        let Ok(closing) = from.try_clone() else {
+            return;
+        };
+        std::thread::scope(|scope| {
+            scope.spawn(move || {
+                let mut buf = [0u8; 16 * 1024];
+                while let Ok(n @ 1..) = from.read(&mut buf) {
+                    let at = std::time::Instant::now() + *self.delay.lock().unwrap();
+                    if stamped.send((at, buf[..n].to_vec())).is_err() {
+                        break;
+                    }
+                }
+            });
+            for (at, answer) in due {
+                std::thread::sleep(at.saturating_duration_since(std::time::Instant::now()));
+                while self.holding.load(Ordering::SeqCst) && !self.stopped.load(Ordering::SeqCst) {
+                    self.held.store(true, Ordering::SeqCst);
+                    std::thread::sleep(ms(5));
+                }
+                if to.write_all(&answer).is_err() {
+                    break;
+                }
             }
-            if to.write_all(&buf[..n]).is_err() {
-                break;
-            }
-        }
-        let _ = to.shutdown(Shutdown::Both);
-        let _ = from.shutdown(Shutdown::Both);
+            let _ = to.shutdown(Shutdown::Both);
+            let _ = closing.shutdown(Shutdown::Both);
+        });
     }
 }
 

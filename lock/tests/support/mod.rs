@@ -858,6 +858,144 @@ pub async fn five_turns_each<B: Backend>(a: Locker<B>, b: Locker<B>, key: &str) 
     );
 }
 
+/// A cluster of three members (etcd's or ZooKeeper's) that a fault test kills and restarts
+/// members of.
+pub trait ThreeMembers: Send + 'static {
+    /// The member that leads now, if one does.
+    fn leader(&self) -> Option<usize>;
+    /// Kill member `i` (SIGKILL).
+    fn kill(&mut self, i: usize);
+    /// Start member `i` again, with its data.
+    fn restart(&mut self, i: usize);
+}
+
+impl ThreeMembers for testkit::EtcdCluster {
+    fn leader(&self) -> Option<usize> {
+        testkit::EtcdCluster::leader(self)
+    }
+    fn kill(&mut self, i: usize) {
+        testkit::EtcdCluster::kill(self, i);
+    }
+    fn restart(&mut self, i: usize) {
+        testkit::EtcdCluster::restart(self, i);
+    }
+}
+
+impl ThreeMembers for testkit::ZooKeeperEnsemble {
+    fn leader(&self) -> Option<usize> {
+        testkit::ZooKeeperEnsemble::leader(self)
+    }
+    fn kill(&mut self, i: usize) {
+        testkit::ZooKeeperEnsemble::kill(self, i);
+    }
+    fn restart(&mut self, i: usize) {
+        testkit::ZooKeeperEnsemble::restart(self, i);
+    }
+}
+
+/// The bounds of [`two_of_three_down`], each with its reason at the caller (they depend on
+/// the backend's timeouts).
+pub struct TwoDownBounds {
+    /// What a busy machine may add to a bound the lock keeps (an acquire's deadline).
+    pub margin: Duration,
+    /// How long a `try_acquire` without a quorum may take to fail.
+    pub try_acquire_within: Duration,
+    /// How long after both members are back the line may keep a failed attempt's entry.
+    pub line_empty_within: Duration,
+}
+
+/// Two members of a cluster of three down, then back: `a` (a locker on the whole cluster,
+/// whose wait is its options' `wait_timeout`) takes and gives back `key` once; the leader
+/// and a follower are killed; `a`'s acquire fails with [`Error::Timeout`](distlock::Error)
+/// by its deadline and its `try_acquire` within its bound, with an error `try_failed`
+/// accepts; both members come back; once the line of `key` (read by `line`) is empty, `a`
+/// takes the lock again with a larger fence. Answers the cluster, whole again.
+pub async fn two_of_three_down<C, B, T, Line>(
+    cluster: C,
+    a: Locker<B>,
+    key: &str,
+    bounds: TwoDownBounds,
+    try_failed: fn(&distlock::Error) -> bool,
+    line: impl Fn() -> Line,
+) -> C
+where
+    C: ThreeMembers,
+    B: Backend,
+    T: std::fmt::Debug,
+    Line: Future<Output = Vec<T>>,
+{
+    use tokio::time::{Instant, sleep};
+    let wait = a.options().wait_timeout();
+    // Arrange: the lock taken and given back once, so that its fence is known.
+    let first = a.acquire(key).await.unwrap();
+    let first_fence = first.fence();
+    assert!(first.release().await.unwrap().was_held());
+    let leader = cluster.leader().expect("a leader");
+    let follower = (0..3).find(|&i| i != leader).unwrap();
+
+    // Act: the leader and a follower die; the last member has no quorum and serves nobody.
+    let mut cluster = cluster;
+    cluster.kill(leader);
+    cluster.kill(follower);
+    let killed = Instant::now();
+    let waited = a.acquire(key).await;
+    let waited_for = killed.elapsed();
+    let started = Instant::now();
+    let tried = within(
+        bounds.try_acquire_within,
+        "try_acquire gave up",
+        a.try_acquire(key),
+    )
+    .await;
+    let tried_for = started.elapsed();
+
+    // Assert: both failed, clearly and in time: acquire tried again until its deadline.
+    let waited = waited.expect_err("acquired without a quorum");
+    println!("acquire without a quorum, after {waited_for:?}: {waited:?}");
+    assert!(
+        matches!(waited, distlock::Error::Timeout { .. }),
+        "{waited:?}"
+    );
+    assert!(
+        waited_for <= wait + bounds.margin,
+        "acquire took {waited_for:?}, its wait is {wait:?}"
+    );
+    let tried = tried.expect_err("try_acquire succeeded without a quorum");
+    println!("try_acquire without a quorum, after {tried_for:?}: {tried:?}");
+    assert!(try_failed(&tried), "{tried:?}");
+
+    // Act: both come back.
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.restart(leader);
+        cluster.restart(follower);
+        cluster
+    })
+    .await
+    .expect("restarting the members");
+
+    // Assert: once the failed attempts' leases or sessions are over, the line is empty,
+    // and the lock is taken again with a larger fence.
+    within(
+        bounds.line_empty_within,
+        "the line emptied once the failed attempts' leases (or sessions) were over",
+        async {
+            loop {
+                let line = line().await;
+                if line.is_empty() {
+                    break;
+                }
+                println!("still in line: {line:?}");
+                sleep(ms(200)).await;
+            }
+        },
+    )
+    .await;
+    let again = a.acquire(key).await.unwrap();
+    assert!(again.fence() > first_fence);
+    assert!(again.release().await.unwrap().was_held());
+    cluster
+}
+
 /// A store that refuses a write whose fence is below the largest it has accepted, as the
 /// service's products table does (`UPDATE ... WHERE fence <= $1`).
 #[derive(Default)]
