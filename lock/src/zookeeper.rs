@@ -119,14 +119,14 @@ struct Inner {
     cluster: String,
     /// The session timeout asked for (the server may grant another).
     asked_timeout: Duration,
-    /// How long a connection may go without an answer before it is taken as lost.
-    connection_timeout: Duration,
+    /// The builder's connection timeout; `None`: a tenth of the session granted.
+    connection_timeout: Option<Duration>,
     /// The longest any one request may take (the client holds requests while disconnected).
     request_timeout: Duration,
     /// The parent of every lock node.
     root: String,
     /// The current session. Replaced, never mended, when it ends.
-    session: Mutex<zk::Client>,
+    session: Mutex<Session>,
     /// One new session at a time.
     reconnecting: tokio::sync::Mutex<()>,
     /// Watches that fired for waiters here because the node before them went away: how the
@@ -190,7 +190,7 @@ pub struct ZkLockBuilder {
     cluster: String,
     session_timeout: Duration,
     request_timeout: Duration,
-    /// `None`: a tenth of the session timeout.
+    /// `None`: a tenth of the session timeout the server grants.
     connection_timeout: Option<Duration>,
     root: String,
 }
@@ -207,7 +207,7 @@ impl ZkLockBuilder {
 
     /// How long a connection to a server may go without an answer before the client takes
     /// it as lost and moves the session to another server (which it may pick again: two
-    /// tries may be needed). Default: a tenth of the session timeout.
+    /// tries may be needed). Default: a tenth of the session timeout the server grants.
     ///
     // TIMING: a server that hangs (stopped, not dead: its connections stay up) holds every
     // request of the sessions on it until the client gives up on the connection. A lock's
@@ -254,19 +254,23 @@ impl ZkLockBuilder {
                 "the ZooKeeper request timeout is zero: no request could be answered".into(),
             ));
         }
-        let connection_timeout = self.connection_timeout.unwrap_or(self.session_timeout / 10);
-        if connection_timeout.is_zero() {
+        if self
+            .connection_timeout
+            .unwrap_or(self.session_timeout / 10)
+            .is_zero()
+        {
             return Err(Error::InvalidOptions(
                 "the ZooKeeper connection timeout is zero: no server could ever answer in time"
                     .into(),
             ));
         }
-        let session = open_session(&self.cluster, self.session_timeout, connection_timeout).await?;
+        let session =
+            Session::open(&self.cluster, self.session_timeout, self.connection_timeout).await?;
         Ok(ZkLock {
             inner: Arc::new(Inner {
                 cluster: self.cluster,
                 asked_timeout: self.session_timeout,
-                connection_timeout,
+                connection_timeout: self.connection_timeout,
                 request_timeout: self.request_timeout,
                 root,
                 session: Mutex::new(session),
@@ -281,7 +285,43 @@ impl ZkLockBuilder {
     }
 }
 
-async fn open_session(
+/// A session: its client, and the connection timeout it was opened with.
+struct Session {
+    client: zk::Client,
+    connection_timeout: Duration,
+}
+
+impl Session {
+    /// Open a session asking for `asked`. Unless `connection_timeout` is given, it is a
+    /// tenth of the session the server *granted*.
+    // TIMING: a server grants at most its `maxSessionTimeout`; a tenth of a larger ask would
+    // be a larger share of the session granted (ask 10 s, be granted 4 s: a quarter), and
+    // the client cannot change it once connected: the session is opened again, asking for
+    // what was granted.
+    async fn open(
+        cluster: &str,
+        asked: Duration,
+        connection_timeout: Option<Duration>,
+    ) -> std::result::Result<Self, zk::Error> {
+        let first_try = connection_timeout.unwrap_or(asked / 10);
+        let client = connect_client(cluster, asked, first_try).await?;
+        let granted = client.session_timeout();
+        if connection_timeout.is_some() || granted / 10 >= first_try {
+            return Ok(Self {
+                client,
+                connection_timeout: first_try,
+            });
+        }
+        drop(client);
+        let client = connect_client(cluster, granted, granted / 10).await?;
+        Ok(Self {
+            connection_timeout: client.session_timeout().min(granted) / 10,
+            client,
+        })
+    }
+}
+
+async fn connect_client(
     cluster: &str,
     session_timeout: Duration,
     connection_timeout: Duration,
@@ -358,6 +398,13 @@ impl ZkLock {
         self.current().session_timeout()
     }
 
+    /// How long a connection of the current session may go without an answer before the
+    /// client moves the session to another server: the builder's
+    /// [`connection_timeout`](ZkLockBuilder::connection_timeout), or a tenth of the session.
+    pub fn connection_timeout(&self) -> Duration {
+        self.session().connection_timeout
+    }
+
     /// The ZooKeeper client of the current session, to use the session for other things
     /// (or, in a test, to end it as an expiry would).
     pub fn zookeeper(&self) -> zk::Client {
@@ -371,11 +418,14 @@ impl ZkLock {
     }
 
     fn current(&self) -> zk::Client {
+        self.session().client.clone()
+    }
+
+    fn session(&self) -> std::sync::MutexGuard<'_, Session> {
         self.inner
             .session
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
     }
 
     /// The session to use: the current one, or a new one if it has ended.
@@ -427,17 +477,13 @@ impl ZkLock {
         }
         tracing::warn!("ZooKeeper session ended; opening a new one");
         let fresh = self
-            .bounded(open_session(
+            .bounded(Session::open(
                 &self.inner.cluster,
                 self.inner.asked_timeout,
                 self.inner.connection_timeout,
             ))
             .await?;
-        *self
-            .inner
-            .session
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = fresh;
+        *self.session() = fresh;
         Ok(())
     }
 

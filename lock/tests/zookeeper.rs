@@ -502,3 +502,22 @@ async fn a_held_lock_lives_through_a_hang_of_the_server_its_session_is_connected
         Vec::<String>::new()
     );
 }
+
+/// The server grants less than the session asked for (its `maxSessionTimeout` is 4 s, the
+/// ask 10 s): the connection timeout is a tenth of the session granted, not of the one asked
+/// for (1 s, a quarter of the granted session, which the hang test shows loses the lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_timeout_is_a_tenth_of_the_granted_session() {
+    // Arrange: a server that grants sessions of at most 4 s.
+    let granted = Duration::from_secs(4);
+    let server = blocking(move || ZooKeeperServer::start_with_max_session_timeout(granted)).await;
+
+    // Act: a handle asks for 10 s.
+    let backend = zk(&server.connect_string(), Duration::from_secs(10)).await;
+
+    // Assert: 4 s granted, and the connection timeout is a tenth of that.
+    assert_eq!(backend.session_timeout(), granted);
+    assert_eq!(backend.connection_timeout(), granted / 10);
+    assert_eq!(backend.max_ttl(), granted / 2);
+    drop(server);
+}
