@@ -521,3 +521,91 @@ async fn connection_timeout_is_a_tenth_of_the_granted_session() {
     assert_eq!(backend.max_ttl(), granted / 2);
     drop(server);
 }
+
+/// How many acquires the reaper test lets fail during its outage: more than the 1,024
+/// claims a handle keeps for its reaper at most.
+const BACKLOG: usize = 1_100;
+
+/// A handle cut off from the ensemble: its holder is told, and every acquire that fails
+/// meanwhile leaves a claim for the reaper (a create whose answer never came may still land).
+/// Their number stays bounded; once the handle is back in reach, the lapsed holder's node
+/// goes (the next process gets the lock) and every claim is settled, nothing left in line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reaper_backlog_stays_bounded_through_an_outage() {
+    // Arrange: H reaches the server through a proxy; A holds the lock on H; B, another
+    // process, reaches the server directly.
+    let server = blocking(ZooKeeperServer::start).await;
+    let proxy = TcpProxy::start(server.port());
+    let session = Duration::from_secs(20);
+    let ttl = Duration::from_secs(2);
+    let h = zk(&format!("127.0.0.1:{}", proxy.port()), session).await;
+    let a = std::sync::Arc::new(locker(h.clone(), options(ttl, Duration::from_secs(30))));
+    let b = locker(
+        zk(&server.connect_string(), session).await,
+        options(ttl, Duration::from_secs(60)),
+    );
+    let held = a.acquire(KEY).await.unwrap();
+    let told = when_told(&held);
+
+    // Act: H is cut off; A is told; many acquires on H fail meanwhile.
+    proxy.cut();
+    within(ttl + MARGIN, "the holder was told", told)
+        .await
+        .unwrap();
+    let attempts: Vec<_> = (0..BACKLOG)
+        .map(|_| {
+            let a = std::sync::Arc::clone(&a);
+            tokio::spawn(async move { a.try_acquire("backlog").await.map(drop) })
+        })
+        .collect();
+    within(
+        // TIMING: a create and a sync, each bounded by the request timeout; the busy
+        // machine runs 1,100 of them.
+        REQUEST_TIMEOUT * 2 + MARGIN * 5,
+        "the attempts failed",
+        async {
+            for attempt in attempts {
+                assert!(attempt.await.unwrap().is_err(), "acquired while cut off");
+            }
+        },
+    )
+    .await;
+
+    // Assert: the claims left for the reaper are bounded.
+    let unreaped = h.unreaped();
+    println!("claims after {BACKLOG} failed attempts: {unreaped}");
+    assert!(unreaped <= 1_024, "{unreaped} claims");
+
+    // Act: H is back in reach (long before its session could end); B asks for the lock.
+    proxy.heal();
+    let taken = within(
+        Duration::from_secs(20),
+        "B got the lapsed lock",
+        keep_acquiring(b, KEY, held.lost()),
+    )
+    .await
+    .unwrap();
+
+    // Assert: B holds with a larger fence; every claim of H is settled in the end (a
+    // create that may have landed is looked for again a session timeout later), with
+    // nothing left in either line.
+    assert!(taken.guard.fence() > held.fence());
+    assert!(taken.guard.release().await.unwrap().was_held());
+    within(
+        session + TICK_TIME + MARGIN * 3,
+        "the reaper settled every claim",
+        async {
+            while h.unreaped() > 0 {
+                sleep(ms(200)).await;
+            }
+        },
+    )
+    .await;
+    for key in [KEY, "backlog"] {
+        assert_eq!(
+            zk_contenders(&server.connect_string(), key).await,
+            Vec::<String>::new()
+        );
+    }
+    drop(held);
+}
