@@ -1,7 +1,8 @@
 //! ZooKeeper under faults, against private servers started (and killed, by pid) by each
 //! test: the server killed under a holder, an ensemble of three with its leader down and
 //! with a majority down, a holder cut off from the ensemble for longer than its session,
-//! and the server a holder's session is connected to hung. The properties every backend
+//! the server a holder's session is connected to hung, a server that grants a shorter
+//! session than asked, and a handle's reaper through an outage. The properties every backend
 //! shares run against ZooKeeper too, in `tests/properties.rs`.
 #![cfg(feature = "zookeeper")]
 
@@ -58,9 +59,11 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) 
         .expect("a blocking step panicked")
 }
 
+/// The server a holder's session is on dies: the holder is told within its ttl, and nobody
+/// gets the lock before it is told (B gets it once the restarted server has ended the
+/// holder's session), with a larger fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_holder_is_told_within_its_session_when_the_server_dies_and_nobody_gets_the_lock_before()
- {
+async fn server_killed_holder_is_told_before_anyone_gets_the_lock() {
     // Arrange: A holds the lock on a 3 s session, through a proxy; B is another process
     // that wants it, and reaches the server directly.
     let mut server = blocking(ZooKeeperServer::start).await;
@@ -131,9 +134,11 @@ async fn the_holder_is_told_within_its_session_when_the_server_dies_and_nobody_g
     drop(server);
 }
 
+/// A holder told its lock is lost does not block the next one when the server comes back
+/// with its session: the handle's reaper deletes the lapsed node, long before the session
+/// could end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_holder_told_its_lock_is_lost_does_not_block_the_next_one_when_the_server_comes_back_with_its_session()
- {
+async fn lapsed_holder_does_not_block_when_its_session_comes_back() {
     // Arrange: A holds the lock with a 2 s ttl on a 20 s session; B is another process
     // that wants it.
     // TIMING: the server comes back long before A's client would give its session up
@@ -196,8 +201,10 @@ async fn a_holder_told_its_lock_is_lost_does_not_block_the_next_one_when_the_ser
     drop(server);
 }
 
+/// With the leader of an ensemble of three down, a held lock survives the election, and two
+/// processes still take turns, each hold with a larger fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_the_leader_of_three_down_a_held_lock_survives_and_two_processes_still_take_turns() {
+async fn leader_of_three_down_a_held_lock_survives_and_turns_go_on() {
     // Arrange: two processes on the whole ensemble, and A holding the lock.
     // TIMING: a 20 s session outlasts the survivors' election on a busy machine (a few
     // seconds); renewals every second show soon that the lock lives on after it.
@@ -252,9 +259,11 @@ async fn with_the_leader_of_three_down_a_held_lock_survives_and_two_processes_st
     );
 }
 
+/// With two of three members down, acquire fails by its deadline (and try_acquire by its
+/// request timeout); once they are back, nothing is left in line and the lock is taken
+/// again with a larger fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_two_of_three_down_acquire_fails_by_its_deadline_and_once_they_are_back_nothing_is_left_and_the_lock_is_taken_again()
- {
+async fn two_of_three_down_acquire_times_out_and_recovers_after() {
     // Arrange: a process on the whole ensemble, which has taken and given back the lock
     // once (so that its lock node exists and its fence is known).
     let ensemble = blocking(|| ZooKeeperEnsemble::start(3)).await;
@@ -341,9 +350,10 @@ async fn with_two_of_three_down_acquire_fails_by_its_deadline_and_once_they_are_
     drop(ensemble);
 }
 
+/// A holder cut off for longer than its session is told; the next holder gets a larger
+/// fence, the store refuses the old holder's write, and the old guard finds the lock taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_holder_cut_off_past_its_session_is_told_the_next_holder_gets_a_larger_fence_and_the_old_guard_finds_the_lock_taken()
- {
+async fn holder_cut_off_past_its_session_is_fenced_off() {
     // Arrange: A reaches the server through a proxy that the test cuts; B, directly, waits
     // in line behind A; a fenced store has A's write.
     let server = blocking(ZooKeeperServer::start).await;
@@ -409,6 +419,8 @@ async fn a_holder_cut_off_past_its_session_is_told_the_next_holder_gets_a_larger
     drop(server);
 }
 
+/// A held lock lives through a hang (SIGSTOP) of the server its session is connected to.
+///
 /// zookeeper-client takes a connection that has not answered for its connection timeout as
 /// lost, and reconnects to a server of its list shuffled again, the hung one included (one
 /// time in three it picks it again, and waits out another timeout). With its own default
@@ -416,7 +428,7 @@ async fn a_holder_cut_off_past_its_session_is_told_the_next_holder_gets_a_larger
 /// and the holder lost its lock in 9 runs of 20; `ZkLock`'s default, a tenth of the
 /// session, leaves room for that second try within the lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_held_lock_lives_through_a_hang_of_the_server_its_session_is_connected_to() {
+async fn held_lock_lives_through_a_hang_of_its_sessions_server() {
     // Arrange: an ensemble of three; A holds the lock with a watchdog, on a session to the
     // whole ensemble that the client has connected to a follower (a hung leader would stop
     // every write until the others elect another, which the leader-down test covers with a
