@@ -627,3 +627,92 @@ async fn reaper_backlog_stays_bounded_through_an_outage() {
     }
     drop(held);
 }
+
+/// How many keys the ordering test's failed attempts leave claims on: one listing each.
+const BACKLOG_KEYS: usize = 50;
+
+/// A handle cut off from the ensemble: its holder's lease lapses, and acquires on other keys
+/// fail meanwhile (their creates, held by the client, land when it reconnects). Once back
+/// in reach, the reaper deletes the lapsed holder's node, which blocks others, before any
+/// node those attempts left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reaper_deletes_lapsed_holders_before_the_backlog() {
+    // Arrange: H reaches the server through a proxy; A holds the lock on H; an observer
+    // sees every node created and deleted under the root, in the server's order.
+    let server = blocking(ZooKeeperServer::start).await;
+    let proxy = TcpProxy::start(server.port());
+    let session = Duration::from_secs(20);
+    let ttl = Duration::from_secs(2);
+    let h = zk(&format!("127.0.0.1:{}", proxy.port()), session).await;
+    let a = std::sync::Arc::new(locker(h, options(ttl, Duration::from_secs(30))));
+    // Each other key's lock node exists (taken and given back once): a create sent to it
+    // lands whenever the server gets it.
+    for i in 0..BACKLOG_KEYS {
+        let guard = a.acquire(&format!("backlog_{i}")).await.unwrap();
+        assert!(guard.release().await.unwrap().was_held());
+    }
+    let held = a.acquire(KEY).await.unwrap();
+    let told = when_told(&held);
+    let observer = zookeeper_client::Client::connect(&server.connect_string())
+        .await
+        .expect("an observer's session");
+    let mut events = observer
+        .watch(
+            distlock::ZK_DEFAULT_ROOT,
+            zookeeper_client::AddWatchMode::PersistentRecursive,
+        )
+        .await
+        .expect("a recursive watch on the root");
+
+    // Act: H is cut off; A is told; an acquire on each of many other keys fails meanwhile.
+    proxy.cut();
+    within(ttl + MARGIN, "the holder was told", told)
+        .await
+        .unwrap();
+    let attempts: Vec<_> = (0..BACKLOG_KEYS)
+        .map(|i| {
+            let a = std::sync::Arc::clone(&a);
+            tokio::spawn(async move { a.try_acquire(&format!("backlog_{i}")).await.map(drop) })
+        })
+        .collect();
+    within(
+        REQUEST_TIMEOUT * 2 + MARGIN * 2,
+        "the attempts failed",
+        async {
+            for attempt in attempts {
+                assert!(attempt.await.unwrap().is_err(), "acquired while cut off");
+            }
+        },
+    )
+    .await;
+    // TIMING: each failed attempt's release times out too (a request timeout) before it
+    // leaves its claim to the reaper: all of them are the reaper's by then.
+    sleep(REQUEST_TIMEOUT + MARGIN).await;
+    proxy.heal();
+
+    // Assert: the first contender node deleted is A's, while nodes the failed attempts left
+    // were there to be deleted.
+    let (first_deleted, left) = within(Duration::from_secs(20), "a node was deleted", async {
+        let mut left = 0;
+        loop {
+            let event = events.changed().await;
+            if event.path.matches('/').count() != 3 {
+                continue;
+            }
+            match event.event_type {
+                zookeeper_client::EventType::NodeCreated => left += 1,
+                zookeeper_client::EventType::NodeDeleted => return (event.path, left),
+                _ => {}
+            }
+        }
+    })
+    .await;
+    println!("first deleted: {first_deleted}, after {left} nodes of failed attempts landed");
+    let holders = format!("{}/{KEY}/", distlock::ZK_DEFAULT_ROOT);
+    assert!(
+        first_deleted.starts_with(&holders),
+        "{first_deleted} was deleted before the lapsed holder's node"
+    );
+    assert!(left > 0, "no node of a failed attempt landed");
+    drop(held);
+}

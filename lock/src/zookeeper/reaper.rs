@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
 use tokio::sync::Notify;
-use tokio::time::{Instant, sleep_until};
+use tokio::time::{Instant, sleep, sleep_until};
 use zookeeper_client as zk;
 
 use super::claims::Claim;
@@ -16,9 +16,17 @@ use super::{Inner, ZkLock};
 use crate::error::Result;
 use crate::token::Token;
 
+/// How a pass of the reaper ended.
+enum Pass {
+    /// Every due claim was dealt with; the next falls due then (`None`: none is left).
+    Done(Option<Instant>),
+    /// The ensemble did not answer: every due claim waits for the retry.
+    Unreachable,
+}
+
 impl ZkLock {
-    /// next falls due.
-    async fn reap_due(&self) -> Option<Instant> {
+    /// Delete the nodes of every claim whose time has come, holders first.
+    async fn reap_due(&self) -> Pass {
         let (forget, sweeps) = plan(&self.claims(), Instant::now());
         self.claims().retain(|token, _| !forget.contains(token));
         let mut sweeps = sweeps.into_iter();
@@ -44,7 +52,8 @@ impl ZkLock {
                     let retry = Instant::now() + RETRY_AFTER;
                     // TIMING: the ensemble does not answer: every other sweep would cost
                     // a request timeout too. The next pass starts again with the holders.
-                    let rest: Vec<Sweep> = if transient(&error) {
+                    let away = transient(&error);
+                    let rest: Vec<Sweep> = if away {
                         sweeps.by_ref().collect()
                     } else {
                         Vec::new()
@@ -52,10 +61,13 @@ impl ZkLock {
                     for token in std::iter::once(&sweep).chain(&rest).flat_map(|s| &s.tokens) {
                         self.with_claim(token, |claim| claim.due = Some(retry));
                     }
+                    if away {
+                        return Pass::Unreachable;
+                    }
                 }
             }
         }
-        self.claims().values().filter_map(|claim| claim.due).min()
+        Pass::Done(self.claims().values().filter_map(|claim| claim.due).min())
     }
 
     /// Delete the nodes of `sweep`'s tokens, after a `sync` (a create whose reply was lost
@@ -134,13 +146,16 @@ pub(super) async fn reap(inner: Weak<Inner>, wake: Arc<Notify>) {
             ZkLock { inner }.reap_due().await
         };
         match next {
-            Some(at) => {
+            // TIMING: wake-ups (a claim just fell due) wait for the retry too, so that the
+            // next pass takes every due claim, holders first, and not the newest alone.
+            Pass::Unreachable => sleep(RETRY_AFTER).await,
+            Pass::Done(Some(at)) => {
                 tokio::select! {
                     () = sleep_until(at) => {}
                     () = woken => {}
                 }
             }
-            None => woken.await,
+            Pass::Done(None) => woken.await,
         }
     }
 }
