@@ -1,7 +1,8 @@
 //! ZooKeeper under faults, against private servers started (and killed, by pid) by each
 //! test: the server killed under a holder, an ensemble of three with its leader down and
 //! with a majority down, a holder cut off from the ensemble for longer than its session,
-//! and the server a holder's session is connected to hung. The properties every backend
+//! the server a holder's session is connected to hung, a server that grants a shorter
+//! session than asked, and a handle's reaper through an outage. The properties every backend
 //! shares run against ZooKeeper too, in `tests/properties.rs`.
 #![cfg(feature = "zookeeper")]
 
@@ -58,13 +59,17 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) 
         .expect("a blocking step panicked")
 }
 
+/// The server a holder's session is on dies: the holder is told within its ttl, and nobody
+/// gets the lock before it is told (B gets it once the restarted server has ended the
+/// holder's session), with a larger fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_holder_is_told_within_its_session_when_the_server_dies_and_nobody_gets_the_lock_before()
- {
-    // Arrange: A holds the lock on a 3 s session; B is another process that wants it.
+async fn server_killed_holder_is_told_before_anyone_gets_the_lock() {
+    // Arrange: A holds the lock on a 3 s session, through a proxy; B is another process
+    // that wants it, and reaches the server directly.
     let mut server = blocking(ZooKeeperServer::start).await;
     let connect_string = server.connect_string();
-    let a_backend = zk(&connect_string, SESSION).await;
+    let proxy = TcpProxy::start(server.port());
+    let a_backend = zk(&format!("127.0.0.1:{}", proxy.port()), SESSION).await;
     let a = locker(a_backend.clone(), options(TTL, Duration::from_secs(30)));
     let b = locker(
         zk(&connect_string, SESSION).await,
@@ -73,28 +78,13 @@ async fn the_holder_is_told_within_its_session_when_the_server_dies_and_nobody_g
     let held = a.acquire(KEY).await.unwrap();
     let told = when_told(&held);
 
-    // Act: the server dies; B tries all along.
+    // Act: the server dies, and A's way to it with it (so that A's client cannot bring its
+    // session, and its node, back: the server must end it by itself). The server is
+    // restarted at once; B tries all along.
+    proxy.cut();
     server.kill();
     let killed = Instant::now();
     let b_wants = keep_acquiring(b, KEY, held.lost());
-    // TIMING: the watchdog's last renewal was sent at most a renewal period (ttl / 3)
-    // before the kill, and the holder's lease is counted from there: told within one ttl.
-    let (why, told_at) = within(TTL + MARGIN, "the holder was told", told)
-        .await
-        .unwrap();
-    // TIMING: the client library gives its session up 7/5 of the session timeout after it
-    // last heard from the server. The server stays down until then, so that A's client
-    // cannot bring the session (and its node) back: the server must end it by itself.
-    within(
-        SESSION * 7 / 5 + MARGIN,
-        "A's client gave its session up",
-        async {
-            while !a_backend.zookeeper().state().is_terminated() {
-                sleep(ms(50)).await;
-            }
-        },
-    )
-    .await;
     let server = blocking(move || {
         server.restart();
         server
@@ -114,20 +104,41 @@ async fn the_holder_is_told_within_its_session_when_the_server_dies_and_nobody_g
         taken.errors
     );
 
-    // Assert: A was told within its ttl, and B got the lock only after that, with a larger
-    // fence. (B could not have got it sooner here: the server was down. That nobody else
-    // gets a lock before its holder is told is shown by the cut-off test, where the others
-    // reach the server all along.)
+    // Assert: B could get the lock as soon as the server let it (a session timeout after
+    // the restart, not after A's client gave up), and A had been told by then.
+    assert!(
+        taken.old_holder_told.is_some(),
+        "B got the lock {:?} after the kill while A's guard still said it held it",
+        taken.at.duration_since(killed)
+    );
+    // TIMING: the watchdog's last renewal was sent at most a renewal period (ttl / 3)
+    // before the kill, and the holder's lease is counted from there: told within one ttl.
+    let (why, told_at) = within(TTL + MARGIN, "the holder was told", told)
+        .await
+        .unwrap();
+    // A was told within its ttl, and B got the lock only after that, with a larger fence.
     let b_guard = told_first(&held, (why, told_at), (killed, "kill"), TTL + MARGIN, taken);
-    // A's release (on a new session) finds B's node at the head of the line.
+    // TIMING: the client library gives its session up 7/5 of the session timeout after it
+    // last heard from the server (at the kill, when A's way to it was cut).
+    tokio::time::timeout_at(killed + SESSION * 7 / 5 + MARGIN, async {
+        while !a_backend.zookeeper().state().is_terminated() {
+            sleep(ms(50)).await;
+        }
+    })
+    .await
+    .expect("A's client gave its session up");
+    // Back in reach, A's release (on a new session) finds B's node at the head of the line.
+    proxy.heal();
     assert!(!held.release().await.unwrap().was_held());
     assert!(b_guard.release().await.unwrap().was_held());
     drop(server);
 }
 
+/// A holder told its lock is lost does not block the next one when the server comes back
+/// with its session: the handle's reaper deletes the lapsed node, long before the session
+/// could end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_holder_told_its_lock_is_lost_does_not_block_the_next_one_when_the_server_comes_back_with_its_session()
- {
+async fn lapsed_holder_does_not_block_when_its_session_comes_back() {
     // Arrange: A holds the lock with a 2 s ttl on a 20 s session; B is another process
     // that wants it.
     // TIMING: the server comes back long before A's client would give its session up
@@ -190,8 +201,10 @@ async fn a_holder_told_its_lock_is_lost_does_not_block_the_next_one_when_the_ser
     drop(server);
 }
 
+/// With the leader of an ensemble of three down, a held lock survives the election, and two
+/// processes still take turns, each hold with a larger fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_the_leader_of_three_down_a_held_lock_survives_and_two_processes_still_take_turns() {
+async fn leader_of_three_down_a_held_lock_survives_and_turns_go_on() {
     // Arrange: two processes on the whole ensemble, and A holding the lock.
     // TIMING: a 20 s session outlasts the survivors' election on a busy machine (a few
     // seconds); renewals every second show soon that the lock lives on after it.
@@ -246,9 +259,11 @@ async fn with_the_leader_of_three_down_a_held_lock_survives_and_two_processes_st
     );
 }
 
+/// With two of three members down, acquire fails by its deadline (and try_acquire by its
+/// request timeout); once they are back, nothing is left in line and the lock is taken
+/// again with a larger fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_two_of_three_down_acquire_fails_by_its_deadline_and_once_they_are_back_nothing_is_left_and_the_lock_is_taken_again()
- {
+async fn two_of_three_down_acquire_times_out_and_recovers_after() {
     // Arrange: a process on the whole ensemble, which has taken and given back the lock
     // once (so that its lock node exists and its fence is known).
     let ensemble = blocking(|| ZooKeeperEnsemble::start(3)).await;
@@ -338,9 +353,10 @@ async fn with_two_of_three_down_acquire_fails_by_its_deadline_and_once_they_are_
     drop(ensemble);
 }
 
+/// A holder cut off for longer than its session is told; the next holder gets a larger
+/// fence, the store refuses the old holder's write, and the old guard finds the lock taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_holder_cut_off_past_its_session_is_told_the_next_holder_gets_a_larger_fence_and_the_old_guard_finds_the_lock_taken()
- {
+async fn holder_cut_off_past_its_session_is_fenced_off() {
     // Arrange: A reaches the server through a proxy that the test cuts; B, directly, waits
     // in line behind A; a fenced store has A's write.
     let server = blocking(ZooKeeperServer::start).await;
@@ -406,6 +422,8 @@ async fn a_holder_cut_off_past_its_session_is_told_the_next_holder_gets_a_larger
     drop(server);
 }
 
+/// A held lock lives through a hang (SIGSTOP) of the server its session is connected to.
+///
 /// zookeeper-client takes a connection that has not answered for its connection timeout as
 /// lost, and reconnects to a server of its list shuffled again, the hung one included (one
 /// time in three it picks it again, and waits out another timeout). With its own default
@@ -413,7 +431,7 @@ async fn a_holder_cut_off_past_its_session_is_told_the_next_holder_gets_a_larger
 /// and the holder lost its lock in 9 runs of 20; `ZkLock`'s default, a tenth of the
 /// session, leaves room for that second try within the lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_held_lock_lives_through_a_hang_of_the_server_its_session_is_connected_to() {
+async fn held_lock_lives_through_a_hang_of_its_sessions_server() {
     // Arrange: an ensemble of three; A holds the lock with a watchdog, on a session to the
     // whole ensemble that the client has connected to a follower (a hung leader would stop
     // every write until the others elect another, which the leader-down test covers with a
@@ -504,4 +522,200 @@ async fn a_held_lock_lives_through_a_hang_of_the_server_its_session_is_connected
         zk_contenders(&connect_string, KEY).await,
         Vec::<String>::new()
     );
+}
+
+/// The server grants less than the session asked for (its `maxSessionTimeout` is 4 s, the
+/// ask 10 s): the connection timeout is a tenth of the session granted, not of the one asked
+/// for (1 s, a quarter of the granted session, which the hang test shows loses the lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_timeout_is_a_tenth_of_the_granted_session() {
+    // Arrange: a server that grants sessions of at most 4 s.
+    let granted = Duration::from_secs(4);
+    let server = blocking(move || ZooKeeperServer::start_with_max_session_timeout(granted)).await;
+
+    // Act: a handle asks for 10 s.
+    let backend = zk(&server.connect_string(), Duration::from_secs(10)).await;
+
+    // Assert: 4 s granted, and the connection timeout is a tenth of that.
+    assert_eq!(backend.session_timeout(), granted);
+    assert_eq!(backend.connection_timeout(), granted / 10);
+    assert_eq!(backend.max_ttl(), granted / 2);
+    drop(server);
+}
+
+/// How many acquires the reaper test lets fail during its outage: more than the 1,024
+/// claims a handle keeps for its reaper at most.
+const BACKLOG: usize = 1_100;
+
+/// A handle cut off from the ensemble: its holder is told, and every acquire that fails
+/// meanwhile leaves a claim for the reaper (a create whose answer never came may still land).
+/// Their number stays bounded; once the handle is back in reach, the lapsed holder's node
+/// goes (the next process gets the lock) and every claim is settled, nothing left in line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reaper_backlog_stays_bounded_through_an_outage() {
+    // Arrange: H reaches the server through a proxy; A holds the lock on H; B, another
+    // process, reaches the server directly.
+    let server = blocking(ZooKeeperServer::start).await;
+    let proxy = TcpProxy::start(server.port());
+    let session = Duration::from_secs(20);
+    let ttl = Duration::from_secs(2);
+    let h = zk(&format!("127.0.0.1:{}", proxy.port()), session).await;
+    let a = std::sync::Arc::new(locker(h.clone(), options(ttl, Duration::from_secs(30))));
+    let b = locker(
+        zk(&server.connect_string(), session).await,
+        options(ttl, Duration::from_secs(60)),
+    );
+    let held = a.acquire(KEY).await.unwrap();
+    let told = when_told(&held);
+
+    // Act: H is cut off; A is told; many acquires on H fail meanwhile.
+    proxy.cut();
+    within(ttl + MARGIN, "the holder was told", told)
+        .await
+        .unwrap();
+    let attempts: Vec<_> = (0..BACKLOG)
+        .map(|_| {
+            let a = std::sync::Arc::clone(&a);
+            tokio::spawn(async move { a.try_acquire("backlog").await.map(drop) })
+        })
+        .collect();
+    within(
+        // TIMING: a create and a sync, each bounded by the request timeout; the busy
+        // machine runs 1,100 of them.
+        REQUEST_TIMEOUT * 2 + MARGIN * 5,
+        "the attempts failed",
+        async {
+            for attempt in attempts {
+                assert!(attempt.await.unwrap().is_err(), "acquired while cut off");
+            }
+        },
+    )
+    .await;
+
+    // Assert: the claims left for the reaper are bounded.
+    let unreaped = h.unreaped();
+    println!("claims after {BACKLOG} failed attempts: {unreaped}");
+    assert!(unreaped <= 1_024, "{unreaped} claims");
+
+    // Act: H is back in reach (long before its session could end); B asks for the lock.
+    proxy.heal();
+    let taken = within(
+        Duration::from_secs(20),
+        "B got the lapsed lock",
+        keep_acquiring(b, KEY, held.lost()),
+    )
+    .await
+    .unwrap();
+
+    // Assert: B holds with a larger fence; every claim of H is settled in the end (a
+    // create that may have landed is looked for again a session timeout later), with
+    // nothing left in either line.
+    assert!(taken.guard.fence() > held.fence());
+    assert!(taken.guard.release().await.unwrap().was_held());
+    within(
+        session + TICK_TIME + MARGIN * 3,
+        "the reaper settled every claim",
+        async {
+            while h.unreaped() > 0 {
+                sleep(ms(200)).await;
+            }
+        },
+    )
+    .await;
+    for key in [KEY, "backlog"] {
+        assert_eq!(
+            zk_contenders(&server.connect_string(), key).await,
+            Vec::<String>::new()
+        );
+    }
+    drop(held);
+}
+
+/// How many keys the ordering test's failed attempts leave claims on: one listing each.
+const BACKLOG_KEYS: usize = 50;
+
+/// A handle cut off from the ensemble: its holder's lease lapses, and acquires on other keys
+/// fail meanwhile (their creates, held by the client, land when it reconnects). Once back
+/// in reach, the reaper deletes the lapsed holder's node, which blocks others, before any
+/// node those attempts left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reaper_deletes_lapsed_holders_before_the_backlog() {
+    // Arrange: H reaches the server through a proxy; A holds the lock on H; an observer
+    // sees every node created and deleted under the root, in the server's order.
+    let server = blocking(ZooKeeperServer::start).await;
+    let proxy = TcpProxy::start(server.port());
+    let session = Duration::from_secs(20);
+    let ttl = Duration::from_secs(2);
+    let h = zk(&format!("127.0.0.1:{}", proxy.port()), session).await;
+    let a = std::sync::Arc::new(locker(h, options(ttl, Duration::from_secs(30))));
+    // Each other key's lock node exists (taken and given back once): a create sent to it
+    // lands whenever the server gets it.
+    for i in 0..BACKLOG_KEYS {
+        let guard = a.acquire(&format!("backlog_{i}")).await.unwrap();
+        assert!(guard.release().await.unwrap().was_held());
+    }
+    let held = a.acquire(KEY).await.unwrap();
+    let told = when_told(&held);
+    let observer = zookeeper_client::Client::connect(&server.connect_string())
+        .await
+        .expect("an observer's session");
+    let mut events = observer
+        .watch(
+            distlock::zookeeper::DEFAULT_ROOT,
+            zookeeper_client::AddWatchMode::PersistentRecursive,
+        )
+        .await
+        .expect("a recursive watch on the root");
+
+    // Act: H is cut off; A is told; an acquire on each of many other keys fails meanwhile.
+    proxy.cut();
+    within(ttl + MARGIN, "the holder was told", told)
+        .await
+        .unwrap();
+    let attempts: Vec<_> = (0..BACKLOG_KEYS)
+        .map(|i| {
+            let a = std::sync::Arc::clone(&a);
+            tokio::spawn(async move { a.try_acquire(&format!("backlog_{i}")).await.map(drop) })
+        })
+        .collect();
+    within(
+        REQUEST_TIMEOUT * 2 + MARGIN * 2,
+        "the attempts failed",
+        async {
+            for attempt in attempts {
+                assert!(attempt.await.unwrap().is_err(), "acquired while cut off");
+            }
+        },
+    )
+    .await;
+    // TIMING: each failed attempt's release times out too (a request timeout) before it
+    // leaves its claim to the reaper: all of them are the reaper's by then.
+    sleep(REQUEST_TIMEOUT + MARGIN).await;
+    proxy.heal();
+
+    // Assert: the first contender node deleted is A's, while nodes the failed attempts left
+    // were there to be deleted.
+    let (first_deleted, left) = within(Duration::from_secs(20), "a node was deleted", async {
+        let mut left = 0;
+        loop {
+            let event = events.changed().await;
+            if event.path.matches('/').count() != 3 {
+                continue;
+            }
+            match event.event_type {
+                zookeeper_client::EventType::NodeCreated => left += 1,
+                zookeeper_client::EventType::NodeDeleted => return (event.path, left),
+                _ => {}
+            }
+        }
+    })
+    .await;
+    println!("first deleted: {first_deleted}, after {left} nodes of failed attempts landed");
+    let holders = format!("{}/{KEY}/", distlock::zookeeper::DEFAULT_ROOT);
+    assert!(
+        first_deleted.starts_with(&holders),
+        "{first_deleted} was deleted before the lapsed holder's node"
+    );
+    assert!(left > 0, "no node of a failed attempt landed");
+    drop(held);
 }
