@@ -264,92 +264,35 @@ async fn leader_of_three_down_a_held_lock_survives_and_turns_go_on() {
 /// again with a larger fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_of_three_down_acquire_times_out_and_recovers_after() {
-    // Arrange: a process on the whole ensemble, which has taken and given back the lock
-    // once (so that its lock node exists and its fence is known).
     let ensemble = blocking(|| ZooKeeperEnsemble::start(3)).await;
     let connect_string = ensemble.connect_string();
     let session = Duration::from_secs(4);
-    let wait = Duration::from_secs(5);
     let a = locker(
         zk(&connect_string, session).await,
-        options(session / 2, wait),
+        options(session / 2, Duration::from_secs(5)),
     );
-    let first = a.acquire(KEY).await.unwrap();
-    let first_fence = first.fence();
-    assert!(first.release().await.unwrap().was_held());
-    let leader = ensemble.leader().expect("a leader");
-    let follower = (0..3).find(|&i| i != leader).unwrap();
-
-    // Act: the leader and a follower die; the last member has no quorum and serves nobody.
-    let mut ensemble = ensemble;
-    ensemble.kill(leader);
-    ensemble.kill(follower);
-    let killed = Instant::now();
-    let waited = a.acquire(KEY).await;
-    let waited_for = killed.elapsed();
-    let started = Instant::now();
-    let tried = within(
+    let bounds = TwoDownBounds {
+        margin: MARGIN,
         // TIMING: the client holds requests while it looks for a server that serves; each
         // is bounded by the request timeout, and a create that timed out is looked for
         // once (a sync, bounded the same way) before the attempt fails.
-        REQUEST_TIMEOUT * 2 + MARGIN,
-        "try_acquire gave up",
-        a.try_acquire(KEY),
-    )
-    .await;
-    let tried_for = started.elapsed();
-
-    // Assert: both failed, clearly and in time.
-    let waited = waited.expect_err("acquired without a quorum");
-    println!("acquire without a quorum, after {waited_for:?}: {waited:?}");
+        try_acquire_within: REQUEST_TIMEOUT * 2 + MARGIN,
+        // TIMING: the new leader gives every session it finds in its log a whole session
+        // timeout (rounded up to a tick) from its election: a node of a failed attempt could
+        // only live in such a session, as long as that.
+        line_empty_within: session + TICK_TIME + MARGIN * 2,
+    };
     // A waiter retries what it could not send until its deadline (the session lives on:
-    // the client gives it up only 7/5 of its timeout after it last heard from a server).
-    assert!(matches!(waited, Error::Timeout { .. }), "{waited:?}");
-    assert!(
-        waited_for <= wait + MARGIN,
-        "acquire took {waited_for:?}, its wait is {wait:?}"
-    );
-    let tried = tried.expect_err("try_acquire succeeded without a quorum");
-    println!("try_acquire without a quorum, after {tried_for:?}: {tried:?}");
-    assert!(
+    // the client gives it up only 7/5 of its timeout after it last heard from a server), so
+    // acquire ends in `Timeout`; try_acquire ends in the client's own time-out.
+    let zk_timed_out = |tried: &Error| {
         matches!(
             tried.backend_source(),
             Some(zookeeper_client::Error::Timeout)
-        ),
-        "{tried:?}"
-    );
-
-    // Act: both come back.
-    let ensemble = blocking(move || {
-        ensemble.restart(leader);
-        ensemble.restart(follower);
-        ensemble
-    })
-    .await;
-
-    // Assert: once the sessions of the failed attempts are over, no contender node is left,
-    // and the lock is taken again with a larger fence.
-    // TIMING: the new leader gives every session it finds in its log a whole session
-    // timeout (rounded up to a tick) from its election: a node of a failed attempt could
-    // only live in such a session, as long as that.
-    within(
-        session + TICK_TIME + MARGIN * 2,
-        "the line emptied once the failed attempts' sessions were over",
-        async {
-            loop {
-                let line = zk_contenders(&connect_string, KEY).await;
-                if line.is_empty() {
-                    break;
-                }
-                println!("still in line: {line:?}");
-                sleep(ms(200)).await;
-            }
-        },
-    )
-    .await;
-    let again = a.acquire(KEY).await.unwrap();
-    assert!(again.fence() > first_fence);
-    assert!(again.release().await.unwrap().was_held());
+        )
+    };
+    let line = || zk_contenders(&connect_string, KEY);
+    let ensemble = two_of_three_down(ensemble, a, KEY, bounds, zk_timed_out, line).await;
     drop(ensemble);
 }
 
