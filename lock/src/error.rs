@@ -65,10 +65,8 @@ pub enum Error {
     InvalidFence(u64),
 
     /// A fence this backend cannot go above: ZooKeeper's and etcd's fences are numbers the
-    /// server assigns (a zxid, a revision), which grow for as long as the ensemble or cluster
-    /// keeps its data, so `seen` came from somewhere else: another backend (whose fences are
-    /// not comparable with these), or the same servers before they were rebuilt from empty
-    /// or restored from an older backup (their numbering started over).
+    /// server assigns (a zxid, a revision), so `seen` came from elsewhere: another backend,
+    /// or the same servers before they were rebuilt or restored (their numbering restarted).
     #[error("fence {seen} is above every fence this backend can hand out now ({next})")]
     FenceOutOfReach {
         /// The fence asked to go above.

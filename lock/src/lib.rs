@@ -1,5 +1,26 @@
 //! `distlock`: an async distributed lock that is clear about what it guarantees.
 //!
+//! # Reading the source: one acquire and one release
+//! Read in this order, following `Locker::acquire` on one Redis and `LockGuard::release`:
+//! 1. `locker/mod.rs`: [`Locker`], its public calls; `acquire` goes to `wait_for`.
+//! 2. `locker/wait.rs`: the wait as steps. `wait_for` re-enters a key the owner holds, takes
+//!    this process's turn for the key (`waiting.rs`, with release signals), then asks the
+//!    backend's [`Protocol`](backend::Protocol): `poll_until_free` (one attempt, then a pause
+//!    a release announcement cuts short, `signals.rs`) or `wait_in_line` (ZooKeeper, etcd).
+//! 3. `locker/attempt.rs`: one attempt in a task of its own, and the hold it becomes: the
+//!    lease and the watchdog (`lease.rs`).
+//! 4. `backend.rs`: the [`Backend`] trait, the steps a store runs; then one store:
+//!    `redis/mod.rs` with its Lua in `redis/scripts.rs` and its key names in `redis/keys.rs`.
+//! 5. `guard/mod.rs`: [`LockGuard`]; its `release` goes to `guard/hold.rs`, which stops the
+//!    watchdog, runs the backend's `unlock` and says how the lock ended
+//!    (`guard/outcome.rs`); dropped unreleased, `hold.rs` releases in the background.
+//!
+//! Then, as needed: `fence.rs` ([`Fence`]), `owner.rs` and `guard/owner_table.rs`
+//! (reentrancy), `options.rs`, `error.rs`, and the other stores: `redlock.rs`,
+//! `sentinel.rs`, `postgres.rs`, and the `zookeeper` and `etcd` modules (each a folder:
+//! the handle and its builder, the session or the members, the line, the reaper or the
+//! leases).
+//!
 //! # Why a distributed lock
 //! A mutex protects memory inside one process. When several processes on several machines
 //! sell the same stock, they need a lock that lives outside all of them: a Redis key, or a
@@ -21,27 +42,6 @@
 //!    renewal fails ([`LockGuard::is_held`], [`LockGuard::lost`]). Renewal cannot help a
 //!    process that is paused longer than the lease; for that, every acquisition carries a
 //!    [`Fence`], a number that only grows, which the store checks to refuse stale writes.
-//!
-//! # Reading it: one acquire and one release
-//! Read in this order, following `Locker::acquire` on one Redis and `LockGuard::release`:
-//! 1. `locker/mod.rs`: [`Locker`], its public calls; `acquire` goes to `wait_for`.
-//! 2. `locker/wait.rs`: the wait as steps. `wait_for` re-enters a key the owner holds, takes
-//!    this process's turn for the key (`waiting.rs`, with release signals), then asks the
-//!    backend's [`Protocol`](backend::Protocol): `poll_until_free` (one attempt, then a pause
-//!    a release announcement cuts short, `signals.rs`) or `wait_in_line` (ZooKeeper, etcd).
-//! 3. `locker/attempt.rs`: one attempt in a task of its own, and the hold it becomes: the
-//!    lease and the watchdog (`lease.rs`).
-//! 4. `backend.rs`: the [`Backend`] trait, the steps a store runs; then one store:
-//!    `redis/mod.rs` with its Lua in `redis/scripts.rs` and its key names in `redis/keys.rs`.
-//! 5. `guard/mod.rs`: [`LockGuard`]; its `release` goes to `guard/hold.rs`, which stops the
-//!    watchdog, runs the backend's `unlock` and says how the lock ended
-//!    (`guard/outcome.rs`); dropped unreleased, `hold.rs` releases in the background.
-//!
-//! Then, as needed: `fence.rs` ([`Fence`]), `owner.rs` and `guard/owner_table.rs`
-//! (reentrancy), `options.rs`, `error.rs`, and the other stores: `redlock.rs`,
-//! `sentinel.rs`, `postgres.rs`, and the `zookeeper` and `etcd` modules (each a folder:
-//! the handle and its builder, the session or the members, the line, the reaper or the
-//! leases).
 //!
 //! # Backends
 //! A [`Backend`] runs single atomic steps (take, renew, release, advance the fence), each
