@@ -393,8 +393,9 @@ mod tests {
         );
     }
 
+    /// A lock-free batch that sells nothing tells nobody sold out past a restock that came in between.
     #[sqlx::test(migrator = "crate::MIGRATOR")]
-    async fn a_lock_free_batch_that_sells_nothing_tells_nobody_sold_out_past_a_restock_that_came_in_between(
+    async fn empty_batch_hides_no_restock_that_came_in_between(
         pool: PgPool,
     ) {
         for step in [Step::Atomic, Step::Optimistic] {

@@ -341,8 +341,9 @@ enum Woken {
 mod tests {
     use super::*;
 
+    /// A waiter pauses longer after each failure, up to its cap, and starts over after a success.
     #[tokio::test(start_paused = true)]
-    async fn a_waiter_pauses_longer_after_each_failure_up_to_its_cap_and_starts_over_after_a_success()
+    async fn pauses_grow_to_their_cap_and_start_over_after_a_success()
      {
         let mut pause = Pause::new(Duration::from_secs(10));
         let mut waited = Vec::new();
