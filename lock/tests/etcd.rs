@@ -360,7 +360,15 @@ async fn with_two_of_three_down_acquire_fails_in_time_and_recovers_after() {
         // renews: the new leader gives it its TTL again plus an election timeout.
         line_empty_within: TTL + ELECTION + MARGIN * 2,
     };
-    let etcd_failed = |tried: &Error| matches!(tried, Error::Backend { backend: "etcd", .. });
+    let etcd_failed = |tried: &Error| {
+        matches!(
+            tried,
+            Error::Backend {
+                backend: "etcd",
+                ..
+            }
+        )
+    };
     let line = || etcd_line(&endpoints, KEY);
     let cluster = two_of_three_down(cluster, a, KEY, bounds, etcd_failed, line).await;
     drop(cluster);

@@ -393,11 +393,10 @@ mod tests {
         );
     }
 
-    /// A lock-free batch that sells nothing tells nobody sold out past a restock that came in between.
+    /// A lock-free batch that sells nothing tells nobody sold out past a restock that came in
+    /// between.
     #[sqlx::test(migrator = "crate::MIGRATOR")]
-    async fn empty_batch_hides_no_restock_that_came_in_between(
-        pool: PgPool,
-    ) {
+    async fn empty_batch_hides_no_restock_that_came_in_between(pool: PgPool) {
         for step in [Step::Atomic, Step::Optimistic] {
             // Arrange, act: stock 0, one buyer (the batch writes nothing); a restock of 10
             // commits between its read and its answer.

@@ -341,10 +341,10 @@ enum Woken {
 mod tests {
     use super::*;
 
-    /// A waiter pauses longer after each failure, up to its cap, and starts over after a success.
+    /// A waiter pauses longer after each failure, up to its cap, and starts over after a
+    /// success.
     #[tokio::test(start_paused = true)]
-    async fn pauses_grow_to_their_cap_and_start_over_after_a_success()
-     {
+    async fn pauses_grow_to_their_cap_and_start_over_after_a_success() {
         let mut pause = Pause::new(Duration::from_secs(10));
         let mut waited = Vec::new();
         for _ in 0..6 {
