@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use super::ZkLock;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::token::Token;
 
 /// The most claims a handle keeps (its waiters', its holders', and those its reaper is still
