@@ -10,7 +10,8 @@ mod support;
 
 use std::time::Duration;
 
-use distlock::{Error, LockLost, LockOptions, ZkLock};
+use distlock::backend::{Attempt, Token, Unlock};
+use distlock::{Backend, Error, LockLost, LockOptions, ZkLock};
 use support::*;
 use testkit::zookeeper::TICK_TIME;
 use testkit::{TcpProxy, ZooKeeperEnsemble, ZooKeeperServer};
@@ -486,6 +487,40 @@ async fn connection_timeout_is_a_tenth_of_the_granted_session() {
     drop(server);
 }
 
+/// The bound on a handle's claims is on the reaper's backlog (attempts that got no node),
+/// not on what it holds: a handle holding more locks than the bound still takes another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holding_past_the_claims_bound_refuses_no_new_lock() {
+    // Arrange: one handle on a healthy server holds BACKLOG locks (more than the bound).
+    let server = blocking(ZooKeeperServer::start).await;
+    let h = zk(&server.connect_string(), Duration::from_secs(20)).await;
+    let ttl = Duration::from_secs(10);
+    let mut held = Vec::new();
+    for i in 0..BACKLOG {
+        let token = Token::new();
+        let attempt = h.try_lock(&format!("many_{i}"), &token, ttl).await;
+        assert!(
+            matches!(attempt, Ok(Attempt::Acquired(_))),
+            "lock {i}: {attempt:?}"
+        );
+        held.push((format!("many_{i}"), token));
+    }
+
+    // Act: one more, on a free key.
+    let token = Token::new();
+    let attempt = h.try_lock("one_more", &token, ttl).await;
+
+    // Assert: taken, not refused as if the ensemble were away.
+    assert!(matches!(attempt, Ok(Attempt::Acquired(_))), "{attempt:?}");
+    assert_eq!(
+        h.unlock("one_more", &token).await.unwrap(),
+        Unlock::Released
+    );
+    for (key, token) in held {
+        assert_eq!(h.unlock(&key, &token).await.unwrap(), Unlock::Released);
+    }
+}
+
 /// How many acquires the reaper test lets fail during its outage: more than the 1,024
 /// claims a handle keeps for its reaper at most.
 const BACKLOG: usize = 1_100;
@@ -535,10 +570,11 @@ async fn reaper_backlog_stays_bounded_through_an_outage() {
     )
     .await;
 
-    // Assert: the claims left for the reaper are bounded.
+    // Assert: the claims left for the reaper are bounded: at most 1,024 without a node,
+    // and the lapsed holder's.
     let unreaped = h.unreaped();
     println!("claims after {BACKLOG} failed attempts: {unreaped}");
-    assert!(unreaped <= 1_024, "{unreaped} claims");
+    assert!(unreaped <= 1_024 + 1, "{unreaped} claims");
 
     // Act: H is back in reach (long before its session could end); B asks for the lock.
     proxy.heal();

@@ -288,7 +288,9 @@ pub(crate) fn answering(mut child: Child, port: u16) -> Option<Child> {
         if child.try_wait().ok().flatten().is_some() {
             return None;
         }
-        if server_info_section(port, "server").is_some_and(|info| info.contains(&ours)) {
+        if server_info_section(port, "server")
+            .is_some_and(|info| info.lines().any(|line| line.trim_end() == ours))
+        {
             return Some(child);
         }
         std::thread::sleep(Duration::from_millis(25));

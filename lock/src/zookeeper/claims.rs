@@ -13,9 +13,10 @@ use super::ZkLock;
 use crate::error::Result;
 use crate::token::Token;
 
-/// The most claims a handle keeps (its waiters', its holders', and those its reaper is still
-/// to look for): past it, a new attempt is refused as timed out. They pile up only while the
-/// ensemble does not answer.
+/// The most claims without a node (creates whose reply never came, left for the reaper to
+/// look for) a handle keeps: past it, a new attempt is refused as timed out. They pile up
+/// only while the ensemble does not answer; waiters' and holders' claims, which have their
+/// node, do not count.
 const MAX_CLAIMS: usize = 1_024;
 
 /// A node this handle made (or may have made) for one token, until it is known deleted.
@@ -37,6 +38,9 @@ pub(super) struct Claim {
     /// connection): it may still land after we looked for it, so the reaper looks once
     /// more, a session timeout later, before it forgets the token.
     pub(super) uncertain: bool,
+    /// A `create`'s reply was lost with its connection: that create may land unseen
+    /// whatever the replies to later ones, so the claim stays `uncertain` until swept.
+    pub(super) lost_reply: bool,
 }
 
 impl ZkLock {
@@ -89,7 +93,9 @@ impl ZkLock {
         if claims.contains_key(token.as_str()) {
             return Ok(());
         }
-        if claims.len() >= MAX_CLAIMS {
+        if claims.len() >= MAX_CLAIMS
+            && claims.values().filter(|claim| claim.node.is_none()).count() >= MAX_CLAIMS
+        {
             // The claims pile up only while the ensemble does not answer: an attempt now
             // would meet the same time-out, and leave one more claim behind.
             tracing::warn!(
@@ -106,6 +112,7 @@ impl ZkLock {
                 node: None,
                 due: None,
                 uncertain: false,
+                lost_reply: false,
             },
         );
         Ok(())

@@ -142,24 +142,23 @@ impl ZkLock {
                     };
                     self.with_claim(token, |claim| {
                         claim.node = Some(node.name.clone());
-                        claim.uncertain = false;
+                        claim.uncertain = claim.lost_reply;
                     });
                     return Ok(node);
                 }
                 Err(zk::Error::NoNode) => {
-                    // Refused: nothing was made.
-                    self.with_claim(token, |claim| claim.uncertain = false);
+                    // Refused: nothing was made by this try (an earlier one whose reply was
+                    // lost may still land).
+                    self.with_claim(token, |claim| claim.uncertain = claim.lost_reply);
                     self.bounded(client.mkdir(&lock_node, &LOCK_NODE)).await?;
                     zk::Error::NoNode
                 }
                 Err(error @ (zk::Error::ConnectionLoss | zk::Error::Timeout)) => {
-                    // The create may have been applied, or may be later: it stays
-                    // uncertain unless our node is found now.
+                    // The create may have been applied, or may be later: the claim stays
+                    // uncertain (a node found now may be another try's).
+                    self.with_claim(token, |claim| claim.lost_reply = true);
                     if let Some(own) = self.find_own(client, &lock_node, token).await? {
-                        self.with_claim(token, |claim| {
-                            claim.node = Some(own.name.clone());
-                            claim.uncertain = false;
-                        });
+                        self.with_claim(token, |claim| claim.node = Some(own.name.clone()));
                         return Ok(own);
                     }
                     error

@@ -315,7 +315,8 @@ impl ZkLock {
 
     /// How long a connection of the current session may go without an answer before the
     /// client moves the session to another server: the builder's
-    /// [`connection_timeout`](ZkLockBuilder::connection_timeout), or a tenth of the session.
+    /// [`connection_timeout`](ZkLockBuilder::connection_timeout), or a tenth of the session
+    /// (of the smaller of the one asked for and the one granted).
     pub fn connection_timeout(&self) -> Duration {
         self.session().connection_timeout
     }

@@ -173,6 +173,7 @@ mod tests {
             node: node.map(str::to_owned),
             due,
             uncertain,
+            lost_reply: false,
         }
     }
 

@@ -22,7 +22,7 @@ pub(super) struct Session {
 
 impl Session {
     /// Open a session asking for `asked`. Unless `connection_timeout` is given, it is a
-    /// tenth of the session the server *granted*.
+    /// tenth of the smaller of the session asked for and the one the server *granted*.
     // TIMING: a server grants at most its `maxSessionTimeout`; a tenth of a larger ask would
     // be a larger share of the session granted (ask 10 s, be granted 4 s: a quarter), and
     // the client cannot change it once connected: the session is opened again, asking for
