@@ -37,7 +37,7 @@ pub enum Command {
     /// Measure instances with wrk (Debian's `wrk` package) against the ceiling, PostgreSQL
     /// selling from one row with nothing in front of it (pgbench, from Debian's
     /// `postgresql-client`): `redis` on one instance at 64 and 1,000 connections, on three
-    /// instances, and on three instances selling --products products at once; the other
+    /// instances, and --products products at once on three instances and on one; the other
     /// strategies, batched and per request; the sold-out path against `/healthz`; and the CPU
     /// each order costs, split by where it is spent.
     BenchHttp(BenchArgs),
@@ -204,9 +204,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=50))]
     pub rounds: u64,
 
-    /// Products sold at once in the run of three instances over several products: each wrk
-    /// process runs a thread per product (up to its connections), and each product gets the
-    /// connections of its threads, so that a product that sells slowly shows.
+    /// Products sold at once in the runs over several products (on three instances, and on
+    /// one): each wrk process runs a thread per product (up to its connections), and each
+    /// product gets the connections of its threads, so that a product that sells slowly shows.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(2..=1_000))]
     pub products: u64,
 }

@@ -15,6 +15,8 @@
 //! - (d) the same three instances, `--products` products at once: each wrk process runs a
 //!   thread per product, so that every product has connections of its own (a product that
 //!   sells slowly then sells less, and shows).
+//! - (e) the instance of (a) and (b), `--products` products at once, 1,000 connections: what
+//!   many products cost one instance, against (b).
 //! - The other strategies on one instance, 64 connections: `pg-atomic`, `pg-row` and
 //!   `pg-lock` batched, `redis` and `pg-atomic` with `BATCH_MAX=1` (the per-request
 //!   baseline). Batched `redis` is (a).
@@ -239,12 +241,13 @@ impl<'a> Stage<'a> {
     }
 }
 
-/// The products: one for (a) and (b), one for (c), `--products` for (d), one for each
-/// other strategy, and a sold-out one beside (a)'s.
+/// The products: one for (a) and (b), one for (c), `--products` for (d) and as many for (e),
+/// one for each other strategy, and a sold-out one beside (a)'s.
 struct Products {
     single: i64,
     shared: i64,
     many: Vec<i64>,
+    many_on_one: Vec<i64>,
     alone: Vec<i64>,
     gone: i64,
 }
@@ -255,8 +258,10 @@ impl Products {
         let single = create_product(one, ADMIN_TOKEN, STOCK).await?;
         let shared = create_product(three, ADMIN_TOKEN, STOCK).await?;
         let mut many = Vec::new();
+        let mut many_on_one = Vec::new();
         for _ in 0..args.products {
             many.push(create_product(three, ADMIN_TOKEN, STOCK).await?);
+            many_on_one.push(create_product(one, ADMIN_TOKEN, STOCK).await?);
         }
         let mut alone = Vec::new();
         for other in stage.others {
@@ -267,6 +272,7 @@ impl Products {
             single,
             shared,
             many,
+            many_on_one,
             alone,
             gone,
         })
@@ -307,6 +313,14 @@ fn rows(args: &BenchArgs, others: &[Deployment]) -> Vec<Row> {
             ),
             true,
         ),
+        row(
+            Kind::OneManyProducts,
+            format!(
+                "(e) redis, 1 instance, {} products, {MANY} connections",
+                args.products
+            ),
+            true,
+        ),
     ];
     for other in others {
         let batch = other
@@ -340,6 +354,7 @@ async fn measure_round(
     measured.push(bench.sell(one, &[MANY], &[products.single]).await?);
     measured.push(bench.sell(three, &split, &[products.shared]).await?);
     measured.push(bench.sell(three, &split, &products.many).await?);
+    measured.push(bench.sell(one, &[MANY], &products.many_on_one).await?);
     for (other, product) in stage.others.iter().zip(&products.alone) {
         measured.push(bench.sell(other, &[FEW], &[*product]).await?);
     }

@@ -25,6 +25,8 @@ pub(crate) enum Kind {
     ThreeAt1000,
     /// (d) three instances, `--products` products at once, 1,000 connections in all.
     ThreeManyProducts,
+    /// (e) one instance, `--products` products at once, 1,000 connections.
+    OneManyProducts,
     /// Another strategy on one instance, one product, 64 connections; `batch`: BATCH_MAX if
     /// set, else the service's default.
     Strategy {
@@ -287,6 +289,13 @@ impl Report {
                 self.ratios(Kind::ThreeManyProducts, Kind::ThreeAt1000),
             ),
             (
+                format!(
+                    "(e) / (b): {} products against one, one instance",
+                    self.products
+                ),
+                self.ratios(Kind::OneManyProducts, Kind::OneAt1000),
+            ),
+            (
                 "(d): the slowest product's orders/s over the fastest's".to_owned(),
                 self.spread(),
             ),
@@ -469,6 +478,7 @@ mod tests {
                 row(Kind::OneAt1000, "(b)", &[420.0]),
                 row(Kind::ThreeAt1000, "(c)", &[600.0]),
                 many,
+                row(Kind::OneManyProducts, "(e)", &[378.0]),
             ],
             health: vec![(100.0, 95.0)],
             ..Report::default()
@@ -493,6 +503,10 @@ mod tests {
         );
         assert!(
             text.contains("| (c) / (b): three instances against one, 1,000 connections | 1.429 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| (e) / (b): 2 products against one, one instance | 0.900 |"),
             "{text}"
         );
         // Ceiling: no instances; 2,000 orders; Redis unknown, so "other" too.
