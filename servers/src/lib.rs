@@ -36,7 +36,7 @@ pub mod zookeeper;
 pub use etcd::{EtcdCluster, EtcdServer};
 pub use postgres::PostgresServer;
 pub use process::{Tie, send_signal};
-pub use redis::{RedisCluster, RedisServer, server_info_section};
+pub use redis::{RedisCluster, RedisServer, forget_prefix, server_info_section};
 pub use sentinel::RedisSentinels;
 pub use zookeeper::{ZooKeeperEnsemble, ZooKeeperServer};
 

@@ -279,6 +279,30 @@ fn spawn_redis(port: u16, extra: &[String]) -> Option<Child> {
     launch(Path::new("redis-server"), port, extra, Tie::Child).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Delete every key of `prefix` in the Redis at `url`: `<prefix>*`, and `{<prefix>*` (a
+/// lock's fence key wraps the lock key in a hash tag). Found with `SCAN`, deleted in chunks.
+///
+/// # Errors
+/// Redis unreachable, or a command failed.
+pub fn forget_prefix(url: &str, prefix: &str) -> redis::RedisResult<()> {
+    let mut conn = redis::Client::open(url)?.get_connection()?;
+    for pattern in [format!("{prefix}*"), format!("{{{prefix}*")] {
+        let keys: Vec<String> = redis::cmd("SCAN")
+            .cursor_arg(0)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .clone()
+            .iter(&mut conn)?
+            .collect::<redis::RedisResult<_>>()?;
+        for chunk in keys.chunks(500) {
+            redis::cmd("DEL").arg(chunk).exec(&mut conn)?;
+        }
+    }
+    Ok(())
+}
+
 /// `child`, once the server that answers on `port` is it (its `process_id`), not some other
 /// process that took the port first; `None` if it exited (the port was taken), or never
 /// answered within 10 s and was killed.

@@ -39,22 +39,7 @@ impl PrefixCleanup {
     }
 
     fn clean(&self) -> redis::RedisResult<()> {
-        let mut conn = redis::Client::open(self.url.as_str())?.get_connection()?;
-        for pattern in [format!("{}*", self.prefix), format!("{{{}*", self.prefix)] {
-            let keys: Vec<String> = redis::cmd("SCAN")
-                .cursor_arg(0)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .clone()
-                .iter(&mut conn)?
-                .collect::<redis::RedisResult<_>>()?;
-            for chunk in keys.chunks(500) {
-                redis::cmd("DEL").arg(chunk).exec(&mut conn)?;
-            }
-        }
-        Ok(())
+        servers::forget_prefix(&self.url, &self.prefix)
     }
 }
 

@@ -140,26 +140,8 @@ struct Cleanup {
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let clean = || -> redis::RedisResult<()> {
-            let mut conn = redis::Client::open(self.url.as_str())?.get_connection()?;
-            // rslock's keys start with the prefix; ours too, and their fences with `{prefix`.
-            for pattern in [format!("{}*", self.prefix), format!("{{{}*", self.prefix)] {
-                let keys: Vec<String> = redis::cmd("SCAN")
-                    .cursor_arg(0)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .clone()
-                    .iter(&mut conn)?
-                    .collect::<redis::RedisResult<_>>()?;
-                for chunk in keys.chunks(500) {
-                    redis::cmd("DEL").arg(chunk).exec(&mut conn)?;
-                }
-            }
-            Ok(())
-        };
-        if let Err(error) = clean() {
+        // rslock's keys start with the prefix; ours too, and their fences with `{prefix`.
+        if let Err(error) = servers::forget_prefix(&self.url, &self.prefix) {
             eprintln!(
                 "could not delete the bench's keys under {}: {error}",
                 self.prefix
