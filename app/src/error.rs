@@ -9,6 +9,7 @@ use actix_web::web::Bytes;
 use actix_web::{HttpRequest, HttpResponse, ResponseError};
 use serde::Serialize;
 
+use crate::identity::Refused;
 use crate::repository;
 use crate::sale::PurchaseError;
 
@@ -28,12 +29,25 @@ pub enum ApiError {
     Unauthorized,
     #[error("admin routes are disabled: the service was started without ADMIN_TOKEN")]
     AdminDisabled,
+    /// A purchase or order read without a buyer token this service accepts.
+    #[error("{0}")]
+    BuyerRefused(crate::identity::Refused),
+    /// A buyer acting for another buyer.
+    #[error("{0}")]
+    Forbidden(String),
+    /// Over a purchase limit (per buyer or per address); retry after this many seconds.
+    #[error("too many purchase attempts; retry after {retry_after_s} s")]
+    TooManyRequests { retry_after_s: u64 },
     #[error("{0}")]
     NotFound(String),
     #[error("this route does not take that method")]
     MethodNotAllowed,
     #[error("sold out")]
     SoldOut,
+    #[error(
+        "the sale of this product has not opened yet; its on_sale_at is in GET /api/products/{{id}}"
+    )]
+    NotOpen,
     /// With the buyer's order, when it could be looked up.
     #[error("this user already bought this product")]
     AlreadyPurchased { order_id: Option<i64> },
@@ -75,8 +89,9 @@ pub enum ApiError {
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     /// A stable code: `invalid_input`, `malformed_body`, `unsupported_media_type`,
-    /// `payload_too_large`, `unauthorized`, `admin_disabled`, `not_found`,
-    /// `method_not_allowed`, `sold_out`, `already_purchased`, `stock_changed`,
+    /// `payload_too_large`, `unauthorized`, `admin_disabled`, `forbidden`, `not_found`,
+    /// `method_not_allowed`, `too_many_requests`, `sold_out`, `not_open`,
+    /// `already_purchased`, `stock_changed`,
     /// `stock_too_large`, `idempotency_key_reused`, `busy`, `lock_lost`, `redis_unavailable`,
     /// `database_unavailable`, `outcome_unknown`, `internal`.
     #[schema(example = "sold_out")]
@@ -101,9 +116,13 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::Unauthorized => "unauthorized",
             ApiError::AdminDisabled => "admin_disabled",
+            ApiError::BuyerRefused(_) => "unauthorized",
+            ApiError::Forbidden(_) => "forbidden",
+            ApiError::TooManyRequests { .. } => "too_many_requests",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::SoldOut => "sold_out",
+            ApiError::NotOpen => "not_open",
             ApiError::AlreadyPurchased { .. } => "already_purchased",
             ApiError::StockChanged { .. } => "stock_changed",
             ApiError::StockTooLarge => "stock_too_large",
@@ -202,6 +221,7 @@ impl ApiError {
         match error {
             PurchaseError::NotFound => ApiError::NotFound("no such product".into()),
             PurchaseError::SoldOut(_) => ApiError::SoldOut,
+            PurchaseError::NotOpen => ApiError::NotOpen,
             PurchaseError::AlreadyPurchased(_) => ApiError::AlreadyPurchased { order_id },
             PurchaseError::Busy => ApiError::Busy,
             PurchaseError::LockLost => ApiError::LockLost,
@@ -235,11 +255,13 @@ impl ResponseError for ApiError {
             ApiError::InvalidInput(_) | ApiError::MalformedBody(_) => StatusCode::BAD_REQUEST,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::AdminDisabled => StatusCode::FORBIDDEN,
+            ApiError::Unauthorized | ApiError::BuyerRefused(_) => StatusCode::UNAUTHORIZED,
+            ApiError::AdminDisabled | ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::SoldOut
+            | ApiError::NotOpen
             | ApiError::AlreadyPurchased { .. }
             | ApiError::StockChanged { .. }
             | ApiError::StockTooLarge => StatusCode::CONFLICT,
@@ -266,9 +288,19 @@ impl ResponseError for ApiError {
             ApiError::RedisUnavailable | ApiError::DatabaseUnavailable => {
                 response.insert_header((header::RETRY_AFTER, HeaderValue::from_static("2")));
             }
-            ApiError::Unauthorized => {
+            ApiError::Unauthorized | ApiError::BuyerRefused(Refused::Missing) => {
                 response
                     .insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
+            }
+            // RFC 6750: a token was sent, and is not accepted.
+            ApiError::BuyerRefused(Refused::Invalid(_)) => {
+                response.insert_header((
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer error=\"invalid_token\""),
+                ));
+            }
+            ApiError::TooManyRequests { retry_after_s } => {
+                response.insert_header((header::RETRY_AFTER, retry_after_s.to_string()));
             }
             _ => {}
         }

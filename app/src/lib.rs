@@ -5,10 +5,11 @@
 //! strategy (`LOCK_STRATEGY=redis`), from the request to its answer:
 //! 1. `startup.rs`: how the pieces are built from the settings and handed to the server;
 //!    `routes/mod.rs`: which handler serves which route.
-//! 2. `routes/purchase.rs`: the handler checks its input (`domain.rs`) and calls
-//!    [`sale::Sale::purchase`].
-//! 3. `sale/mod.rs`: `Sale::purchase` answers a known sold-out from memory
-//!    (`sale/catalog.rs`), or queues the purchase at its product's desk and waits for the
+//! 2. `routes/buyer.rs`: the client's address is within its limit and the buyer's token is
+//!    valid (`limits.rs`, `identity.rs`); `routes/purchase.rs`: the handler checks its input
+//!    (`domain.rs`) and calls [`sale::Sale::purchase`].
+//! 3. `sale/mod.rs`: `Sale::purchase` answers a known sold-out, or a product not yet open,
+//!    from memory (`sale/catalog.rs`), or queues the purchase at its product's desk and waits for the
 //!    answer.
 //! 4. `sale/desk/mod.rs`: the desk, one queue and one leader task per product; the leader
 //!    takes what waits as one batch.
@@ -24,11 +25,13 @@
 //! transaction per batch.
 //!
 //! # Layout
-//! - `settings/`: every setting, from flags or environment (`seckill --help`), in five groups
-//!   (`groups.rs`), with their ranges (`range.rs`) and the rules between them (`rules.rs`).
+//! - `settings/`: every setting, from flags or environment (`seckill --help`), in seven
+//!   groups (`groups.rs`, `buyers.rs`), with their ranges (`range.rs`) and the rules between them (`rules.rs`).
 //! - `startup`: [`startup::Application`] builds pools, runs migrations, binds the listener.
 //! - `routes/`: one file per group of endpoints; parse input, call in, map errors.
 //! - `domain`: checked input types (`ProductId`, `Quantity`, ...).
+//! - `identity`: who is buying (a buyer's JWT); `limits`: how often one buyer or one
+//!   address may try. `routes/buyer.rs` applies both before a purchase's body is read.
 //! - `sale/`: the purchase path: what the instance knows (`catalog`), the per-product desk
 //!   that sells in batches (`desk/`, `batch`), how instances are kept apart and its lock
 //!   backends connected (`exclusion`), the fenced write path (`fenced`), restock news
@@ -46,6 +49,8 @@
 
 pub mod domain;
 mod error;
+pub mod identity;
+pub mod limits;
 pub mod metrics;
 pub mod reads;
 pub mod redact;

@@ -199,9 +199,10 @@ pub struct PurchaseCounters {
 
 impl PurchaseCounters {
     /// Every outcome a purchase can have (`PurchaseError::outcome`, and `created`).
-    const OUTCOMES: [&'static str; 10] = [
+    const OUTCOMES: [&'static str; 11] = [
         "created",
         "sold_out",
+        "not_open",
         "already_purchased",
         "not_found",
         "busy",

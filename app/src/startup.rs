@@ -11,10 +11,13 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::MIGRATOR;
+use crate::identity::Identity;
+use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::redis_link::{RedisLink, RedisSource};
 use crate::repository::{self, SessionBounds};
 use crate::routes::admin::AdminToken;
+use crate::routes::buyer::Gate;
 use crate::routes::health::Health;
 use crate::routes::sold_out::SoldOutLane;
 use crate::routes::{self, not_found};
@@ -76,7 +79,8 @@ impl Application {
             .with_context(|| format!("cannot listen on {bind_addr} (BIND_ADDR)"))?;
         let address = listener.local_addr()?;
         let admin = AdminToken(settings.http.admin_token.clone());
-        let server = serve(listener, sale, health, admin)?;
+        let gate = open_gate(&settings)?;
+        let server = serve(listener, sale, health, admin, gate)?;
         tracing::info!(%address, strategy = settings.lock.strategy.name(), "seckill listening");
         Ok(Self { server, address })
     }
@@ -127,6 +131,21 @@ async fn connect_redis(settings: &Settings) -> anyhow::Result<(RedisSource, Redi
         );
     }
     Ok((source, redis))
+}
+
+/// Who may buy, and how often. Warns loudly when buyers are not identified.
+fn open_gate(settings: &Settings) -> anyhow::Result<Gate> {
+    let identity = Identity::from_settings(&settings.identity)?;
+    if let Identity::Off = identity {
+        tracing::warn!(
+            "BUYER_IDENTITY=off: purchases are made for whatever user_id the body names, and \
+             anyone can read anyone's orders. Use only to benchmark the sale without identity."
+        );
+    }
+    Ok(Gate {
+        identity,
+        limits: Limits::new(&settings.limits),
+    })
 }
 
 /// The sale, with its two pools beside `pool`: the public reads' and the lock holders'.
@@ -188,15 +207,18 @@ fn serve(
     sale: Sale,
     health: Health,
     admin: AdminToken,
+    gate: Gate,
 ) -> anyhow::Result<Server> {
     let sale = web::Data::new(sale);
     let health = web::Data::new(health);
     let admin = web::Data::new(admin);
+    let gate = web::Data::new(gate);
     Ok(HttpServer::new(move || {
         App::new()
             .app_data(sale.clone())
             .app_data(health.clone())
             .app_data(admin.clone())
+            .app_data(gate.clone())
             .configure(routes::configure)
             .default_service(web::to(not_found))
             // The flood after a sale is answered before the router sees it.

@@ -80,6 +80,12 @@ pub struct AttackArgs {
     #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
 
+    /// The instances' BUYER_JWT_SECRET: the attack signs each buyer's token (HS256) with it,
+    /// as their identity provider would. Default: the public demo key of the instances this
+    /// tool starts itself.
+    #[arg(long, env = "BUYER_JWT_SECRET", hide_env_values = true)]
+    pub buyer_jwt_secret: Option<String>,
+
     /// The instances' PostgreSQL, read directly to check the books.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,

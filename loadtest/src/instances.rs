@@ -73,6 +73,11 @@ impl Instance {
             .env("REDIS_KEY_PREFIX", config.redis_key_prefix)
             .env("BIND_ADDR", "127.0.0.1:0")
             .env("ADMIN_TOKEN", config.admin_token)
+            // Buyers' tokens are signed by this tool (`buyers`); every buyer of a load test
+            // comes from this machine's one address, so the per-address limit is off (the
+            // per-buyer limit stays at its default).
+            .env("BUYER_JWT_SECRET", crate::buyers::secret())
+            .env("ADDRESS_RATE", "0")
             .env("LOCK_STRATEGY", config.strategy.name())
             .env("WORK_MS", config.work_ms.to_string())
             .env("LOCK_WAIT_MS", config.lock_wait_ms.to_string())

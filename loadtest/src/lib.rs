@@ -4,6 +4,7 @@
 //! - `cli`: the command line (attack options, `demo`, `bench-http`, the hidden `serve`).
 //! - `attack`: product creation, the goose scenario, the tally of answers.
 //! - `books`: the figures read from PostgreSQL and the verdict.
+//! - `buyers`: each buyer's token, signed as the instances expect.
 //! - `instances`: seckill child processes for the demo and the tests.
 //! - `servers`: the demo's PostgreSQL, Redis, ZooKeeper and etcd, private ones on a bare
 //!   machine.
@@ -18,6 +19,7 @@
 pub mod attack;
 pub mod bench;
 pub mod books;
+pub mod buyers;
 pub mod chaos;
 pub mod chart;
 pub mod cli;

@@ -41,6 +41,9 @@ async fn attack(
     goose: goose::config::GooseConfiguration,
 ) -> anyhow::Result<bool> {
     attack::refuse_ignored_options(&goose)?;
+    if let Some(secret) = &args.buyer_jwt_secret {
+        loadtest::buyers::use_secret(secret);
+    }
     let admin_token = args
         .admin_token
         .as_deref()

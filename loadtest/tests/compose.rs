@@ -115,6 +115,7 @@ async fn spawn_instance(pool: PgPool, label: &str) -> (u16, testkit::PrefixClean
     let mut settings =
         seckill::Settings::try_parse_from(["seckill", "--database-url", "unused"]).unwrap();
     settings.http.bind_addr = "127.0.0.1:0".parse().unwrap();
+    settings.identity.secret = Some(loadtest::buyers::DEMO_BUYER_SECRET.into());
     settings.redis.key_prefix = testkit::unique_prefix(label);
     if let Ok(url) = std::env::var("REDIS_URL") {
         settings.redis.url = url.into();

@@ -380,6 +380,7 @@ async fn route_and_metric_tables_match_what_an_instance_serves(pool: PgPool) {
     let mut settings =
         seckill::Settings::try_parse_from(["seckill", "--database-url", "unused"]).unwrap();
     settings.http.bind_addr = "127.0.0.1:0".parse().unwrap();
+    settings.identity.secret = Some(loadtest::buyers::DEMO_BUYER_SECRET.into());
     settings.redis.key_prefix = testkit::unique_prefix("docs");
     if let Ok(url) = std::env::var("REDIS_URL") {
         settings.redis.url = url.into();

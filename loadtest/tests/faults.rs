@@ -115,6 +115,7 @@ async fn create_product(host: &str, stock: i64) -> i64 {
 async fn buy(client: &reqwest::Client, host: &str, product: i64, user: i64) -> (u16, String) {
     match client
         .post(format!("{host}/api/products/{product}/purchase"))
+        .bearer_auth(loadtest::buyers::token(user))
         .json(&json!({"user_id": user}))
         .send()
         .await

@@ -1,6 +1,7 @@
 //! The admin writes: products created and restocked, each with its ledger row and, when
 //! the request carries one, its idempotency key's answer, in one transaction.
 
+use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
 use super::{SessionBounds, begin, restock_gen};
@@ -14,12 +15,29 @@ pub struct Product {
     pub stock: i64,
 }
 
+/// Move the product's opening; `None`: no such product. One statement: sent again, it
+/// changes nothing more.
+pub async fn set_on_sale_at(
+    pool: &PgPool,
+    id: ProductId,
+    on_sale_at: DateTime<Utc>,
+) -> sqlx::Result<Option<DateTime<Utc>>> {
+    sqlx::query_scalar!(
+        "UPDATE products SET on_sale_at = $2 WHERE id = $1 RETURNING on_sale_at",
+        id.get(),
+        on_sale_at,
+    )
+    .fetch_optional(pool)
+    .await
+}
+
 /// Create a product and record its initial stock in the ledger, in one transaction.
 pub async fn insert_product(
     pool: &PgPool,
     bounds: SessionBounds,
     name: &ProductName,
     stock: Stock,
+    on_sale_at: Option<DateTime<Utc>>,
     actor: &str,
     key: Option<&IdempotencyKey>,
 ) -> sqlx::Result<Keyed<Product>> {
@@ -29,9 +47,11 @@ pub async fn insert_product(
     }
     let product = sqlx::query_as!(
         Product,
-        "INSERT INTO products (name, stock) VALUES ($1, $2) RETURNING id, name, stock",
+        "INSERT INTO products (name, stock, on_sale_at) VALUES ($1, $2, COALESCE($3, now()))
+         RETURNING id, name, stock",
         name.as_str(),
         stock.get(),
+        on_sale_at,
     )
     .fetch_one(&mut *tx)
     .await?;

@@ -21,8 +21,10 @@ mod sale;
 
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
-pub use admin::{IdempotencyKey, Keyed, Product, Restocked, add_stock, insert_product, set_stock};
-pub use reads::{Order, ProductSales, find_product, order_of, product_sales};
+pub use admin::{
+    IdempotencyKey, Keyed, Product, Restocked, add_stock, insert_product, set_on_sale_at, set_stock,
+};
+pub use reads::{ForSale, Order, ProductSales, find_product, order_of, product_sales};
 pub use sale::{
     BatchSnapshot, HeldRow, HolderBatch, HolderWrite, Sold, StockWrite, batch_snapshot, held_row,
     restock_gen, sell_as_holder, sell_orders,
@@ -90,6 +92,15 @@ pub(crate) fn is_lost_race(error: &sqlx::Error) -> bool {
         .as_database_error()
         .and_then(|e| e.code())
         .is_some_and(|code| matches!(code.as_ref(), "40P01" | "40001"))
+}
+
+/// The database refused orders because the product's sale has not opened (SQLSTATE SK409,
+/// from the `orders_only_once_on_sale` trigger): nothing was written.
+pub(crate) fn is_not_open(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "SK409")
 }
 
 /// Whether a statement that commits (a `COMMIT`, or a write outside a transaction) may have

@@ -27,8 +27,24 @@ pub async fn require_admin(
     let Some(expected) = token else {
         return Err(ApiError::AdminDisabled.into());
     };
-    let given = req
-        .headers()
+    if matches_admin_token(req.headers(), &expected) {
+        next.call(req).await
+    } else {
+        tracing::warn!(peer = ?req.peer_addr().map(|p| p.ip()), path = req.path(), "an admin route was refused: a missing or wrong token");
+        Err(ApiError::Unauthorized.into())
+    }
+}
+
+/// Whether `req` carries the admin token (never, when admin routes are disabled).
+pub(crate) fn carries_admin_token(req: &actix_web::HttpRequest) -> bool {
+    req.app_data::<web::Data<AdminToken>>()
+        .and_then(|token| token.0.as_ref())
+        .is_some_and(|expected| matches_admin_token(req.headers(), expected))
+}
+
+/// Whether `headers` carry `Authorization: Bearer <expected>`.
+fn matches_admin_token(headers: &header::HeaderMap, expected: &SecretString) -> bool {
+    let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once(' '))
@@ -37,11 +53,7 @@ pub async fn require_admin(
         .map_or("", |(_, token)| token);
     // A maintained constant-time comparison: the time taken does not depend on where the
     // two tokens first differ.
-    if bool::from(given.as_bytes().ct_eq(expected.expose_secret().as_bytes())) {
-        next.call(req).await
-    } else {
-        Err(ApiError::Unauthorized.into())
-    }
+    bool::from(given.as_bytes().ct_eq(expected.expose_secret().as_bytes()))
 }
 
 /// Who made an admin change, for the stock ledger.

@@ -23,29 +23,43 @@ use crate::error::ErrorBody;
         products::create,
         products::restock,
         products::set_stock,
+        products::set_opening,
         health::healthz,
         health::readyz,
         metrics::metrics,
     ),
     components(schemas(ErrorBody)),
-    modifiers(&AdminToken),
+    modifiers(&BearerTokens),
     tags(
-        (name = "sale", description = "Buying, and reading what was bought"),
+        (name = "sale", description = "Buying, and reading what was bought: `Authorization: Bearer <buyer JWT>`"),
         (name = "admin", description = "Products and stock: `Authorization: Bearer <ADMIN_TOKEN>`"),
         (name = "operations", description = "Health, readiness, metrics"),
     )
 )]
 pub struct ApiDoc;
 
-/// The admin routes' bearer token.
-struct AdminToken;
+/// The two bearer tokens: the admin routes' (`ADMIN_TOKEN`), and buyers' (a JWT whose
+/// subject is the buyer).
+struct BearerTokens;
 
-impl Modify for AdminToken {
+impl Modify for BearerTokens {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             "admin_token",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        components.add_security_scheme(
+            "buyer_token",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT")
+                    .description(Some(
+                        "A JWT signed by the deployment's identity provider (BUYER_JWT_*): `exp` required, the buyer's id as `sub`",
+                    ))
+                    .build(),
+            ),
         );
     }
 }

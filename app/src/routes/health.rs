@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use utoipa::ToSchema;
 
+use super::buyer::Gate;
 use crate::redis_link::RedisLink;
 use crate::repository;
 use crate::sale::{Exclusion, Sale};
@@ -108,6 +109,10 @@ pub struct Readiness {
     redis: bool,
     /// Whether restock messages from other instances are heard.
     restock_news: bool,
+    /// How buyers are identified: `jwt`, or `off` (UNSAFE: the body's `user_id` is
+    /// believed; for benchmarks only).
+    #[schema(example = "jwt")]
+    buyer_identity: &'static str,
     /// Under `LOCK_STRATEGY=redlock`: masters reachable, and the majority needed.
     #[serde(skip_serializing_if = "Option::is_none")]
     redlock: Option<Quorum>,
@@ -164,14 +169,19 @@ pub async fn healthz() -> HttpResponse {
         (status = 503, description = "not ready", body = Readiness),
     )
 )]
-pub async fn readyz(sale: web::Data<Sale>, health: web::Data<Health>) -> HttpResponse {
+pub async fn readyz(
+    sale: web::Data<Sale>,
+    health: web::Data<Health>,
+    gate: web::Data<Gate>,
+) -> HttpResponse {
     let mut last = health.last.lock().await;
     if let Some((at, status, body)) = last.as_ref()
         && at.elapsed() < FRESH
     {
         return HttpResponse::build(*status).json(body);
     }
-    let (status, body) = check(&sale, &health).await;
+    let (status, mut body) = check(&sale, &health).await;
+    body.buyer_identity = gate.identity.name();
     *last = Some((Instant::now(), status, body.clone()));
     HttpResponse::build(status).json(body)
 }
@@ -190,6 +200,7 @@ async fn check(sale: &Sale, health: &Health) -> (StatusCode, Readiness) {
         postgres,
         redis,
         restock_news,
+        buyer_identity: "",
         redlock,
         zookeeper,
         etcd,

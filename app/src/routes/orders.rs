@@ -1,6 +1,7 @@
-use actix_web::{HttpResponse, web};
+use actix_web::{HttpRequest, HttpResponse, web};
 use utoipa::IntoParams;
 
+use super::buyer::{NO_ORDER, may_read_orders_of};
 use super::purchase::OrderBody;
 use crate::domain::{ProductId, UserId};
 use crate::error::{ApiError, ErrorBody};
@@ -21,21 +22,25 @@ pub struct OrderPath {
 }
 
 /// `GET /api/products/{id}/orders/{user_id}`: the buyer's order, or 404. For a buyer whose
-/// answer was lost (a timeout, a dropped connection) to learn whether they bought. Public,
-/// like the purchase: buyers are not authenticated in this demo.
+/// answer was lost (a timeout, a dropped connection) to learn whether they bought. With the
+/// token of that buyer, or the admin token; another buyer's token gets 404, as if there were
+/// no order.
 #[utoipa::path(
     get,
     path = "/api/products/{id}/orders/{user_id}",
     tag = "sale",
     params(OrderPath),
+    security(("buyer_token" = []), ("admin_token" = [])),
     responses(
         (status = 200, description = "the buyer's order", body = OrderBody),
         (status = 400, description = "a bad id", body = ErrorBody),
-        (status = 404, description = "no order for this buyer and product", body = ErrorBody),
+        (status = 401, description = "unauthorized: no buyer token, or one this service does not accept", body = ErrorBody),
+        (status = 404, description = "no order for this buyer and product (also for another buyer's token)", body = ErrorBody),
         (status = 503, description = "busy or database unavailable", body = ErrorBody),
     )
 )]
 pub async fn show(
+    req: HttpRequest,
     sale: web::Data<Sale>,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
@@ -46,12 +51,13 @@ pub async fn show(
         .map_err(|_| format!("user_id must be a positive integer, got {user:.32?}"))
         .and_then(UserId::parse)
         .map_err(ApiError::InvalidInput)?;
+    may_read_orders_of(&req, user)?;
     let order = sale
         .reads
         .order_of(product, user.get())
         .await
         .map_err(|e| ApiError::from_db(&e))?
-        .ok_or_else(|| ApiError::NotFound("this user has no order for this product".into()))?;
+        .ok_or_else(|| ApiError::NotFound(NO_ORDER.into()))?;
     Ok(HttpResponse::Ok().json(OrderBody {
         order_id: order.id,
         product_id: order.product_id,

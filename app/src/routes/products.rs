@@ -1,4 +1,5 @@
 use actix_web::{HttpRequest, HttpResponse, web};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -18,6 +19,11 @@ pub struct NewProduct {
     /// Units on sale.
     #[schema(minimum = 0, maximum = 1_000_000_000, example = 100)]
     stock: i64,
+    /// When the sale opens (RFC 3339); purchases before it are refused `not_open`. Default:
+    /// now. The database's clock decides.
+    #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-24T12:00:00Z")]
+    #[serde(default)]
+    on_sale_at: Option<DateTime<Utc>>,
 }
 
 /// A product, as the admin routes answer.
@@ -48,6 +54,18 @@ pub struct ProductBooks {
     sold: i64,
     /// Units the stock ledger says were supplied: the initial stock and every change.
     supplied: i64,
+    /// When the sale opens (or opened), RFC 3339.
+    #[schema(value_type = String, format = DateTime)]
+    on_sale_at: DateTime<Utc>,
+}
+
+/// A product's opening.
+#[derive(Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Opening {
+    /// When the sale opens, RFC 3339. A moment in the past opens it now.
+    #[schema(value_type = String, format = DateTime, example = "2026-12-24T12:00:00Z")]
+    on_sale_at: DateTime<Utc>,
 }
 
 /// The product in the path, for the OpenAPI document (handlers parse the path themselves,
@@ -86,11 +104,15 @@ pub async fn create(
     body: web::Json<NewProduct>,
 ) -> Result<HttpResponse, ApiError> {
     let key = idempotency_key(&req)?;
-    let NewProduct { name, stock } = body.into_inner();
+    let NewProduct {
+        name,
+        stock,
+        on_sale_at,
+    } = body.into_inner();
     let name = ProductName::parse(name).map_err(ApiError::InvalidInput)?;
     let stock = Stock::parse(stock).map_err(ApiError::InvalidInput)?;
     let request = format!(
-        "POST /api/products name={:?} stock={}",
+        "POST /api/products name={:?} stock={} on_sale_at={on_sale_at:?}",
         name.as_str(),
         stock.get()
     );
@@ -100,6 +122,7 @@ pub async fn create(
         sale.bounds,
         &name,
         stock,
+        on_sale_at,
         &actor(&req),
         key.as_ref(),
     )
@@ -352,5 +375,42 @@ pub async fn show(
         stock: product.stock,
         sold: product.sold,
         supplied: product.supplied,
+        on_sale_at: product.on_sale_at,
     }))
+}
+
+/// `PUT /api/products/{id}/opening` (admin): move the product's opening. This instance
+/// takes it at once; the others within a second (before it) or at their next purchase
+/// (after it, which the database refuses until the new opening).
+#[utoipa::path(
+    put,
+    path = "/api/products/{id}/opening",
+    tag = "admin",
+    params(ProductPath),
+    request_body = Opening,
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "moved", body = Opening),
+        (status = 400, description = "invalid input or malformed body", body = ErrorBody),
+        (status = 401, description = "missing or wrong admin token", body = ErrorBody),
+        (status = 403, description = "admin routes are disabled", body = ErrorBody),
+        (status = 404, description = "no such product", body = ErrorBody),
+        (status = 413, description = "body over 16 KiB", body = ErrorBody),
+        (status = 415, description = "not application/json", body = ErrorBody),
+        (status = 503, description = "busy, database unavailable, or outcome_unknown (the connection was cut: send it again, which changes nothing more)", body = ErrorBody),
+    )
+)]
+pub async fn set_opening(
+    sale: web::Data<Sale>,
+    path: web::Path<String>,
+    body: web::Json<Opening>,
+) -> Result<HttpResponse, ApiError> {
+    let id = ProductId::parse(&path).map_err(ApiError::InvalidInput)?;
+    let on_sale_at = repository::set_on_sale_at(&sale.pool, id, body.on_sale_at)
+        .await
+        .map_err(|e| admin_write_failed(&e))?
+        .ok_or_else(|| ApiError::NotFound("no such product".into()))?;
+    sale.opening_changed(id);
+    tracing::info!(product_id = %id, %on_sale_at, "opening moved");
+    Ok(HttpResponse::Ok().json(Opening { on_sale_at }))
 }

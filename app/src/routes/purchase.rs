@@ -1,18 +1,21 @@
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::buyer::{Buyer, gate, too_many};
 use super::products::ProductPath;
 use crate::domain::{ProductId, Quantity, UserId};
 use crate::error::{ApiError, ErrorBody};
 use crate::sale::{PurchaseError, PurchaseRequest, Sale};
 
-/// A purchase. The buyer is not authenticated in this demo: `user_id` is trusted.
+/// A purchase. The buyer is the subject of the bearer token; `user_id`, when sent, must be
+/// that buyer (`403` otherwise). Under `BUYER_IDENTITY=off` (benchmarks only) `user_id` is
+/// required and believed.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PurchaseBody {
     #[schema(minimum = 1, example = 42)]
-    user_id: i64,
+    user_id: Option<i64>,
     /// 1 to MAX_QUANTITY (5 by default).
     #[serde(default = "one")]
     #[schema(minimum = 1, default = 1)]
@@ -39,13 +42,17 @@ pub struct OrderBody {
     tag = "sale",
     params(ProductPath),
     request_body = PurchaseBody,
+    security(("buyer_token" = [])),
     responses(
         (status = 201, description = "bought: the buyer's own order", body = OrderBody),
         (status = 400, description = "invalid input or malformed body", body = ErrorBody),
+        (status = 401, description = "unauthorized: no buyer token, or one this service does not accept (see WWW-Authenticate)", body = ErrorBody),
+        (status = 403, description = "forbidden: the body's user_id is another buyer than the token's", body = ErrorBody),
         (status = 404, description = "no such product", body = ErrorBody),
-        (status = 409, description = "sold_out (a product this instance knows is sold out is answered before the body is checked, when its id is in plain digits), or already_purchased (one order per buyer; with the buyer's `order_id`)", body = ErrorBody),
+        (status = 409, description = "sold_out (a product this instance knows is sold out is answered before the token and the body are checked, when its id is in plain digits), not_open (before the product's on_sale_at), or already_purchased (one order per buyer; with the buyer's `order_id`)", body = ErrorBody),
         (status = 413, description = "body over 16 KiB", body = ErrorBody),
         (status = 415, description = "not application/json", body = ErrorBody),
+        (status = 429, description = "too_many_requests: over the buyer's or the address's limit (see Retry-After)", body = ErrorBody),
         (status = 503, description = "busy or lock_lost (retry; see Retry-After), redis_unavailable, database_unavailable (nothing was recorded), or outcome_unknown (the commit's answer was lost: look the order up at `order_path` before trying again)", body = ErrorBody),
     )
 )]
@@ -60,9 +67,11 @@ pub async fn purchase(
     let sale: &Sale = req
         .app_data::<web::Data<Sale>>()
         .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("the app has no sale registered")))?;
+    let user_id = buyer_of(&req, body.user_id)?;
+    gate(&req)?.limits.buyer(user_id.get()).map_err(too_many)?;
     let request = PurchaseRequest {
         product_id: ProductId::parse(&path).map_err(ApiError::InvalidInput)?,
-        user_id: UserId::parse(body.user_id).map_err(ApiError::InvalidInput)?,
+        user_id,
         quantity: Quantity::parse(body.quantity, sale.max_quantity)
             .map_err(ApiError::InvalidInput)?,
     };
@@ -90,4 +99,20 @@ pub async fn purchase(
         user_id: request.user_id.get(),
         quantity: request.quantity.get(),
     }))
+}
+
+/// The buyer of a purchase: the token's (the body may name them too, but no one else), or
+/// with identity off the body's.
+fn buyer_of(req: &HttpRequest, named: Option<i64>) -> Result<UserId, ApiError> {
+    let verified = req.extensions().get::<Buyer>().map(|buyer| buyer.0);
+    match (verified, named) {
+        (Some(buyer), Some(named)) if named != buyer.get() => Err(ApiError::Forbidden(
+            "the body's user_id is not the buyer of the token".into(),
+        )),
+        (Some(buyer), _) => Ok(buyer),
+        (None, Some(named)) => UserId::parse(named).map_err(ApiError::InvalidInput),
+        (None, None) => Err(ApiError::InvalidInput(
+            "user_id is required when buyers are not identified (BUYER_IDENTITY=off)".into(),
+        )),
+    }
 }

@@ -11,6 +11,11 @@
 //!   the product at once, and the restock message ([`super::restocks`]) reopens it on every
 //!   other instance. A mark of an older generation than one already seen is ignored, so a
 //!   slow batch that read the stock before a restock cannot hide it.
+//! - **The opening.** A product bought before its `on_sale_at` is answered `not_open` from
+//!   what this instance read of it: the time left until the opening, on the database's
+//!   clock, laid over this instance's own clock from the moment the read was sent (so the
+//!   estimate errs early, never late). An opening not yet reached is read again at most every
+//!   [`OPENING_RECHECK`]; the database's own check at the write decides (see the migration).
 //! - **The backstop.** A mark is trusted for `SOLD_OUT_RECHECK_MS` only; then one batch asks
 //!   PostgreSQL again. A restock whose message was lost (Redis down) therefore reaches every
 //!   instance within that bound.
@@ -28,6 +33,10 @@ use crate::domain::ProductId;
 /// How long a purchase's look-up that found no product is remembered: a product created on
 /// another instance is sold here at most this late.
 pub(crate) const MISSING_FOR: Duration = Duration::from_secs(1);
+
+/// How long a product's opening, read as not yet reached, is trusted before it is read again:
+/// an admin's earlier opening reaches the other instances at most this late.
+pub(crate) const OPENING_RECHECK: Duration = Duration::from_secs(1);
 
 /// The most missing ids remembered; beyond it the memory starts again.
 const MAX_MISSING: usize = 10_000;
@@ -61,6 +70,11 @@ pub(crate) struct Known {
     /// read without taking that lock, so that the flood of sold-out purchases, on every
     /// worker thread, does not contend for it.
     sold_out_at: AtomicU64,
+    /// The opening, as nanoseconds from `learned` (0: open from the start; `u64::MAX`: not
+    /// known, read it again). Read on every purchase, without a lock.
+    opens_at: AtomicU64,
+    /// When the opening was read, as 1 + nanoseconds from `learned` (0: never).
+    opening_read: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -163,6 +177,8 @@ impl Catalog {
                 }),
                 learned: Instant::now(),
                 sold_out_at: AtomicU64::new(0),
+                opens_at: AtomicU64::new(u64::MAX),
+                opening_read: AtomicU64::new(0),
             })
         });
         known.reopen(generation);
@@ -228,6 +244,42 @@ impl Known {
         }
     }
 
+    /// Whether the product's sale has opened, as this instance estimates it.
+    pub(crate) fn is_open(&self) -> bool {
+        nanos(self.since_learned()) >= self.opens_at.load(Ordering::Acquire)
+    }
+
+    /// Whether the opening should be read again before a purchase is refused for it.
+    pub(crate) fn opening_is_stale(&self) -> bool {
+        match self.opening_read.load(Ordering::Acquire) {
+            0 => true,
+            read => {
+                self.since_learned()
+                    .saturating_sub(Duration::from_nanos(read - 1))
+                    >= OPENING_RECHECK
+            }
+        }
+    }
+
+    /// A read sent at `read_at` found the opening `opens_in_us` microseconds after the
+    /// database's clock (zero or less: open). Counted from when the read was sent, the
+    /// earliest the database can have looked at its clock.
+    pub(crate) fn set_opening(&self, read_at: Instant, opens_in_us: i64) {
+        let wait = Duration::from_micros(u64::try_from(opens_in_us).unwrap_or(0));
+        // The read may have been sent before this instance learned of the product.
+        let opens = (read_at + wait).saturating_duration_since(self.learned);
+        let read = nanos(read_at.saturating_duration_since(self.learned));
+        self.opens_at.store(nanos(opens), Ordering::Release);
+        self.opening_read
+            .store(read.saturating_add(1), Ordering::Release);
+    }
+
+    /// The opening is not known any more: the next purchase reads it.
+    pub(crate) fn forget_opening(&self) {
+        self.opening_read.store(0, Ordering::Release);
+        self.opens_at.store(u64::MAX, Ordering::Release);
+    }
+
     fn since_learned(&self) -> Duration {
         Instant::now().saturating_duration_since(self.learned)
     }
@@ -235,6 +287,11 @@ impl Known {
     fn marks(&self) -> std::sync::MutexGuard<'_, Marks> {
         self.marks.lock().expect("marks poisoned")
     }
+}
+
+/// A duration's nanoseconds, as the atomics keep them (capped: 584 years).
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX - 1)
 }
 
 #[cfg(test)]
@@ -291,6 +348,30 @@ mod tests {
             catalog.for_purchase(id),
             Some(ForPurchase::Open(open)) if Arc::ptr_eq(&open, &known)
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_opening_is_reached_on_time_and_read_again_while_not_reached() {
+        let (_catalog, known) = catalog_with_product(Duration::from_secs(60));
+        assert!(
+            !known.is_open() && known.opening_is_stale(),
+            "unread: closed and to be read"
+        );
+        known.set_opening(Instant::now(), 2_000_000);
+        assert!(!known.is_open() && !known.opening_is_stale());
+        tokio::time::advance(Duration::from_millis(1_999)).await;
+        assert!(!known.is_open());
+        assert!(
+            known.opening_is_stale(),
+            "a closed product's opening is read again each second"
+        );
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert!(known.is_open());
+        // An admin moved it: closed until read again; an opening in the past is open.
+        known.forget_opening();
+        assert!(!known.is_open() && known.opening_is_stale());
+        known.set_opening(Instant::now(), -5);
+        assert!(known.is_open());
     }
 
     #[tokio::test(start_paused = true)]

@@ -70,6 +70,9 @@ pub enum PurchaseError {
     /// With the stock the batch saw, when a batch decided it (a sell-out it teaches too).
     #[error("this user already bought this product")]
     AlreadyPurchased(Option<StockSeen>),
+    /// The product's sale has not opened yet (`on_sale_at`, on the database's clock).
+    #[error("the sale of this product has not opened yet")]
+    NotOpen,
     /// The queue is full, or the buyer's turn did not come in time.
     #[error("too many buyers at once; try again")]
     Busy,
@@ -93,8 +96,15 @@ pub enum PurchaseError {
 }
 
 impl From<sqlx::Error> for PurchaseError {
+    /// The database's refusal of orders before the opening (SQLSTATE `SK409`, raised by the
+    /// `orders_only_once_on_sale` trigger) is [`PurchaseError::NotOpen`]; the rest are
+    /// database errors.
     fn from(error: sqlx::Error) -> Self {
-        PurchaseError::Database(Arc::new(error))
+        if repository::is_not_open(&error) {
+            PurchaseError::NotOpen
+        } else {
+            PurchaseError::Database(Arc::new(error))
+        }
     }
 }
 
@@ -104,6 +114,7 @@ impl PurchaseError {
         match self {
             PurchaseError::NotFound => "not_found",
             PurchaseError::SoldOut(_) => "sold_out",
+            PurchaseError::NotOpen => "not_open",
             PurchaseError::AlreadyPurchased(_) => "already_purchased",
             PurchaseError::Busy => "busy",
             PurchaseError::LockLost => "lock_lost",
@@ -273,6 +284,7 @@ impl Sale {
             Some(ForPurchase::Open(product)) => product,
             None => self.look_up(request.product_id).await?,
         };
+        self.check_open(request.product_id, &product).await?;
         let deadline = Instant::now() + self.wait;
         let answer = match product.desk.submit(
             request,
@@ -309,7 +321,35 @@ impl Sale {
         if let Some(seen) = seen.filter(|seen| seen.stock == 0) {
             product.mark_sold_out(seen.restock_gen);
         }
+        if let Err(PurchaseError::NotOpen) = outcome {
+            // The database refused what this instance thought open (an admin moved the
+            // opening later): read it again before the next purchase goes to the desk.
+            product.forget_opening();
+        }
         outcome
+    }
+
+    /// Refuse a purchase that comes before the product's opening as this instance knows it,
+    /// without a queue, a lock or a key; an opening not read for [`catalog::OPENING_RECHECK`]
+    /// is read again first. The database decides at the write: this instance's estimate errs
+    /// early by at most the round trip of the read it came from, never late, so no purchase
+    /// after the opening is refused here.
+    async fn check_open(&self, id: ProductId, product: &Known) -> Result<(), PurchaseError> {
+        if product.is_open() {
+            return Ok(());
+        }
+        if product.opening_is_stale() {
+            let read_at = Instant::now();
+            let Some(found) = repository::find_product(self.reads.pool(), id).await? else {
+                return Err(PurchaseError::NotFound);
+            };
+            product.set_opening(read_at, found.opens_in_us);
+        }
+        if product.is_open() {
+            Ok(())
+        } else {
+            Err(PurchaseError::NotOpen)
+        }
     }
 
     /// A product this instance does not know yet, if it exists: one lookup in PostgreSQL,
@@ -319,13 +359,16 @@ impl Sale {
         if self.catalog.known_missing(id) {
             return Err(PurchaseError::NotFound);
         }
+        let read_at = Instant::now();
         let Some(found) = repository::find_product(self.reads.pool(), id).await? else {
             self.catalog.remember_missing(id);
             return Err(PurchaseError::NotFound);
         };
-        Ok(self.catalog.remember(id, found.restock_gen, || {
+        let known = self.catalog.remember(id, found.restock_gen, || {
             Desk::open(id, Arc::clone(&self.desks))
-        }))
+        });
+        known.set_opening(read_at, found.opens_in_us);
+        Ok(known)
     }
 
     /// A product was created here: purchases and reads of its id here need not wait out a
@@ -333,6 +376,15 @@ impl Sale {
     pub fn created(&self, id: ProductId) {
         self.catalog.forget_missing(id);
         self.reads.forget(id);
+    }
+
+    /// An admin moved the opening of `id`: read it again before its next purchase here
+    /// (other instances read it again within [`catalog::OPENING_RECHECK`] while they think it
+    /// closed, and at the database's refusal while they think it open).
+    pub fn opening_changed(&self, id: ProductId) {
+        if let Some(known) = self.catalog.get(id) {
+            known.forget_opening();
+        }
     }
 
     /// A restock of `id` committed, starting restock generation `generation`: reopen it here
@@ -360,6 +412,7 @@ mod tests {
         let errors = [
             PurchaseError::NotFound,
             PurchaseError::SoldOut(None),
+            PurchaseError::NotOpen,
             PurchaseError::AlreadyPurchased(None),
             PurchaseError::Busy,
             PurchaseError::LockLost,
@@ -374,6 +427,7 @@ mod tests {
             match error {
                 PurchaseError::NotFound
                 | PurchaseError::SoldOut(_)
+                | PurchaseError::NotOpen
                 | PurchaseError::AlreadyPurchased(_)
                 | PurchaseError::Busy
                 | PurchaseError::LockLost

@@ -396,6 +396,6 @@ impl RedisSettings {
     }
 }
 
-fn secret(raw: &str) -> Result<SecretString, String> {
+pub(super) fn secret(raw: &str) -> Result<SecretString, String> {
     Ok(SecretString::from(raw))
 }

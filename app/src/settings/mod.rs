@@ -2,7 +2,9 @@
 //!
 //! The settings come in groups, one struct each (`groups.rs`), as `--help` shows them: the
 //! HTTP side ([`HttpSettings`]), PostgreSQL ([`DatabaseSettings`]), Redis
-//! ([`RedisSettings`]), the lock ([`LockSettings`]) and the sale ([`SaleSettings`]). A
+//! ([`RedisSettings`]), the lock ([`LockSettings`]), the sale ([`SaleSettings`]), buyers'
+//! identity ([`IdentitySettings`]) and the limits on purchase attempts ([`LimitSettings`],
+//! both in `buyers.rs`). A
 //! duration is read once, as a whole number of milliseconds, into a [`Duration`]. Each
 //! numeric setting's accepted values are stated once, in `range.rs`: clap refuses the
 //! command line and the environment outside them, and [`Settings::check`] refuses settings
@@ -14,15 +16,17 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use secrecy::{ExposeSecret, SecretString};
 
+pub use buyers::{BuyerIdentity, IdentitySettings, JwtAlgorithm, LimitSettings};
 pub use groups::{DatabaseSettings, HttpSettings, LockSettings, RedisSettings, SaleSettings};
 
 use rules::{
-    etcd_has_endpoints, hold_is_below_half_the_wait, lock_names_hold_no_slash, redlock_has_masters,
-    sentinels_name_their_primary, work_ends_before_a_waiting_batch_gives_up,
+    buyers_have_a_key, etcd_has_endpoints, hold_is_below_half_the_wait, lock_names_hold_no_slash,
+    redlock_has_masters, sentinels_name_their_primary, work_ends_before_a_waiting_batch_gives_up,
     work_ends_before_postgres_ends_the_transaction, zookeeper_has_an_ensemble,
     zookeeper_session_outlasts_two_leases,
 };
 
+mod buyers;
 mod groups;
 mod range;
 mod rules;
@@ -45,6 +49,12 @@ pub struct Settings {
 
     #[command(flatten)]
     pub sale: SaleSettings,
+
+    #[command(flatten)]
+    pub identity: IdentitySettings,
+
+    #[command(flatten)]
+    pub limits: LimitSettings,
 
     /// Log format on stdout. The level comes from RUST_LOG (default `info`).
     #[arg(
@@ -122,7 +132,8 @@ impl Settings {
         zookeeper_session_outlasts_two_leases(&self.lock)?;
         zookeeper_has_an_ensemble(&self.lock)?;
         etcd_has_endpoints(&self.lock)?;
-        lock_names_hold_no_slash(&self.lock, &self.redis)
+        lock_names_hold_no_slash(&self.lock, &self.redis)?;
+        buyers_have_a_key(&self.identity)
     }
 
     /// Every numeric setting in its range (`range.rs`) (settings built in code skip clap's check).
@@ -142,7 +153,13 @@ impl Settings {
         range::PG_STATEMENT_TIMEOUT.check(db.statement_timeout)?;
         range::PG_LOCK_TIMEOUT.check(db.lock_timeout)?;
         range::PG_IDLE_IN_TRANSACTION_TIMEOUT.check(db.idle_in_transaction_timeout)?;
-        range::ZOOKEEPER_SESSION_TIMEOUT.check(lock.zookeeper_session_timeout)
+        range::ZOOKEEPER_SESSION_TIMEOUT.check(lock.zookeeper_session_timeout)?;
+        let limits = &self.limits;
+        range::BUYER_JWT_LEEWAY.check(self.identity.leeway_s)?;
+        range::BUYER_RATE.check(limits.buyer_rate)?;
+        range::BUYER_BURST.check(limits.buyer_burst)?;
+        range::ADDRESS_RATE.check(limits.address_rate)?;
+        range::ADDRESS_BURST.check(limits.address_burst)
     }
 }
 
@@ -211,6 +228,69 @@ pub enum LogFormat {
 mod tests {
     use super::*;
 
+    /// The defaults, with a database, a Redis and a buyer key.
+    fn sample() -> Settings {
+        let mut settings = Settings::new("postgres://x", "redis://r");
+        settings.identity.secret = Some("a-buyer-secret-of-at-least-32-bytes".into());
+        settings
+    }
+
+    #[test]
+    fn start_up_refuses_buyers_without_a_key_unless_identity_is_off() {
+        let mut settings = Settings::new("postgres://x", "redis://r");
+        let why = settings.check().unwrap_err();
+        assert!(why.contains("BUYER_JWT_SECRET"), "{why}");
+        assert!(why.contains("BUYER_IDENTITY=off"), "{why}");
+        settings.identity.secret = Some("too-short".into());
+        let why = settings.check().unwrap_err();
+        assert!(why.contains("at least 32"), "{why}");
+        assert!(
+            !why.contains("too-short"),
+            "the message shows the secret: {why}"
+        );
+        settings.identity.secret = Some("a-buyer-secret-of-at-least-32-bytes".into());
+        assert_eq!(settings.check(), Ok(()));
+        settings.identity.algorithm = JwtAlgorithm::RS256;
+        let why = settings.check().unwrap_err();
+        assert!(why.contains("asymmetric"), "{why}");
+        settings.identity.secret = None;
+        settings.identity.public_key_file = Some("key.pem".into());
+        assert_eq!(settings.check(), Ok(()));
+        settings.identity.jwks_file = Some("jwks.json".into());
+        assert!(settings.check().unwrap_err().contains("only one"));
+        let mut off = Settings::new("postgres://x", "redis://r");
+        off.identity.mode = BuyerIdentity::Off;
+        assert_eq!(off.check(), Ok(()));
+    }
+
+    #[test]
+    fn limits_and_proxies_are_read_from_the_command_line() {
+        let parsed = Settings::try_parse_from([
+            "seckill",
+            "--database-url",
+            "x",
+            "--trusted-proxies",
+            "10.0.0.0/8,192.168.1.7/32",
+            "--buyer-rate",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!(parsed.limits.trusted_proxies.len(), 2);
+        assert_eq!(parsed.limits.buyer_rate, 0);
+        assert_eq!(parsed.limits.buyer_burst, 10);
+        let bad = Settings::try_parse_from([
+            "seckill",
+            "--database-url",
+            "x",
+            "--trusted-proxies",
+            "10.0.0.300",
+        ]);
+        assert!(bad.is_err(), "a bad proxy address was accepted");
+        let bad =
+            Settings::try_parse_from(["seckill", "--database-url", "x", "--buyer-burst", "0"]);
+        assert!(bad.is_err(), "a burst of 0 was accepted");
+    }
+
     #[test]
     fn every_strategy_name_is_what_lock_strategy_accepts() {
         for strategy in LockStrategy::value_variants() {
@@ -238,7 +318,9 @@ mod tests {
             "redis://:redis-password@r",
         );
         settings.http.admin_token = Some("super-secret-admin-token".into());
+        settings.identity.secret = Some("super-secret-buyer-key-0123456789abcdef".into());
         let shown = format!("{settings:?}");
+        assert!(!shown.contains("super-secret-buyer-key"), "{shown}");
         assert!(!shown.contains("hunter2-password"), "{shown}");
         assert!(!shown.contains("super-secret-admin-token"), "{shown}");
         assert!(!shown.contains("redis-password"), "{shown}");
@@ -258,7 +340,7 @@ mod tests {
             }),
         ];
         for (name, spoil) in cases {
-            let mut settings = Settings::new("postgres://x", "redis://r");
+            let mut settings = sample();
             assert_eq!(settings.check(), Ok(()));
             spoil(&mut settings);
             let why = settings.check().expect_err(name);
@@ -278,7 +360,7 @@ mod tests {
 
     #[test]
     fn under_pg_row_the_work_must_end_before_a_waiting_batch_gives_up() {
-        let mut settings = Settings::new("postgres://x", "redis://r");
+        let mut settings = sample();
         settings.lock.strategy = LockStrategy::PgRow;
         settings.sale.work = Duration::from_millis(2_000);
         settings.database.lock_timeout = Duration::from_millis(2_000);
@@ -289,7 +371,7 @@ mod tests {
 
     #[test]
     fn an_unset_hold_ms_stays_below_half_a_short_lock_wait_and_a_set_one_is_checked() {
-        let mut settings = Settings::new("postgres://x", "redis://r");
+        let mut settings = sample();
         assert_eq!(settings.hold(), DEFAULT_HOLD);
         settings.lock.wait = Duration::from_millis(150);
         assert_eq!(
@@ -305,7 +387,7 @@ mod tests {
 
     #[test]
     fn under_zookeeper_the_session_must_last_at_least_twice_the_lock_ttl() {
-        let mut settings = Settings::new("postgres://x", "redis://r");
+        let mut settings = sample();
         settings.lock.strategy = LockStrategy::ZooKeeper;
         assert_eq!(settings.check(), Ok(()), "the defaults fit together");
         settings.lock.ttl = Duration::from_millis(5_001);
@@ -322,7 +404,7 @@ mod tests {
 
     #[test]
     fn a_lock_name_prefix_with_a_slash_is_refused_where_lock_names_cannot_hold_one() {
-        let mut settings = Settings::new("postgres://x", "redis://r");
+        let mut settings = sample();
         settings.redis.key_prefix = "shop/a:".into();
         assert_eq!(settings.check(), Ok(()), "Redis keys may hold a '/'");
         for strategy in [LockStrategy::ZooKeeper, LockStrategy::Etcd] {
@@ -352,7 +434,7 @@ mod tests {
 
     #[test]
     fn work_inside_a_transaction_must_end_before_postgres_ends_the_session() {
-        let mut settings = Settings::new("postgres://x", "redis://r");
+        let mut settings = sample();
         settings.sale.work = Duration::from_millis(6_000);
         assert!(
             settings

@@ -25,6 +25,11 @@ pub const PG_IDLE_IN_TRANSACTION_TIMEOUT: Millis =
     Millis::new("PG_IDLE_IN_TRANSACTION_TIMEOUT_MS", 1..=3_600_000);
 pub const ZOOKEEPER_SESSION_TIMEOUT: Millis =
     Millis::new("ZOOKEEPER_SESSION_TIMEOUT_MS", 1..=3_600_000);
+pub const BUYER_JWT_LEEWAY: Count = Count::new("BUYER_JWT_LEEWAY_S", 0..=300);
+pub const BUYER_RATE: Count = Count::new("BUYER_RATE", 0..=1_000_000);
+pub const BUYER_BURST: Count = Count::new("BUYER_BURST", 1..=1_000_000);
+pub const ADDRESS_RATE: Count = Count::new("ADDRESS_RATE", 0..=1_000_000);
+pub const ADDRESS_BURST: Count = Count::new("ADDRESS_BURST", 1..=1_000_000);
 
 /// A duration setting: a whole number of milliseconds, from `min` to `max`.
 #[derive(Debug, Clone, Copy)]

@@ -3,7 +3,12 @@
 
 use std::time::Duration;
 
-use super::{DatabaseSettings, LockSettings, LockStrategy, RedisSettings, SaleSettings};
+use secrecy::ExposeSecret;
+
+use super::{
+    BuyerIdentity, DatabaseSettings, IdentitySettings, LockSettings, LockStrategy, RedisSettings,
+    SaleSettings,
+};
 
 /// Under pg-row, a batch waiting for the row waits out another batch's work.
 pub(super) fn work_ends_before_a_waiting_batch_gives_up(
@@ -106,6 +111,50 @@ pub(super) fn lock_names_hold_no_slash(
             "REDIS_KEY_PREFIX ({:?}) must not contain '/' under LOCK_STRATEGY={}: it starts every lock's name there, and a lock's name cannot hold a '/'",
             redis.key_prefix,
             lock.strategy.name()
+        ));
+    }
+    Ok(())
+}
+
+/// The shortest HMAC secret accepted for buyer tokens: 32 bytes, as long as HS256's hash.
+pub const MIN_BUYER_SECRET_BYTES: usize = 32;
+
+/// With identity on, exactly one way to check a token's signature, and one that fits the
+/// algorithm: a secret for HS*, a public key or a JWKS file for the others.
+pub(super) fn buyers_have_a_key(identity: &IdentitySettings) -> Result<(), String> {
+    if identity.mode == BuyerIdentity::Off {
+        return Ok(());
+    }
+    let algorithm = identity.algorithm;
+    let keys = [
+        identity.secret.is_some(),
+        identity.public_key_file.is_some(),
+        identity.jwks_file.is_some(),
+    ];
+    match keys.iter().filter(|set| **set).count() {
+        0 => {
+            return Err("buyers need a key to check their tokens with: set BUYER_JWT_SECRET (HS256), BUYER_JWT_PUBLIC_KEY_FILE or BUYER_JWT_JWKS_FILE (with BUYER_JWT_ALGORITHM); or, for a benchmark only, BUYER_IDENTITY=off".into());
+        }
+        1 => {}
+        _ => {
+            return Err("set only one of BUYER_JWT_SECRET, BUYER_JWT_PUBLIC_KEY_FILE and BUYER_JWT_JWKS_FILE".into());
+        }
+    }
+    if let Some(secret) = &identity.secret {
+        if !algorithm.is_hmac() {
+            return Err(format!(
+                "BUYER_JWT_SECRET is for BUYER_JWT_ALGORITHM HS256, HS384 or HS512, not {algorithm:?}: an asymmetric algorithm needs BUYER_JWT_PUBLIC_KEY_FILE or BUYER_JWT_JWKS_FILE"
+            ));
+        }
+        let bytes = secret.expose_secret().len();
+        if bytes < MIN_BUYER_SECRET_BYTES {
+            return Err(format!(
+                "BUYER_JWT_SECRET has {bytes} bytes; use at least {MIN_BUYER_SECRET_BYTES} (for example `openssl rand -hex 32`)"
+            ));
+        }
+    } else if algorithm.is_hmac() {
+        return Err(format!(
+            "BUYER_JWT_ALGORITHM {algorithm:?} needs BUYER_JWT_SECRET; a public key or JWKS file needs an asymmetric algorithm (RS256, ES256, EdDSA, ...)"
         ));
     }
     Ok(())

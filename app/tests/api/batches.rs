@@ -13,8 +13,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::helpers::{
-    BOUNDS, TestApp, books, error_code, observed_session, orders_reads, redis_connection, settings,
-    shared_redis_url, spawn_with,
+    BOUNDS, TestApp, books, buyer_token, error_code, observed_session, orders_reads,
+    redis_connection, settings, shared_redis_url, spawn_with,
 };
 
 /// An instance (under `redis`) and a product whose lock the test can hold from outside, so
@@ -61,6 +61,7 @@ impl Desk {
             .app
             .client
             .post(self.app.url(&format!("/api/products/{}/purchase", self.id)))
+            .bearer_auth(buyer_token(user))
             .timeout(timeout)
             .json(&json!({"user_id": user, "quantity": quantity}));
         tokio::spawn(async move { request.send().await.expect("an answer") })
@@ -301,15 +302,24 @@ async fn a_buyer_can_look_up_their_order(pool: PgPool) {
 
     let (status, found) = desk
         .app
-        .get_json(&format!("/api/products/{}/orders/42", desk.id))
+        .get_json_as(
+            &format!("/api/products/{}/orders/42", desk.id),
+            &buyer_token(42),
+        )
         .await;
     let (missing, _) = desk
         .app
-        .get_json(&format!("/api/products/{}/orders/43", desk.id))
+        .get_json_as(
+            &format!("/api/products/{}/orders/43", desk.id),
+            &buyer_token(43),
+        )
         .await;
     let (bad, _) = desk
         .app
-        .get_json(&format!("/api/products/{}/orders/zero", desk.id))
+        .get_json_as(
+            &format!("/api/products/{}/orders/zero", desk.id),
+            &buyer_token(1),
+        )
         .await;
 
     assert_eq!(status, 200);

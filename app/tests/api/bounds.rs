@@ -163,6 +163,7 @@ async fn pooled_connections_the_server_closed_while_idle_answer_503_never_500(
     for user in 1..=5 {
         let response = client
             .post(format!("{address}/api/products/{product}/purchase"))
+            .bearer_auth(crate::helpers::buyer_token(user))
             .json(&serde_json::json!({"user_id": user}))
             .send()
             .await

@@ -88,6 +88,7 @@ async fn holding(
         BOUNDS,
         &seckill::domain::ProductName::parse("Phone".into()).unwrap(),
         seckill::domain::Stock::parse(stock).unwrap(),
+        None,
         "test",
         None,
     )

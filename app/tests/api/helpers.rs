@@ -18,12 +18,26 @@ pub const BOUNDS: seckill::repository::SessionBounds = seckill::repository::Sess
 
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123";
 
+/// The buyer key of every test instance (`BUYER_JWT_SECRET`): tests play the identity
+/// provider with [`buyer_token`].
+pub const BUYER_SECRET: &str = "test-buyer-secret-0123456789abcdef";
+
+/// A token for `user`, valid for an hour, as the test instances accept.
+pub fn buyer_token(user: i64) -> String {
+    seckill::identity::Issuer::hs256(BUYER_SECRET).token(user, Duration::from_secs(3_600))
+}
+
 /// Settings for a test instance: port 0, a unique Redis key prefix, a patient lock.
 pub fn settings(redis_url: &str, prefix: &str) -> Settings {
     let mut settings = Settings::new("postgres://unused-the-test-hands-in-its-pool", redis_url);
     settings.redis.key_prefix = prefix.into();
     settings.http.bind_addr = "127.0.0.1:0".parse().unwrap();
     settings.http.admin_token = Some(ADMIN_TOKEN.into());
+    settings.identity.secret = Some(BUYER_SECRET.into());
+    // Every test client is one address, and some retry one buyer quickly: the limits'
+    // own tests turn them on.
+    settings.limits.buyer_rate = 0;
+    settings.limits.address_rate = 0;
     settings.lock.strategy = LockStrategy::Redis;
     settings.lock.ttl = Duration::from_millis(5_000);
     settings.lock.wait = Duration::from_millis(30_000);
@@ -48,6 +62,9 @@ pub async fn redis_connection(url: &str) -> redis::aio::ConnectionManager {
         .await
         .unwrap_or_else(|e| panic!("cannot reach redis at {url}: {e}"))
 }
+
+/// The buyer of [`TestApp::post_raw`]'s requests that are not the admin's.
+pub const RAW_BUYER: i64 = 1;
 
 /// One running instance of the service.
 pub struct TestApp {
@@ -144,10 +161,13 @@ impl TestApp {
             .unwrap()
     }
 
-    /// `GET .../orders/{user}`: the buyer's order id, or `None` on 404.
+    /// `GET .../orders/{user}`, as that buyer: the buyer's order id, or `None` on 404.
     pub async fn order_of(&self, id: i64, user: i64) -> Option<i64> {
         let (status, body) = self
-            .get_json(&format!("/api/products/{id}/orders/{user}"))
+            .get_json_as(
+                &format!("/api/products/{id}/orders/{user}"),
+                &buyer_token(user),
+            )
             .await;
         match status {
             200 => {
@@ -163,13 +183,15 @@ impl TestApp {
     pub async fn purchase(&self, id: i64, user: i64, quantity: i64) -> Response {
         self.client
             .post(self.url(&format!("/api/products/{id}/purchase")))
+            .bearer_auth(buyer_token(user))
             .json(&json!({"user_id": user, "quantity": quantity}))
             .send()
             .await
             .unwrap()
     }
 
-    /// POST a raw body with a content type, as an admin or not; for bad-input tests.
+    /// POST a raw body with a content type, as the admin or as buyer [`RAW_BUYER`]; for
+    /// bad-input tests.
     pub async fn post_raw(
         &self,
         path: &str,
@@ -181,14 +203,29 @@ impl TestApp {
             .client
             .post(self.url(path))
             .header("content-type", content_type);
-        if admin {
-            request = request.bearer_auth(ADMIN_TOKEN);
-        }
+        request = request.bearer_auth(if admin {
+            ADMIN_TOKEN.to_owned()
+        } else {
+            buyer_token(RAW_BUYER)
+        });
         request.body(body).send().await.unwrap()
     }
 
     pub async fn get_json(&self, path: &str) -> (u16, Value) {
         let response = self.client.get(self.url(path)).send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// `GET` with a bearer token (a buyer's, or the admin's).
+    pub async fn get_json_as(&self, path: &str, token: &str) -> (u16, Value) {
+        let response = self
+            .client
+            .get(self.url(path))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
         let status = response.status().as_u16();
         (status, response.json().await.unwrap_or(Value::Null))
     }

@@ -5,6 +5,7 @@
 mod admin_writes;
 mod batches;
 mod bounds;
+mod buyers;
 mod concurrency;
 mod consensus;
 mod fencing;

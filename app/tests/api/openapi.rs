@@ -8,12 +8,13 @@ use sqlx::PgPool;
 use crate::helpers::{ADMIN_TOKEN, spawn_app};
 
 /// Every operation the service routes, as (method, path template).
-const ROUTES: [(&str, &str); 9] = [
+const ROUTES: [(&str, &str); 10] = [
     ("post", "/api/products"),
     ("get", "/api/products/{id}"),
     ("post", "/api/products/{id}/purchase"),
     ("post", "/api/products/{id}/restock"),
     ("put", "/api/products/{id}/stock"),
+    ("put", "/api/products/{id}/opening"),
     ("get", "/api/products/{id}/orders/{user_id}"),
     ("get", "/healthz"),
     ("get", "/readyz"),
@@ -66,6 +67,7 @@ async fn the_document_lists_every_route_and_each_answer_is_documented(pool: PgPo
             "/api/products/{id}/purchase" => json!({"user_id": 7}),
             "/api/products/{id}/restock" => json!({"add": 1}),
             "/api/products/{id}/stock" => json!({"stock": 9, "expected_stock": 6}),
+            "/api/products/{id}/opening" => json!({"on_sale_at": "2020-01-01T00:00:00Z"}),
             _ => Value::Null,
         };
         for body in [good, json!({"unexpected": true})] {
@@ -101,9 +103,17 @@ async fn the_admin_operations_declare_the_bearer_token(pool: PgPool) {
         ("post", "/api/products"),
         ("post", "/api/products/{id}/restock"),
         ("put", "/api/products/{id}/stock"),
+        ("put", "/api/products/{id}/opening"),
     ] {
         let security = &document["paths"][path][method]["security"];
         assert_eq!(security, &json!([{"admin_token": []}]), "{method} {path}");
     }
-    assert!(document["paths"]["/api/products/{id}/purchase"]["post"]["security"].is_null());
+    assert_eq!(
+        document["components"]["securitySchemes"]["buyer_token"]["bearerFormat"],
+        "JWT"
+    );
+    let purchase = &document["paths"]["/api/products/{id}/purchase"]["post"]["security"];
+    assert_eq!(purchase, &json!([{"buyer_token": []}]));
+    let order = &document["paths"]["/api/products/{id}/orders/{user_id}"]["get"]["security"];
+    assert_eq!(order, &json!([{"buyer_token": []}, {"admin_token": []}]));
 }

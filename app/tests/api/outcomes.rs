@@ -41,6 +41,7 @@ async fn cut_write_is_answered_outcome_unknown_with_the_order_lookup(pool: PgPoo
         let request = app
             .client
             .post(app.url(&format!("/api/products/{id}/purchase")))
+            .bearer_auth(crate::helpers::buyer_token(42))
             .json(&serde_json::json!({"user_id": 42}));
         tokio::spawn(async move { request.send().await.expect("an answer") })
     };
@@ -78,6 +79,11 @@ async fn cut_write_is_answered_outcome_unknown_with_the_order_lookup(pool: PgPoo
     assert_eq!(body["error"], "outcome_unknown", "{body}");
     let path = format!("/api/products/{id}/orders/42");
     assert_eq!(body["order_path"], path.as_str(), "{body}");
-    assert_eq!(app.get_json(&path).await.0, 404);
+    assert_eq!(
+        app.get_json_as(&path, &crate::helpers::buyer_token(42))
+            .await
+            .0,
+        404
+    );
     assert_eq!(app.purchase(id, 42, 1).await.status(), 201);
 }

@@ -30,9 +30,18 @@ async fn an_admin_creates_a_product(pool: PgPool) {
     let id = body["id"].as_i64().unwrap();
     let (status, shown) = app.get_json(&format!("/api/products/{id}")).await;
     assert_eq!(status, 200);
+    // On sale from its creation (no `on_sale_at` given): the opening is the creation's time.
+    let opening = shown["on_sale_at"]
+        .as_str()
+        .expect("on_sale_at is shown")
+        .to_owned();
+    assert!(
+        opening.parse::<chrono::DateTime<chrono::Utc>>().is_ok(),
+        "{opening}"
+    );
     assert_eq!(
         shown,
-        json!({"id": id, "name": "Phone", "stock": 100, "sold": 0, "supplied": 100})
+        json!({"id": id, "name": "Phone", "stock": 100, "sold": 0, "supplied": 100, "on_sale_at": opening})
     );
 }
 

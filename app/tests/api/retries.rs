@@ -103,6 +103,7 @@ async fn a_buyer_who_left_while_their_batch_was_retried_gets_no_order(pool: PgPo
         .app
         .client
         .post(contended.app.url(&format!("/api/products/{id}/purchase")))
+        .bearer_auth(crate::helpers::buyer_token(1))
         .timeout(Duration::from_millis(500))
         .json(&json!({"user_id": 1, "quantity": 1}))
         .send()

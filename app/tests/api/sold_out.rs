@@ -431,19 +431,21 @@ async fn the_sold_out_lane_leaves_what_it_does_not_answer_to_the_routes(pool: Pg
         .collect();
     let encoded = client
         .post(url(format!("/api/products/{encoded_id}/purchase")))
-        .json(&serde_json::json!({"user_id": 0}))
+        .bearer_auth(crate::helpers::buyer_token(3))
+        .json(&serde_json::json!({"user_id": 3, "quantity": 0}))
         .send()
         .await
         .unwrap();
     let encoded_well_formed = client
         .post(url(format!("/api/products/{encoded_id}/purchase")))
+        .bearer_auth(crate::helpers::buyer_token(3))
         .json(&serde_json::json!({"user_id": 3}))
         .send()
         .await
         .unwrap();
 
     // Assert: the routes answered each as they answer it for any product (405, 404; the
-    // encoded id is decoded and its body checked: user 0 is refused), and the lane answered
+    // encoded id is decoded and its body checked: quantity 0 is refused), and the lane answered
     // none of them; the well-formed purchase with the encoded id got the lane's answer from
     // the route (sold out, from the same memory: the one answer from memory besides the
     // first, and no batch).

@@ -28,6 +28,7 @@ async fn send(plan: &Plan, host: &str, product: i64, buyer: u64) -> Answer {
     let answer = plan
         .client
         .post(&url)
+        .bearer_auth(crate::buyers::token(buyer as i64))
         .json(&json!({"user_id": buyer, "quantity": 1}))
         .send()
         .await;

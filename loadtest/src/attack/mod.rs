@@ -245,6 +245,7 @@ pub async fn orders_of(host: &str, product_id: i64, buyers: &[u64]) -> anyhow::R
     for buyer in buyers {
         let response = client
             .get(format!("{host}/api/products/{product_id}/orders/{buyer}"))
+            .bearer_auth(crate::buyers::token(*buyer as i64))
             .send()
             .await
             .with_context(|| format!("cannot ask {host} for buyer {buyer}'s order"))?;

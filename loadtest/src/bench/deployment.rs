@@ -39,6 +39,7 @@ pub(super) async fn deploy(
     strategy: LockStrategy,
     batch: Option<u32>,
     count: usize,
+    more: &[(&'static str, &str)],
 ) -> anyhow::Result<Deployment> {
     let prefix = format!("bench:{name}:");
     let database = ThrowawayDatabase::create(admin_url, name.clone()).await?;
@@ -55,8 +56,10 @@ pub(super) async fn deploy(
         lock_ttl_ms: 5_000,
         redlock_urls: "",
         extra: batch
-            .map(|b| vec![("BATCH_MAX", b.to_string())])
-            .unwrap_or_default(),
+            .map(|b| ("BATCH_MAX", b.to_string()))
+            .into_iter()
+            .chain(more.iter().map(|(k, v)| (*k, (*v).to_owned())))
+            .collect(),
     };
     let started = async {
         let me = std::env::current_exe()?;

@@ -40,6 +40,8 @@ mod report;
 mod runs;
 mod wrk;
 
+pub use wrk::buy_script;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -179,8 +181,8 @@ impl Scripts {
             fixed: dir.join("fixed.lua"),
             get: dir.join("get.lua"),
         };
-        std::fs::write(&scripts.buy, wrk::BUY_SCRIPT)?;
-        std::fs::write(&scripts.fixed, wrk::FIXED_SCRIPT)?;
+        std::fs::write(&scripts.buy, wrk::buy_script(crate::buyers::secret()))?;
+        std::fs::write(&scripts.fixed, wrk::fixed_script(&crate::buyers::token(3)))?;
         std::fs::write(&scripts.get, wrk::GET_SCRIPT)?;
         Ok(scripts)
     }
@@ -197,37 +199,42 @@ async fn set_up(
     let id = std::process::id();
     let ceiling = Ceiling::create(postgres_url, format!("seckill_bench_{id}_ceiling"), dir).await?;
     started.ceiling = Some(ceiling);
+    // (f)'s one instance takes the body's `user_id` without a token: what (b) costs with the
+    // buyer's identity checked is read against it.
+    let identity_off: &[(&str, &str)] = &[("BUYER_IDENTITY", "off")];
     let deployments = [
-        ("one", LockStrategy::Redis, None, 1),
-        ("three", LockStrategy::Redis, None, THREE),
-        ("pg_atomic_1", LockStrategy::PgAtomic, Some(1), 1),
-        ("redis_1", LockStrategy::Redis, Some(1), 1),
-        ("pg_atomic", LockStrategy::PgAtomic, None, 1),
-        ("pg_row", LockStrategy::PgRow, None, 1),
-        ("pg_lock", LockStrategy::PgLock, None, 1),
+        ("one", LockStrategy::Redis, None, 1, &[][..]),
+        ("three", LockStrategy::Redis, None, THREE, &[][..]),
+        ("open", LockStrategy::Redis, None, 1, identity_off),
+        ("pg_atomic_1", LockStrategy::PgAtomic, Some(1), 1, &[][..]),
+        ("redis_1", LockStrategy::Redis, Some(1), 1, &[][..]),
+        ("pg_atomic", LockStrategy::PgAtomic, None, 1, &[][..]),
+        ("pg_row", LockStrategy::PgRow, None, 1, &[][..]),
+        ("pg_lock", LockStrategy::PgLock, None, 1, &[][..]),
     ];
-    for (name, strategy, batch, count) in deployments {
+    for (name, strategy, batch, count, more) in deployments {
         let name = format!("seckill_bench_{id}_{name}");
-        started
-            .deployments
-            .push(deploy(postgres_url, redis_url, name, strategy, batch, count).await?);
+        let deployment = deploy(postgres_url, redis_url, name, strategy, batch, count, more);
+        started.deployments.push(deployment.await?);
     }
     Ok(())
 }
 
 /// What a round runs on: the ceiling, the one instance of (a) and (b), the three of (c)
-/// and (d), and one instance of each other strategy.
+/// and (d), the one instance of (f) with identity off, and one instance of each other
+/// strategy.
 struct Stage<'a> {
     ceiling: &'a Ceiling,
     one: &'a Deployment,
     three: &'a Deployment,
+    open: &'a Deployment,
     others: &'a [Deployment],
 }
 
 impl<'a> Stage<'a> {
     fn of(started: &'a Started) -> anyhow::Result<Self> {
-        let [one, three, others @ ..] = started.deployments.as_slice() else {
-            bail!("bench-http starts seven sets of instances, and has fewer");
+        let [one, three, open, others @ ..] = started.deployments.as_slice() else {
+            bail!("bench-http starts eight sets of instances, and has fewer");
         };
         let Some(ceiling) = &started.ceiling else {
             bail!("bench-http creates the ceiling's database first, and has none");
@@ -236,6 +243,7 @@ impl<'a> Stage<'a> {
             ceiling,
             one,
             three,
+            open,
             others,
         })
     }
@@ -248,6 +256,8 @@ struct Products {
     shared: i64,
     many: Vec<i64>,
     many_on_one: Vec<i64>,
+    /// (f)'s, on the instance with identity off.
+    open: i64,
     alone: Vec<i64>,
     gone: i64,
 }
@@ -263,6 +273,7 @@ impl Products {
             many.push(create_product(three, ADMIN_TOKEN, STOCK).await?);
             many_on_one.push(create_product(one, ADMIN_TOKEN, STOCK).await?);
         }
+        let open = create_product(&stage.open.instances[0].url, ADMIN_TOKEN, STOCK).await?;
         let mut alone = Vec::new();
         for other in stage.others {
             alone.push(create_product(&other.instances[0].url, ADMIN_TOKEN, STOCK).await?);
@@ -273,6 +284,7 @@ impl Products {
             shared,
             many,
             many_on_one,
+            open,
             alone,
             gone,
         })
@@ -321,6 +333,11 @@ fn rows(args: &BenchArgs, others: &[Deployment]) -> Vec<Row> {
             ),
             true,
         ),
+        row(
+            Kind::OneIdentityOff,
+            "(f) as (b), with BUYER_IDENTITY=off (no token checked)".to_owned(),
+            true,
+        ),
     ];
     for other in others {
         let batch = other
@@ -355,6 +372,7 @@ async fn measure_round(
     measured.push(bench.sell(three, &split, &[products.shared]).await?);
     measured.push(bench.sell(three, &split, &products.many).await?);
     measured.push(bench.sell(one, &[MANY], &products.many_on_one).await?);
+    measured.push(bench.sell(stage.open, &[MANY], &[products.open]).await?);
     for (other, product) in stage.others.iter().zip(&products.alone) {
         measured.push(bench.sell(other, &[FEW], &[*product]).await?);
     }
@@ -397,6 +415,7 @@ async fn sold_out_product(url: &str) -> anyhow::Result<i64> {
     for user in 1..=2 {
         client
             .post(format!("{url}/api/products/{gone}/purchase"))
+            .bearer_auth(crate::buyers::token(user))
             .json(&serde_json::json!({"user_id": user}))
             .send()
             .await?;

@@ -27,6 +27,8 @@ pub(crate) enum Kind {
     ThreeManyProducts,
     /// (e) one instance, `--products` products at once, 1,000 connections.
     OneManyProducts,
+    /// (f) as (b), on an instance with `BUYER_IDENTITY=off`.
+    OneIdentityOff,
     /// Another strategy on one instance, one product, 64 connections; `batch`: BATCH_MAX if
     /// set, else the service's default.
     Strategy {
@@ -294,6 +296,10 @@ impl Report {
                     self.products
                 ),
                 self.ratios(Kind::OneManyProducts, Kind::OneAt1000),
+            ),
+            (
+                "(b) / (f): buyers' tokens checked against identity off, one instance".to_owned(),
+                self.ratios(Kind::OneAt1000, Kind::OneIdentityOff),
             ),
             (
                 "(d): the slowest product's orders/s over the fastest's".to_owned(),

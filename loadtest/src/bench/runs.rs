@@ -107,7 +107,7 @@ impl Bench<'_> {
         // One product: the URL's path is enough.
         let extra: &[String] = if paths.len() > 1 { &paths } else { &[] };
         // Several products: a thread per product (up to a process's connections), so that
-        // each product has connections of its own (see `wrk::BUY_SCRIPT`). One product: three
+        // each product has connections of its own (see `wrk::buy_script`). One product: three
         // processes of one thread each run about as many threads as one of two.
         let threads = match (paths.len(), connections.len()) {
             (1, 1) => 2,

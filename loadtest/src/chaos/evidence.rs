@@ -134,6 +134,7 @@ async fn look_up(client: &reqwest::Client, urls: &Urls, product_id: i64, user: i
         };
         match client
             .get(format!("{url}/api/products/{product_id}/orders/{user}"))
+            .bearer_auth(crate::buyers::token(user))
             .send()
             .await
         {

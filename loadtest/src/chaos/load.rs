@@ -143,6 +143,7 @@ async fn buyer(shared: &Shared, user: i64) {
                     "{url}/api/products/{}/purchase",
                     shared.config.product_id
                 ))
+                .bearer_auth(crate::buyers::token(user))
                 .json(&json!({"user_id": user, "quantity": 1})),
         )
         .await;
