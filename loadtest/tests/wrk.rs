@@ -3,6 +3,7 @@
 
 use std::process::Command;
 
+use clap::Parser;
 use sqlx::PgPool;
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]

@@ -198,6 +198,8 @@ mod tests {
         let env = [
             ("LOCK_STRATEGY", "zookeeper".to_owned()),
             ("LOCK_TTL_MS", LOCK_TTL_MS.to_string()),
+            // As every instance this tool starts gets it (`instances.rs`).
+            ("BUYER_JWT_SECRET", crate::buyers::secret().to_owned()),
         ]
         .into_iter()
         .chain(consensus_settings(
