@@ -133,11 +133,12 @@ impl Verifier {
         let claims = jsonwebtoken::decode::<Claims>(token, key, &self.validation)
             .map_err(|error| Refused::Invalid(reason(error.kind())))?
             .claims;
+        // Digits only, written as the id is (`007` is not buyer 7).
         claims
             .sub
             .parse::<i64>()
             .ok()
-            .filter(|_| claims.sub.bytes().all(|b| b.is_ascii_digit()))
+            .filter(|id| id.to_string() == claims.sub)
             .and_then(|id| UserId::parse(id).ok())
             .ok_or(Refused::Invalid("its subject is not a buyer id"))
     }

@@ -78,7 +78,9 @@ impl Limits {
         }
     }
 
-    /// The client's address, as described in the module's docs.
+    /// The client's address, as described in the module's docs; `None` when a trusted
+    /// proxy forwarded a hop that is not an address (nobody's limit is then taken: the
+    /// proxy's own would be every buyer's).
     pub fn client_address(&self, req: &HttpRequest) -> Option<IpAddr> {
         let peer = req.peer_addr()?.ip();
         if !self.is_trusted(peer) {
@@ -87,13 +89,9 @@ impl Limits {
         // Proxies append the address they got the request from: read from the right.
         let mut nearest = peer;
         for value in req.headers().get_all("x-forwarded-for").rev() {
-            let Ok(value) = value.to_str() else {
-                return Some(nearest);
-            };
+            let value = value.to_str().ok()?;
             for hop in value.rsplit(',') {
-                let Ok(address) = hop.trim().parse::<IpAddr>() else {
-                    return Some(nearest);
-                };
+                let address = hop_address(hop.trim())?;
                 if !self.is_trusted(address) {
                     return Some(address);
                 }
@@ -107,6 +105,14 @@ impl Limits {
         let address = address.to_canonical();
         self.trusted.iter().any(|net| net.contains(&address))
     }
+}
+
+/// A forwarded hop's address: `1.2.3.4`, `1.2.3.4:5678`, `2001:db8::1` or `[2001:db8::1]:443`.
+fn hop_address(hop: &str) -> Option<IpAddr> {
+    hop.parse::<IpAddr>()
+        .ok()
+        .or_else(|| hop.parse::<std::net::SocketAddr>().ok().map(|s| s.ip()))
+        .or_else(|| hop.strip_prefix('[')?.strip_suffix(']')?.parse().ok())
 }
 
 /// A keyed limiter of `rate` per second with `burst`, or none when `rate` is 0.
@@ -189,14 +195,21 @@ mod tests {
             limits.client_address(&from("10.0.0.2:1", Some(chain))),
             ip("198.51.100.7")
         );
-        // A proxy that forwarded nothing (or garbage) is the client as far as we can tell.
+        // Hops with ports and brackets, as some gateways send them.
+        let ported = "[2001:db8::7]:443, 198.51.100.8:5678";
+        assert_eq!(
+            limits.client_address(&from("10.0.0.2:1", Some(ported))),
+            ip("198.51.100.8")
+        );
+        // A proxy that forwarded nothing is the client as far as we can tell; one that
+        // forwarded garbage limits nobody (its own address would be every buyer's).
         assert_eq!(
             limits.client_address(&from("10.0.0.2:1", None)),
             ip("10.0.0.2")
         );
         assert_eq!(
             limits.client_address(&from("10.0.0.2:1", Some("junk"))),
-            ip("10.0.0.2")
+            None
         );
     }
 

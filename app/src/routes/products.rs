@@ -111,6 +111,9 @@ pub async fn create(
     } = body.into_inner();
     let name = ProductName::parse(name).map_err(ApiError::InvalidInput)?;
     let stock = Stock::parse(stock).map_err(ApiError::InvalidInput)?;
+    if let Some(at) = on_sale_at {
+        check_opening(at)?;
+    }
     let request = format!(
         "POST /api/products name={:?} stock={} on_sale_at={on_sale_at:?}",
         name.as_str(),
@@ -379,6 +382,20 @@ pub async fn show(
     }))
 }
 
+/// An opening from 1970 to the end of 9999 (PostgreSQL keeps far wider, chrono wider still:
+/// a year like -5000 or 200000 is a typo, not a sale).
+fn check_opening(at: DateTime<Utc>) -> Result<(), ApiError> {
+    use chrono::Datelike;
+    if (1970..=9999).contains(&at.year()) {
+        Ok(())
+    } else {
+        Err(ApiError::InvalidInput(format!(
+            "on_sale_at must be between 1970 and 9999, got year {}",
+            at.year()
+        )))
+    }
+}
+
 /// `PUT /api/products/{id}/opening` (admin): move the product's opening. This instance
 /// takes it at once; the others within a second (before it) or at their next purchase
 /// (after it, which the database refuses until the new opening).
@@ -406,6 +423,7 @@ pub async fn set_opening(
     body: web::Json<Opening>,
 ) -> Result<HttpResponse, ApiError> {
     let id = ProductId::parse(&path).map_err(ApiError::InvalidInput)?;
+    check_opening(body.on_sale_at)?;
     let on_sale_at = repository::set_on_sale_at(&sale.pool, id, body.on_sale_at)
         .await
         .map_err(|e| admin_write_failed(&e))?

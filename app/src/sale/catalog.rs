@@ -73,8 +73,11 @@ pub(crate) struct Known {
     /// The opening, as nanoseconds from `learned` (0: open from the start; `u64::MAX`: not
     /// known, read it again). Read on every purchase, without a lock.
     opens_at: AtomicU64,
-    /// When the opening was read, as 1 + nanoseconds from `learned` (0: never).
+    /// When the opening was read (or a read of it was claimed), as 1 + nanoseconds from
+    /// `learned` (0: never).
     opening_read: AtomicU64,
+    /// Bumped by [`Known::forget_opening`]: a read that began before is not stored.
+    opening_gen: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -179,6 +182,7 @@ impl Catalog {
                 sold_out_at: AtomicU64::new(0),
                 opens_at: AtomicU64::new(u64::MAX),
                 opening_read: AtomicU64::new(0),
+                opening_gen: AtomicU64::new(0),
             })
         });
         known.reopen(generation);
@@ -249,22 +253,39 @@ impl Known {
         nanos(self.since_learned()) >= self.opens_at.load(Ordering::Acquire)
     }
 
-    /// Whether the opening should be read again before a purchase is refused for it.
-    pub(crate) fn opening_is_stale(&self) -> bool {
-        match self.opening_read.load(Ordering::Acquire) {
-            0 => true,
-            read => {
-                self.since_learned()
-                    .saturating_sub(Duration::from_nanos(read - 1))
-                    >= OPENING_RECHECK
-            }
-        }
+    /// Whether this purchase should read the opening again before it is refused for it: the
+    /// opening was never read, forgotten, or read [`OPENING_RECHECK`] ago. One purchase at a
+    /// time wins the claim (the flood before an opening makes one read per product per
+    /// second, not one per purchase); the others answer from what is known. Returns the
+    /// generation to hand to [`Self::set_opening`].
+    pub(crate) fn claim_opening_read(&self) -> Option<u64> {
+        let read = self.opening_read.load(Ordering::Acquire);
+        let now = self.since_learned();
+        let stale =
+            read == 0 || now.saturating_sub(Duration::from_nanos(read - 1)) >= OPENING_RECHECK;
+        let generation = self.opening_gen.load(Ordering::Acquire);
+        let claimed = stale
+            && self
+                .opening_read
+                .compare_exchange(
+                    read,
+                    nanos(now).saturating_add(1),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok();
+        claimed.then_some(generation)
     }
 
     /// A read sent at `read_at` found the opening `opens_in_us` microseconds after the
     /// database's clock (zero or less: open). Counted from when the read was sent, the
-    /// earliest the database can have looked at its clock.
-    pub(crate) fn set_opening(&self, read_at: Instant, opens_in_us: i64) {
+    /// earliest the database can have looked at its clock. A read that began before the
+    /// opening was last forgotten (`generation` is older) is dropped: it may predate the
+    /// change.
+    pub(crate) fn set_opening(&self, read_at: Instant, opens_in_us: i64, generation: u64) {
+        if self.opening_gen.load(Ordering::Acquire) != generation {
+            return;
+        }
         let wait = Duration::from_micros(u64::try_from(opens_in_us).unwrap_or(0));
         // The read may have been sent before this instance learned of the product.
         let opens = (read_at + wait).saturating_duration_since(self.learned);
@@ -276,6 +297,7 @@ impl Known {
 
     /// The opening is not known any more: the next purchase reads it.
     pub(crate) fn forget_opening(&self) {
+        self.opening_gen.fetch_add(1, Ordering::AcqRel);
         self.opening_read.store(0, Ordering::Release);
         self.opens_at.store(u64::MAX, Ordering::Release);
     }
@@ -353,24 +375,26 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_opening_is_reached_on_time_and_read_again_while_not_reached() {
         let (_catalog, known) = catalog_with_product(Duration::from_secs(60));
-        assert!(
-            !known.is_open() && known.opening_is_stale(),
-            "unread: closed and to be read"
-        );
-        known.set_opening(Instant::now(), 2_000_000);
-        assert!(!known.is_open() && !known.opening_is_stale());
+        assert!(!known.is_open(), "unread: closed");
+        let generation = known.claim_opening_read().expect("unread: to be read");
+        assert_eq!(known.claim_opening_read(), None, "one read at a time");
+        known.set_opening(Instant::now(), 2_000_000, generation);
+        assert!(!known.is_open() && known.claim_opening_read().is_none());
         tokio::time::advance(Duration::from_millis(1_999)).await;
         assert!(!known.is_open());
+        let again = known.claim_opening_read();
         assert!(
-            known.opening_is_stale(),
+            again.is_some(),
             "a closed product's opening is read again each second"
         );
         tokio::time::advance(Duration::from_millis(2)).await;
         assert!(known.is_open());
-        // An admin moved it: closed until read again; an opening in the past is open.
+        // An admin moved it: a read that began before is dropped; a new one is taken.
         known.forget_opening();
-        assert!(!known.is_open() && known.opening_is_stale());
-        known.set_opening(Instant::now(), -5);
+        known.set_opening(Instant::now(), -5, again.unwrap());
+        assert!(!known.is_open(), "a read from before the change was stored");
+        let fresh = known.claim_opening_read().expect("forgotten: to be read");
+        known.set_opening(Instant::now(), -5, fresh);
         assert!(known.is_open());
     }
 

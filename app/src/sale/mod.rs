@@ -338,12 +338,12 @@ impl Sale {
         if product.is_open() {
             return Ok(());
         }
-        if product.opening_is_stale() {
+        if let Some(generation) = product.claim_opening_read() {
             let read_at = Instant::now();
             let Some(found) = repository::find_product(self.reads.pool(), id).await? else {
                 return Err(PurchaseError::NotFound);
             };
-            product.set_opening(read_at, found.opens_in_us);
+            product.set_opening(read_at, found.opens_in_us, generation);
         }
         if product.is_open() {
             Ok(())
@@ -367,7 +367,9 @@ impl Sale {
         let known = self.catalog.remember(id, found.restock_gen, || {
             Desk::open(id, Arc::clone(&self.desks))
         });
-        known.set_opening(read_at, found.opens_in_us);
+        if let Some(generation) = known.claim_opening_read() {
+            known.set_opening(read_at, found.opens_in_us, generation);
+        }
         Ok(known)
     }
 
@@ -385,6 +387,7 @@ impl Sale {
         if let Some(known) = self.catalog.get(id) {
             known.forget_opening();
         }
+        self.reads.forget(id);
     }
 
     /// A restock of `id` committed, starting restock generation `generation`: reopen it here

@@ -130,6 +130,12 @@ async fn every_bad_token_gets_401_and_leaves_nothing_behind(pool: PgPool) {
             bearer(hs256(json!({"iss": "shop", "aud": "seckill", "sub": "0"}))),
         ),
         (
+            "subject not written as its id",
+            bearer(hs256(
+                json!({"iss": "shop", "aud": "seckill", "sub": "005"}),
+            )),
+        ),
+        (
             "subject negative",
             bearer(hs256(json!({"iss": "shop", "aud": "seckill", "sub": "-5"}))),
         ),
@@ -294,6 +300,15 @@ async fn a_purchase_a_moment_before_the_opening_is_refused_and_one_after_buys(po
     let (status, shown) = app.get_json(&format!("/api/products/{id}")).await;
     let mut refused_after = 0;
     let bought_at = loop {
+        // Whether the opening had passed, by the database's clock, 20 ms before this attempt
+        // was sent: such an attempt must not be refused.
+        let late: bool = sqlx::query_scalar(
+            "SELECT clock_timestamp() >= on_sale_at + interval '20 milliseconds' FROM products WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
         let response = app.purchase(id, 2, 1).await;
         if response.status() == 201 {
             break sqlx::query_scalar::<_, bool>(
@@ -305,6 +320,7 @@ async fn a_purchase_a_moment_before_the_opening_is_refused_and_one_after_buys(po
             .unwrap();
         }
         assert_eq!(error_code(response).await, (409, "not_open".to_owned()));
+        assert!(!late, "refused not_open after the opening had passed");
         refused_after += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
@@ -447,4 +463,38 @@ async fn with_identity_off_the_body_names_the_buyer_and_readyz_says_so(pool: PgP
     assert_eq!(order.0, 200, "order reads are public with identity off");
     let on = spawn_app(pool).await;
     assert_eq!(on.get_json("/readyz").await.1["buyer_identity"], "jwt");
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn an_opening_outside_reason_is_refused_as_invalid_input(pool: PgPool) {
+    let app = spawn_app(pool.clone()).await;
+    let id = app.create_product("Phone", 10).await;
+    for at in ["-5000-01-01T00:00:00Z", "+200000-01-01T00:00:00Z"] {
+        let created = app
+            .client
+            .post(app.url("/api/products"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({"name": "Phone", "stock": 1, "on_sale_at": at}))
+            .send()
+            .await
+            .unwrap();
+        let moved = app
+            .client
+            .put(app.url(&format!("/api/products/{id}/opening")))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({"on_sale_at": at}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            error_code(created).await,
+            (400, "invalid_input".to_owned()),
+            "{at}"
+        );
+        assert_eq!(
+            error_code(moved).await,
+            (400, "invalid_input".to_owned()),
+            "{at}"
+        );
+    }
 }
