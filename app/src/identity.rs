@@ -25,8 +25,8 @@ pub const MAX_TOKEN_BYTES: usize = 4096;
 
 /// How buyers are known to this instance.
 pub enum Identity {
-    /// By their tokens.
-    Verified(Verifier),
+    /// By their tokens (boxed: the verifier is large, and read once per purchase).
+    Verified(Box<Verifier>),
     /// UNSAFE: by the `user_id` they claim (`BUYER_IDENTITY=off`).
     Off,
 }
@@ -39,7 +39,8 @@ impl Identity {
     pub fn from_settings(settings: &IdentitySettings) -> anyhow::Result<Self> {
         match settings.mode {
             BuyerIdentity::Off => Ok(Identity::Off),
-            BuyerIdentity::Jwt => Verifier::from_settings(settings).map(Identity::Verified),
+            BuyerIdentity::Jwt => Verifier::from_settings(settings)
+                .map(|verifier| Identity::Verified(Box::new(verifier))),
         }
     }
 

@@ -48,7 +48,7 @@ pub enum Command {
     Chaos(ChaosArgs),
     /// Run one seckill instance (what `demo` starts, as a child process).
     #[command(hide = true)]
-    Serve(seckill::Settings),
+    Serve(Box<seckill::Settings>),
 }
 
 /// What one attack sells and to whom.

@@ -12,7 +12,7 @@ use loadtest::demo;
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Some(Command::Serve(settings)) => seckill::run(settings).await.map(|()| true),
+        Some(Command::Serve(settings)) => seckill::run(*settings).await.map(|()| true),
         Some(Command::Demo(args)) => match Cancel::on_ctrl_c() {
             Ok(cancel) => demo::run(args, cancel).await,
             Err(error) => Err(error),
