@@ -132,7 +132,7 @@ fn check<K: std::hash::Hash + Eq + Clone>(
         return Ok(());
     };
     limiter.check_key(key).map_err(|not_until| Exceeded {
-        retry_after: not_until.wait_time_from(DefaultClock::default().now()),
+        retry_after: not_until.wait_time_from(limiter.clock().now()),
     })
 }
 

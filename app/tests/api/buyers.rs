@@ -271,18 +271,8 @@ async fn product_opening_in(app: &TestApp, pool: &PgPool, opens_in: Duration) ->
         .await
         .unwrap();
     let at = at + chrono::Duration::from_std(opens_in).unwrap();
-    let response = app
-        .client
-        .post(app.url("/api/products"))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({"name": "Phone", "stock": 10, "on_sale_at": at.to_rfc3339()}))
-        .send()
+    app.create_product_from(json!({"name": "Phone", "stock": 10, "on_sale_at": at.to_rfc3339()}))
         .await
-        .unwrap();
-    assert_eq!(response.status(), 201);
-    response.json::<Value>().await.unwrap()["id"]
-        .as_i64()
-        .unwrap()
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]

@@ -125,11 +125,17 @@ impl TestApp {
     }
 
     pub async fn create_product(&self, name: &str, stock: i64) -> i64 {
+        self.create_product_from(json!({"name": name, "stock": stock}))
+            .await
+    }
+
+    /// `POST /api/products` with this body (`on_sale_at` among its fields, say): the id.
+    pub async fn create_product_from(&self, body: Value) -> i64 {
         let response = self
             .client
             .post(self.url("/api/products"))
             .bearer_auth(ADMIN_TOKEN)
-            .json(&json!({"name": name, "stock": stock}))
+            .json(&body)
             .send()
             .await
             .unwrap();

@@ -18,39 +18,7 @@ use anyhow::{Context, bail};
 /// Each request carries its buyer's token, signed here as the identity provider would (see
 /// [`TOKEN_LUA`]).
 pub fn buy_script(secret: &str) -> String {
-    TOKEN_LUA.replace("__SECRET__", &lua_string(secret))
-        + r#"
-local counter = 0
-local threads = 0
-local base = 0
-local paths = {}
-function setup(thread)
-  thread:set("id", threads)
-  threads = threads + 1
-end
-function init(args)
-  base = tonumber(args[1]) * 100000000000
-  if #args > 1 then
-    local shared_by = tonumber(args[2])
-    for i = 3, #args do
-      if (i - 3) % shared_by == id then
-        paths[#paths + 1] = args[i]
-      end
-    end
-  end
-end
-request = function()
-  counter = counter + 1
-  local user = string.format("%.0f", base + id * 1000000000 + counter)
-  local path = nil
-  if #paths > 0 then
-    path = paths[counter % #paths + 1]
-  end
-  return wrk.format("POST", path,
-    {["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. token(user)},
-    '{"user_id": ' .. user .. '}')
-end
-"#
+    TOKEN_LUA.replace("__SECRET__", &lua_string(secret)) + BUY_LUA
 }
 
 /// One fixed purchase: for the sold-out answer, whose cost does not depend on the buyer.
@@ -64,47 +32,10 @@ pub(crate) fn fixed_script(token: &str) -> String {
 /// from the libcrypto wrk is linked with (through LuaJIT's FFI), base64url by hand. About
 /// a microsecond of wrk's time per request: the service's own check of it is what is
 /// measured.
-const TOKEN_LUA: &str = r#"
-local ffi = require("ffi")
-local bit = require("bit")
-ffi.cdef[[
-typedef struct evp_md_st EVP_MD;
-const EVP_MD *EVP_sha256(void);
-unsigned char *HMAC(const EVP_MD *evp_md, const void *key, int key_len,
-                    const unsigned char *d, size_t n, unsigned char *md, unsigned int *md_len);
-]]
-local crypto = ffi.C
-if not pcall(function() return crypto.EVP_sha256 end) then
-  crypto = ffi.load("crypto")
-end
-local secret = __SECRET__
-local alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
-local function b64url(s)
-  local out = {}
-  for i = 1, #s, 3 do
-    local a, b, c = s:byte(i, i + 2)
-    local n = bit.bor(bit.lshift(a, 16), bit.lshift(b or 0, 8), c or 0)
-    out[#out + 1] = alphabet:sub(bit.rshift(n, 18) + 1, bit.rshift(n, 18) + 1)
-    out[#out + 1] = alphabet:sub(bit.band(bit.rshift(n, 12), 63) + 1, bit.band(bit.rshift(n, 12), 63) + 1)
-    if b then
-      out[#out + 1] = alphabet:sub(bit.band(bit.rshift(n, 6), 63) + 1, bit.band(bit.rshift(n, 6), 63) + 1)
-    end
-    if c then
-      out[#out + 1] = alphabet:sub(bit.band(n, 63) + 1, bit.band(n, 63) + 1)
-    end
-  end
-  return table.concat(out)
-end
-local head = b64url('{"alg":"HS256","typ":"JWT"}')
-local exp = string.format("%.0f", os.time() + 86400)
-local md = ffi.new("unsigned char[32]")
-local md_len = ffi.new("unsigned int[1]")
-function token(user)
-  local signed = head .. "." .. b64url('{"sub":"' .. user .. '","exp":' .. exp .. '}')
-  crypto.HMAC(crypto.EVP_sha256(), secret, #secret, signed, #signed, md, md_len)
-  return signed .. "." .. b64url(ffi.string(md, 32))
-end
-"#;
+const TOKEN_LUA: &str = include_str!("lua/token.lua");
+
+/// The buy script after [`TOKEN_LUA`]: a new buyer each request, their token, their path.
+const BUY_LUA: &str = include_str!("lua/buy.lua");
 
 /// `text` as a Lua string literal.
 fn lua_string(text: &str) -> String {
