@@ -1,17 +1,19 @@
-//! The buyer's side of the door, run as middleware in front of the purchase route: the
-//! client address's limit, then the buyer's token, before anything reads the body. A
-//! request turned away here wrote nothing, queued nothing and made no key.
+//! The buyer's side of the door: the client address's limit, then the buyer's token,
+//! checked by the purchase handler's first extractor ([`Checked`]), so before the body is
+//! read (an extractor that fails ends the extraction; the body's is never polled). A request
+//! turned away here wrote nothing, queued nothing and made no key.
+
+use std::future::{Ready, ready};
+
+use actix_web::dev::Payload;
+use actix_web::http::header;
+use actix_web::{FromRequest, HttpRequest, web};
 
 use super::admin::carries_admin_token;
 use crate::domain::UserId;
 use crate::error::ApiError;
 use crate::identity::Identity;
 use crate::limits::{Exceeded, Limits};
-use actix_web::body::MessageBody;
-use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::http::header;
-use actix_web::middleware::Next;
-use actix_web::{HttpMessage, HttpRequest, web};
 
 /// Who may buy, and how often: shared by every worker.
 pub struct Gate {
@@ -19,26 +21,31 @@ pub struct Gate {
     pub limits: Limits,
 }
 
-/// The buyer a verified token named, for the handler behind [`require_buyer`].
+/// A purchase let through the door: within its address's limit and, with identity on,
+/// with a valid buyer token, whose buyer this is (`None` with identity off).
 #[derive(Debug, Clone, Copy)]
-pub struct Buyer(pub UserId);
+pub struct Checked(pub Option<UserId>);
 
-/// Let a purchase through only within its address's limit and, with identity on, with a
-/// valid buyer token (then [`Buyer`] is in the request's extensions).
-pub async fn require_buyer(
-    req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let gate = gate(req.request())?;
-    gate.limits.address(req.request()).map_err(too_many)?;
-    if let Identity::Verified(verifier) = &gate.identity {
-        let authorization = req.headers().get(header::AUTHORIZATION);
-        let buyer = verifier
-            .buyer(authorization.map(|value| value.as_bytes()))
-            .map_err(ApiError::BuyerRefused)?;
-        req.extensions_mut().insert(Buyer(buyer));
+impl FromRequest for Checked {
+    type Error = ApiError;
+    type Future = Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        ready(check(req))
     }
-    next.call(req).await
+}
+
+fn check(req: &HttpRequest) -> Result<Checked, ApiError> {
+    let gate = gate(req)?;
+    gate.limits.address(req).map_err(too_many)?;
+    let Identity::Verified(verifier) = &gate.identity else {
+        return Ok(Checked(None));
+    };
+    let authorization = req.headers().get(header::AUTHORIZATION);
+    verifier
+        .buyer(authorization.map(|value| value.as_bytes()))
+        .map(|buyer| Checked(Some(buyer)))
+        .map_err(ApiError::BuyerRefused)
 }
 
 /// The app's [`Gate`], borrowed (not cloned: every worker shares its `Arc`).

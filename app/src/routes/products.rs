@@ -397,8 +397,9 @@ fn check_opening(at: DateTime<Utc>) -> Result<(), ApiError> {
 }
 
 /// `PUT /api/products/{id}/opening` (admin): move the product's opening. This instance
-/// takes it at once; the others within a second (before it) or at their next purchase
-/// (after it, which the database refuses until the new opening).
+/// takes it at once, the others when the restock channel's message arrives (without it:
+/// within a second while they think it closed, at the database's first refusal while they
+/// think it open).
 #[utoipa::path(
     put,
     path = "/api/products/{id}/opening",

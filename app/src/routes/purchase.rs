@@ -1,8 +1,8 @@
-use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::buyer::{Buyer, gate, too_many};
+use super::buyer::{Checked, gate, too_many};
 use super::products::ProductPath;
 use crate::domain::{ProductId, Quantity, UserId};
 use crate::error::{ApiError, ErrorBody};
@@ -58,6 +58,8 @@ pub struct OrderBody {
 )]
 pub async fn purchase(
     req: HttpRequest,
+    // First: the address's limit and the buyer's token, before the body is read.
+    checked: Checked,
     path: web::Path<String>,
     // The app's `JsonConfig` applies (size limit, content type, error format).
     body: web::Json<PurchaseBody>,
@@ -67,7 +69,7 @@ pub async fn purchase(
     let sale: &Sale = req
         .app_data::<web::Data<Sale>>()
         .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("the app has no sale registered")))?;
-    let user_id = buyer_of(&req, body.user_id)?;
+    let user_id = buyer_of(checked, body.user_id)?;
     gate(&req)?.limits.buyer(user_id.get()).map_err(too_many)?;
     let request = PurchaseRequest {
         product_id: ProductId::parse(&path).map_err(ApiError::InvalidInput)?,
@@ -103,9 +105,8 @@ pub async fn purchase(
 
 /// The buyer of a purchase: the token's (the body may name them too, but no one else), or
 /// with identity off the body's.
-fn buyer_of(req: &HttpRequest, named: Option<i64>) -> Result<UserId, ApiError> {
-    let verified = req.extensions().get::<Buyer>().map(|buyer| buyer.0);
-    match (verified, named) {
+fn buyer_of(checked: Checked, named: Option<i64>) -> Result<UserId, ApiError> {
+    match (checked.0, named) {
         (Some(buyer), Some(named)) if named != buyer.get() => Err(ApiError::Forbidden(
             "the body's user_id is not the buyer of the token".into(),
         )),

@@ -202,6 +202,13 @@ impl Catalog {
         }
     }
 
+    /// The opening of `id` moved (here or on another instance): read it again.
+    pub(crate) fn forget_opening(&self, id: ProductId) {
+        if let Some(known) = self.get(id) {
+            known.forget_opening();
+        }
+    }
+
     /// A restock started `generation` (heard from this instance or from a message).
     pub(crate) fn reopen(&self, id: ProductId, generation: i64) {
         if let Some(known) = self.get(id) {

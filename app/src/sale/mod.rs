@@ -344,6 +344,11 @@ impl Sale {
                 return Err(PurchaseError::NotFound);
             };
             product.set_opening(read_at, found.opens_in_us, generation);
+            // This purchase goes by its own read, stored or not (news of a change that
+            // arrived while it ran, this instance's own included, keeps it from being kept).
+            if found.opens_in_us <= 0 {
+                return Ok(());
+            }
         }
         if product.is_open() {
             Ok(())
@@ -380,13 +385,13 @@ impl Sale {
         self.reads.forget(id);
     }
 
-    /// An admin moved the opening of `id`: read it again before its next purchase here
-    /// (other instances read it again within [`catalog::OPENING_RECHECK`] while they think it
-    /// closed, and at the database's refusal while they think it open).
+    /// An admin moved the opening of `id`: read it again before its next purchase here, and
+    /// tell the other instances to (by the restock channel; without it they read it again
+    /// within [`catalog::OPENING_RECHECK`] while they think it closed, and at the database's
+    /// refusal while they think it open).
     pub fn opening_changed(&self, id: ProductId) {
-        if let Some(known) = self.catalog.get(id) {
-            known.forget_opening();
-        }
+        self.catalog.forget_opening(id);
+        self.restocks.publish_opening(id);
         self.reads.forget(id);
     }
 

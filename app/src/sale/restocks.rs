@@ -1,7 +1,9 @@
 //! Restock news between instances: a committed restock is published on a Redis channel
 //! (`<REDIS_KEY_PREFIX>seckill:restocks:<deployment id>`, message
 //! `<product id>:<restock generation>`), and every instance reopens the product in its
-//! [`Catalog`] when the message arrives. The deployment id is the database's own
+//! [`Catalog`] when the message arrives. A moved opening goes the same way
+//! (`<product id>:opening`): every instance reads the product's opening again before its next
+//! purchase. The deployment id is the database's own
 //! ([`crate::repository::deployment_id`]): instances of another deployment that share the
 //! Redis, even with the same prefix, publish and listen on another channel, so their news
 //! (a large generation for an id that is also ours) cannot switch our sold-out memory off.
@@ -71,13 +73,25 @@ impl Restocks {
     /// Tell the other instances, in the background (the restock has committed; a lost message
     /// costs at most `SOLD_OUT_RECHECK_MS`).
     pub(crate) fn publish(&self, id: ProductId, generation: i64) {
+        self.send(id, generation.to_string(), "SOLD_OUT_RECHECK_MS");
+    }
+
+    /// Tell the other instances that the opening of `id` moved (a lost message costs an
+    /// opening brought forward up to `OPENING_RECHECK`).
+    pub(crate) fn publish_opening(&self, id: ProductId) {
+        self.send(id, OPENING.to_owned(), "a second");
+    }
+
+    /// Publish `<id>:<news>` in the background; `within`: when the other instances learn it
+    /// anyway, for the warning when it cannot be sent.
+    fn send(&self, id: ProductId, news: String, within: &'static str) {
         let Some(mut conn) = self.publisher.get() else {
-            tracing::warn!(product_id = %id, "redis is not connected; other instances see the restock within SOLD_OUT_RECHECK_MS");
+            tracing::warn!(product_id = %id, "redis is not connected; other instances see the change within {within}");
             return;
         };
         let channel = self.channel.clone();
         tokio::spawn(async move {
-            let message = format!("{id}:{generation}");
+            let message = format!("{id}:{news}");
             // A connection idle since Redis restarted fails its first command and reconnects:
             // so one more try.
             for attempt in 0..2 {
@@ -89,7 +103,7 @@ impl Restocks {
                 match sent {
                     Ok(()) => return,
                     Err(error) if attempt == 1 => {
-                        tracing::warn!(%error, product_id = %id, "could not announce the restock; other instances see it within SOLD_OUT_RECHECK_MS");
+                        tracing::warn!(%error, product_id = %id, "could not announce the change; other instances see it within {within}");
                     }
                     Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
                 }
@@ -182,7 +196,10 @@ impl Keeper {
     }
 }
 
-/// A restock message: reopen the product.
+/// The news of a moved opening, after the product's id.
+const OPENING: &str = "opening";
+
+/// A restock message: reopen the product; or an opening message: read its opening again.
 fn hear(catalog: &Weak<Catalog>, push: PushInfo) {
     if push.kind != PushKind::Message {
         return;
@@ -190,15 +207,18 @@ fn hear(catalog: &Weak<Catalog>, push: PushInfo) {
     let Some(Value::BulkString(payload)) = push.data.get(1) else {
         return;
     };
-    let Some((id, generation)) = std::str::from_utf8(payload)
+    let Some((id, news)) = std::str::from_utf8(payload)
         .ok()
         .and_then(|p| p.split_once(':'))
     else {
         return;
     };
-    if let (Ok(id), Ok(generation), Some(catalog)) =
-        (ProductId::parse(id), generation.parse(), catalog.upgrade())
-    {
+    let (Ok(id), Some(catalog)) = (ProductId::parse(id), catalog.upgrade()) else {
+        return;
+    };
+    if news == OPENING {
+        catalog.forget_opening(id);
+    } else if let Ok(generation) = news.parse() {
         catalog.reopen(id, generation);
     }
 }

@@ -12,7 +12,7 @@ use sqlx::PgPool;
 
 use crate::helpers::{
     ADMIN_TOKEN, BUYER_SECRET, TestApp, books, buyer_token, error_code, redis_keys, settings,
-    shared_redis_url, spawn_app, spawn_with,
+    shared_redis_url, spawn_app, spawn_instances, spawn_with, wait_until_listening,
 };
 
 fn now() -> u64 {
@@ -202,6 +202,37 @@ async fn a_refused_buyer_makes_no_redis_key(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn the_token_is_checked_before_the_body_is_read(pool: PgPool) {
+    let app = spawn_app(pool.clone()).await;
+    let id = app.create_product("Phone", 10).await;
+    let path = app.url(&format!("/api/products/{id}/purchase"));
+    let malformed = app
+        .client
+        .post(&path)
+        .header("content-type", "application/json")
+        .body("{\"user_id\": ")
+        .send()
+        .await
+        .unwrap();
+    let wrong_type = app
+        .client
+        .post(&path)
+        .header("content-type", "text/plain")
+        .body("x".repeat(100_000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        error_code(malformed).await,
+        (401, "unauthorized".to_owned())
+    );
+    assert_eq!(
+        error_code(wrong_type).await,
+        (401, "unauthorized".to_owned())
+    );
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn a_body_naming_another_buyer_is_forbidden(pool: PgPool) {
     let app = spawn_app(pool.clone()).await;
     let id = app.create_product("Phone", 10).await;
@@ -376,6 +407,49 @@ async fn the_database_refuses_orders_before_the_opening_whatever_an_instance_thi
             .unwrap();
         assert_eq!(opened.status(), 200);
         assert_eq!(app.purchase(id, 2, 1).await.status(), 201, "{strategy:?}");
+    }
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn an_opening_brought_forward_on_one_instance_opens_the_others_at_once(
+    pool_options: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    // Arrange: two instances that have both read a product opening in an hour, and hear
+    // each other's news.
+    let settings = settings(&shared_redis_url(), &testkit::unique_prefix("brought"));
+    let apps = spawn_instances(2, &pool_options, &connect, &settings).await;
+    let (a, b) = (&apps[0], &apps[1]);
+    let id = product_opening_in(a, &a.pool, Duration::from_secs(3_600)).await;
+    wait_until_listening(a).await;
+    wait_until_listening(b).await;
+    assert_eq!(error_code(b.purchase(id, 1, 1).await).await.1, "not_open");
+
+    // Act: the admin opens it now, on the other instance.
+    let opened = a
+        .client
+        .put(a.url(&format!("/api/products/{id}/opening")))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"on_sale_at": "2020-01-01T00:00:00Z"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(opened.status(), 200);
+
+    // Assert: the instance that read the opening a moment ago sells well before it would
+    // read it again (a second after its read) had it not heard the news.
+    let started = tokio::time::Instant::now();
+    loop {
+        let response = b.purchase(id, 1, 1).await;
+        if response.status() == 201 {
+            break;
+        }
+        assert_eq!(error_code(response).await.1, "not_open");
+        assert!(
+            started.elapsed() < Duration::from_millis(700),
+            "the other instance kept the old opening"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -419,3 +419,16 @@ pub async fn buys_within(app: &TestApp, id: i64, user: i64, within: Duration) ->
     }
     None
 }
+
+/// Wait until the instance's restock subscription is up (it connects in the background).
+pub async fn wait_until_listening(app: &TestApp) {
+    let started = Instant::now();
+    loop {
+        let (_, body) = app.get_json("/readyz").await;
+        if body["restock_news"] == true && body["status"] == "ready" {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

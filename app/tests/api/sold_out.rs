@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::helpers::{
     TestApp, books, buys_within, error_code, settings, shared_redis_url, spawn_instances,
+    wait_until_listening,
 };
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -197,19 +198,6 @@ async fn other_deployment_on_our_redis_cannot_clear_our_sold_out_memory(
         .execute(&admin)
         .await
         .unwrap();
-}
-
-/// Wait until the instance's restock subscription is up (it connects in the background).
-async fn wait_until_listening(app: &TestApp) {
-    let started = Instant::now();
-    loop {
-        let (_, body) = app.get_json("/readyz").await;
-        if body["restock_news"] == true && body["status"] == "ready" {
-            return;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "{body}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
