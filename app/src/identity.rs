@@ -4,8 +4,12 @@
 //! [`Verifier`] checks a token with the one algorithm and key the settings name: the
 //! signature, `exp` (required), `nbf` when present, `iss` and `aud` when configured, with a
 //! small clock leeway. A token signed with another algorithm, `none` included, is refused
-//! before its signature is looked at. [`Issuer`] makes tokens with a shared secret: for the
-//! load test, the demo and the tests, which play the identity provider.
+//! before its signature is looked at. A shared secret's tokens, the common case, are checked
+//! by [`shared_secret`], in one pass; public keys and key sets by `jsonwebtoken`. [`Issuer`]
+//! makes tokens with a shared secret: for the load test, the demo and the tests, which play
+//! the identity provider.
+
+mod shared_secret;
 
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -19,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::UserId;
 use crate::settings::{BuyerIdentity, IdentitySettings, JwtAlgorithm};
+use shared_secret::SharedSecret;
 
 /// The longest `Authorization` header a purchase may carry: real tokens are well under 2 KiB.
 pub const MAX_TOKEN_BYTES: usize = 4096;
@@ -54,9 +59,15 @@ impl Identity {
 }
 
 /// Checks buyer tokens.
-pub struct Verifier {
-    keys: Keys,
-    validation: Validation,
+pub struct Verifier(Check);
+
+// A process holds one, so the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum Check {
+    /// With a shared secret (`BUYER_JWT_SECRET`).
+    SharedSecret(SharedSecret),
+    /// With a public key or a key set, by `jsonwebtoken`.
+    PublicKey { keys: Keys, validation: Validation },
 }
 
 /// One key, or a set picked from by the token's `kid`.
@@ -83,32 +94,34 @@ struct Claims {
 
 impl Verifier {
     fn from_settings(settings: &IdentitySettings) -> anyhow::Result<Self> {
+        if let Some(secret) = &settings.secret {
+            return SharedSecret::new(
+                settings.algorithm,
+                secret.expose_secret().as_bytes(),
+                u64::from(settings.leeway_s),
+                settings.issuer.clone(),
+                settings.audience.clone(),
+            )
+            .map(|secret| Verifier(Check::SharedSecret(secret)))
+            .with_context(|| {
+                format!(
+                    "BUYER_JWT_SECRET is for HS256, HS384 or HS512, not {:?}",
+                    settings.algorithm
+                )
+            });
+        }
         let algorithm = algorithm(settings.algorithm);
-        let keys = if let Some(secret) = &settings.secret {
-            Keys::One(DecodingKey::from_secret(secret.expose_secret().as_bytes()))
-        } else if let Some(path) = &settings.public_key_file {
+        let keys = if let Some(path) = &settings.public_key_file {
             Keys::One(public_key(path, algorithm)?)
         } else if let Some(path) = &settings.jwks_file {
             Keys::Set(key_set(path)?)
         } else {
             anyhow::bail!("buyers need a key to check their tokens with (BUYER_JWT_SECRET)");
         };
-        let mut validation = Validation::new(algorithm);
-        validation.leeway = u64::from(settings.leeway_s);
-        validation.validate_nbf = true;
-        let mut required = vec!["exp", "sub"];
-        if let Some(issuer) = &settings.issuer {
-            validation.set_issuer(&[issuer]);
-            required.push("iss");
-        }
-        if let Some(audience) = &settings.audience {
-            validation.set_audience(&[audience]);
-            required.push("aud");
-        } else {
-            validation.validate_aud = false;
-        }
-        validation.set_required_spec_claims(&required);
-        Ok(Self { keys, validation })
+        Ok(Verifier(Check::PublicKey {
+            keys,
+            validation: validation(settings, algorithm),
+        }))
     }
 
     /// The buyer an `Authorization` header names, or why not.
@@ -130,22 +143,51 @@ impl Verifier {
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
             .map(|(_, token)| token.trim())
             .ok_or(Refused::Missing)?;
-        let key = self.key_for(token)?;
-        let claims = jsonwebtoken::decode::<Claims>(token, key, &self.validation)
-            .map_err(|error| Refused::Invalid(reason(error.kind())))?
-            .claims;
-        // Digits only, written as the id is (`007` is not buyer 7).
-        claims
-            .sub
-            .parse::<i64>()
-            .ok()
-            .filter(|id| id.to_string() == claims.sub)
-            .and_then(|id| UserId::parse(id).ok())
-            .ok_or(Refused::Invalid("its subject is not a buyer id"))
+        match &self.0 {
+            Check::SharedSecret(secret) => secret.buyer(token),
+            Check::PublicKey { keys, validation } => {
+                let key = keys.key_for(token)?;
+                let claims = jsonwebtoken::decode::<Claims>(token, key, validation)
+                    .map_err(|error| Refused::Invalid(reason(error.kind())))?
+                    .claims;
+                buyer_id(&claims.sub)
+            }
+        }
     }
+}
 
+/// The buyer a subject names: digits only, written as the id is (`007` is not buyer 7).
+fn buyer_id(sub: &str) -> Result<UserId, Refused> {
+    sub.parse::<i64>()
+        .ok()
+        .filter(|id| id.to_string() == sub)
+        .and_then(|id| UserId::parse(id).ok())
+        .ok_or(Refused::Invalid("its subject is not a buyer id"))
+}
+
+/// What `jsonwebtoken` checks of a token signed for `settings`.
+fn validation(settings: &IdentitySettings, algorithm: Algorithm) -> Validation {
+    let mut validation = Validation::new(algorithm);
+    validation.leeway = u64::from(settings.leeway_s);
+    validation.validate_nbf = true;
+    let mut required = vec!["exp", "sub"];
+    if let Some(issuer) = &settings.issuer {
+        validation.set_issuer(&[issuer]);
+        required.push("iss");
+    }
+    if let Some(audience) = &settings.audience {
+        validation.set_audience(&[audience]);
+        required.push("aud");
+    } else {
+        validation.validate_aud = false;
+    }
+    validation.set_required_spec_claims(&required);
+    validation
+}
+
+impl Keys {
     fn key_for(&self, token: &str) -> Result<&DecodingKey, Refused> {
-        match &self.keys {
+        match self {
             Keys::One(key) => Ok(key),
             Keys::Set(keys) => {
                 let header = jsonwebtoken::decode_header(token)
@@ -307,6 +349,81 @@ mod tests {
 
     fn bearer(token: &str) -> Vec<u8> {
         format!("Bearer {token}").into_bytes()
+    }
+
+    /// An Ed25519 key pair made for these tests (`openssl genpkey -algorithm ed25519`), as
+    /// an identity provider signing asymmetrically would hold it.
+    const ED_PRIVATE: &str = "-----BEGIN PRIVATE KEY-----
+MC4CAQAwBQYDK2VwBCIEIIJJ7dmtsWcGfPBZobXTQfdArvcOfu48osNFOn0RTfGr
+-----END PRIVATE KEY-----
+";
+    const ED_PUBLIC: &str = "-----BEGIN PUBLIC KEY-----
+MCowBQYDK2VwAyEA51YSs3ATcO1njIN8f9srZKVreONWpaMdT3N02ssn4wE=
+-----END PUBLIC KEY-----
+";
+    /// The same public key as a JWK's `x`, and another key's.
+    const ED_X: &str = "51YSs3ATcO1njIN8f9srZKVreONWpaMdT3N02ssn4wE";
+    const OTHER_ED_X: &str = "JtbnZrRLTpVhVY90VVDJueqXGpnmbYQAOF3DVJ2RHys";
+
+    fn ed_token(kid: Option<&str>, buyer: i64) -> Vec<u8> {
+        let mut header = Header::new(Algorithm::EdDSA);
+        header.kid = kid.map(Into::into);
+        let exp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 60;
+        let claims = serde_json::json!({"sub": buyer.to_string(), "exp": exp});
+        let key = EncodingKey::from_ed_pem(ED_PRIVATE.as_bytes()).unwrap();
+        bearer(&jsonwebtoken::encode(&header, &claims, &key).unwrap())
+    }
+
+    /// `text` in a file of this test process's own.
+    fn key_file(name: &str, text: &str) -> std::path::PathBuf {
+        let path = std::env::temp_dir().join(format!("seckill-{}-{name}", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_public_key_or_a_key_set_checks_tokens_an_identity_provider_signed() {
+        let public_key = key_file("ed.pem", ED_PUBLIC);
+        let by_key = verifier(|s| {
+            s.secret = None;
+            s.algorithm = JwtAlgorithm::EdDSA;
+            s.public_key_file = Some(public_key.clone());
+        });
+        assert_eq!(by_key.buyer(Some(&ed_token(None, 42))).unwrap().get(), 42);
+        let hs256 = Issuer::hs256(SECRET).token(42, Duration::from_secs(60));
+        assert!(by_key.buyer(Some(&bearer(&hs256))).is_err());
+
+        let jwks = serde_json::json!({"keys": [
+            {"kty": "OKP", "crv": "Ed25519", "kid": "old", "x": OTHER_ED_X},
+            {"kty": "OKP", "crv": "Ed25519", "kid": "new", "x": ED_X},
+        ]});
+        let set = key_file("jwks.json", &jwks.to_string());
+        let by_set = verifier(|s| {
+            s.secret = None;
+            s.algorithm = JwtAlgorithm::EdDSA;
+            s.jwks_file = Some(set.clone());
+        });
+        assert_eq!(
+            by_set.buyer(Some(&ed_token(Some("new"), 7))).unwrap().get(),
+            7
+        );
+        assert_eq!(
+            by_set.buyer(Some(&ed_token(Some("old"), 7))),
+            Err(Refused::Invalid("bad signature"))
+        );
+        for kid in [Some("gone"), None] {
+            assert_eq!(
+                by_set.buyer(Some(&ed_token(kid, 7))),
+                Err(Refused::Invalid("no key of the set has its kid")),
+                "{kid:?}"
+            );
+        }
+        std::fs::remove_file(public_key).unwrap();
+        std::fs::remove_file(set).unwrap();
     }
 
     #[test]
