@@ -10,10 +10,11 @@ impl ProductId {
     pub fn parse(raw: &str) -> Result<Self, String> {
         match raw.parse::<i64>() {
             Ok(id) if id > 0 => Ok(Self(id)),
-            Ok(_) => Err(format!("product id must be positive, got {raw}")),
+            // The parsed value, not `raw`: "-000…01" parses, and would echo a path of any length.
+            Ok(id) => Err(format!("product id must be positive, got {id}")),
             Err(_) => Err(format!(
                 "product id must be a positive integer below 2^63, got {:?}",
-                truncate(raw)
+                shortened(raw, 32)
             )),
         }
     }
@@ -117,9 +118,13 @@ impl ProductName {
     }
 }
 
-/// Echo at most a few characters of bad input back.
-fn truncate(raw: &str) -> String {
-    raw.chars().take(32).collect()
+/// At most `max_chars` characters of `text`, with "…" where it was cut: bad input is echoed
+/// back only this far, so an answer never carries a client's megabyte back to it.
+pub fn shortened(text: &str, max_chars: usize) -> String {
+    match text.char_indices().nth(max_chars) {
+        None => text.to_owned(),
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+    }
 }
 
 #[cfg(test)]
@@ -132,6 +137,21 @@ mod tests {
         for bad in ["0", "-1", "abc", "1.5", "", "9223372036854775808", " 1"] {
             assert!(ProductId::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_bad_product_id_is_echoed_short_however_long_it_was() {
+        let zeros = "0".repeat(5_000);
+        for long in [
+            format!("-{zeros}1"),
+            format!("x{zeros}"),
+            format!("{zeros}0"),
+        ] {
+            let message = ProductId::parse(&long).unwrap_err();
+            assert!(message.len() < 100, "{message}");
+        }
+        assert_eq!(shortened("héllo", 2), "hé…");
+        assert_eq!(shortened("héllo", 5), "héllo");
     }
 
     #[test]

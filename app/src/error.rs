@@ -9,6 +9,7 @@ use actix_web::web::Bytes;
 use actix_web::{HttpRequest, HttpResponse, ResponseError};
 use serde::Serialize;
 
+use crate::domain::shortened;
 use crate::identity::Refused;
 use crate::repository;
 use crate::sale::PurchaseError;
@@ -25,6 +26,9 @@ pub enum ApiError {
     UnsupportedMediaType,
     #[error("the body is larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    /// The body did not arrive within `HTTP_REQUEST_TIMEOUT_MS`; the connection is closed.
+    #[error("the body did not arrive in time")]
+    RequestTimeout,
     #[error("this route needs `Authorization: Bearer <ADMIN_TOKEN>`")]
     Unauthorized,
     #[error("admin routes are disabled: the service was started without ADMIN_TOKEN")]
@@ -114,6 +118,7 @@ impl ApiError {
             ApiError::MalformedBody(_) => "malformed_body",
             ApiError::UnsupportedMediaType => "unsupported_media_type",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
+            ApiError::RequestTimeout => "request_timeout",
             ApiError::Unauthorized => "unauthorized",
             ApiError::AdminDisabled => "admin_disabled",
             ApiError::BuyerRefused(_) => "unauthorized",
@@ -159,10 +164,15 @@ impl ApiError {
             | JsonPayloadError::OverflowKnownLength { limit, .. } => {
                 ApiError::PayloadTooLarge { limit }
             }
-            JsonPayloadError::Deserialize(e) => {
-                ApiError::MalformedBody(format!("invalid JSON body: {e}"))
-            }
-            other => ApiError::MalformedBody(format!("unreadable body: {other}")),
+            // serde's message quotes the value it could not take, whole: cut it.
+            JsonPayloadError::Deserialize(e) => ApiError::MalformedBody(format!(
+                "invalid JSON body: {}",
+                shortened(&e.to_string(), ECHO_CHARS)
+            )),
+            other => ApiError::MalformedBody(format!(
+                "unreadable body: {}",
+                shortened(&other.to_string(), ECHO_CHARS)
+            )),
         };
         api.into()
     }
@@ -255,6 +265,7 @@ impl ResponseError for ApiError {
             ApiError::InvalidInput(_) | ApiError::MalformedBody(_) => StatusCode::BAD_REQUEST,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unauthorized | ApiError::BuyerRefused(_) => StatusCode::UNAUTHORIZED,
             ApiError::AdminDisabled | ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -302,6 +313,10 @@ impl ResponseError for ApiError {
             ApiError::TooManyRequests { retry_after_s } => {
                 response.insert_header((header::RETRY_AFTER, retry_after_s.to_string()));
             }
+            // The rest of the body may still be trickling in: the connection is not reused.
+            ApiError::RequestTimeout => {
+                response.force_close();
+            }
             _ => {}
         }
         match self {
@@ -333,6 +348,9 @@ impl ApiError {
         }
     }
 }
+
+/// How much of a parser's message a 400 carries: enough to say what was wrong and where.
+const ECHO_CHARS: usize = 120;
 
 /// `Content-Type: application/json`, as a ready header (`content_type` parses its argument).
 const JSON_CONTENT_TYPE: (header::HeaderName, HeaderValue) = (

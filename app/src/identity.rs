@@ -85,8 +85,8 @@ pub enum Refused {
     Invalid(&'static str),
 }
 
-/// What the service reads of a token (`exp`, `nbf`, `iss`, `aud` are checked by
-/// [`Validation`]).
+/// What the service reads of a token signed with a public key (`exp`, `nbf`, `iss`, `aud`
+/// are checked by [`Validation`]); a shared secret's tokens are read by [`SharedSecret`].
 #[derive(Deserialize)]
 struct Claims {
     sub: String,
@@ -221,7 +221,7 @@ fn reason(kind: &ErrorKind) -> &'static str {
     }
 }
 
-fn algorithm(algorithm: JwtAlgorithm) -> Algorithm {
+pub(super) fn algorithm(algorithm: JwtAlgorithm) -> Algorithm {
     match algorithm {
         JwtAlgorithm::HS256 => Algorithm::HS256,
         JwtAlgorithm::HS384 => Algorithm::HS384,

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -73,7 +73,7 @@ impl Reads {
     /// The read's database error.
     pub async fn books(&self, id: ProductId) -> Result<Option<ProductSales>, Arc<sqlx::Error>> {
         let read = {
-            let mut memory = self.books.lock().expect("books poisoned");
+            let mut memory = self.books.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(books) = memory.get(&id).and_then(Books::fresh) {
                 return Ok(books);
             }
@@ -102,7 +102,7 @@ impl Reads {
         let number = self.reads_made.fetch_add(1, Ordering::Relaxed);
         let task = tokio::spawn(async move {
             let outcome = repository::product_sales(&pool, id).await.map_err(Arc::new);
-            let mut memory = memory.lock().expect("books poisoned");
+            let mut memory = memory.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(books) = memory.get_mut(&id)
                 && books.reading.as_ref().is_some_and(|(n, _)| *n == number)
             {
@@ -118,7 +118,7 @@ impl Reads {
             task.await.unwrap_or_else(|_| {
                 // The task panicked or was cancelled before it could say the read is over:
                 // say it here, so the next reader reads again instead of getting this error.
-                let mut memory = memory.lock().expect("books poisoned");
+                let mut memory = memory.lock().unwrap_or_else(PoisonError::into_inner);
                 if let Some(books) = memory.get_mut(&id)
                     && books.reading.as_ref().is_some_and(|(n, _)| *n == number)
                 {
@@ -133,7 +133,10 @@ impl Reads {
     /// Forget what was read of `id` (it was created here just now: a miss read before must
     /// not be served). A read under way is left to end, and is not remembered.
     pub fn forget(&self, id: ProductId) {
-        self.books.lock().expect("books poisoned").remove(&id);
+        self.books
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
     }
 
     /// How many reads of the books were made in PostgreSQL.

@@ -5,6 +5,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use actix_web::dev::Server;
+use actix_web::http::KeepAlive;
+use actix_web::http::header;
+use actix_web::middleware::DefaultHeaders;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context;
 use sqlx::PgPool;
@@ -17,13 +20,14 @@ use crate::metrics::Metrics;
 use crate::redis_link::{RedisLink, RedisSource};
 use crate::repository::{self, SessionBounds};
 use crate::routes::admin::AdminToken;
+use crate::routes::body::BodyDeadline;
 use crate::routes::buyer::Gate;
 use crate::routes::health::Health;
 use crate::routes::sold_out::SoldOutLane;
 use crate::routes::{self, not_found};
 use crate::sale::fenced::probe_key;
 use crate::sale::{Exclusion, Sale, SaleParts};
-use crate::settings::{DatabaseSettings, LockStrategy, Settings};
+use crate::settings::{DatabaseSettings, HttpSettings, LockStrategy, Settings};
 
 /// A bound, listening, not yet running service.
 pub struct Application {
@@ -80,7 +84,7 @@ impl Application {
         let address = listener.local_addr()?;
         let admin = AdminToken(settings.http.admin_token.clone());
         let gate = open_gate(&settings)?;
-        let server = serve(listener, sale, health, admin, gate)?;
+        let server = serve(listener, &settings.http, sale, health, admin, gate)?;
         tracing::info!(%address, strategy = settings.lock.strategy.name(), "seckill listening");
         Ok(Self { server, address })
     }
@@ -148,8 +152,12 @@ fn open_gate(settings: &Settings) -> anyhow::Result<Gate> {
     })
 }
 
-/// The sale, with its two pools beside `pool`: the public reads' and the lock holders'.
-/// Called after [`bound_sessions`], so their connections carry the session bounds too.
+/// Connections for admin writes: a few at once is all an operator needs, and all the sale
+/// can spare.
+const ADMIN_CONNECTIONS: u32 = 2;
+
+/// The sale, with its three pools beside `pool`: the public reads', the admin writes' and
+/// the lock holders'. Called after [`bound_sessions`], so their connections carry the session bounds too.
 fn open_sale(
     settings: &Settings,
     pool: PgPool,
@@ -164,6 +172,13 @@ fn open_sale(
         .acquire_timeout(database.acquire_timeout)
         .test_before_acquire(false)
         .connect_lazy_with(pool.connect_options().as_ref().clone());
+    // Admin writes wait for one of these (no longer than DATABASE_ACQUIRE_TIMEOUT_MS, then
+    // 503 busy), and each of their statements is bounded like every session's.
+    let admin_pool = PgPoolOptions::new()
+        .max_connections(ADMIN_CONNECTIONS)
+        .acquire_timeout(database.acquire_timeout)
+        .test_before_acquire(false)
+        .connect_lazy_with(pool.connect_options().as_ref().clone());
     let holders_pool = PgPoolOptions::new()
         .max_connections(database.max_connections)
         .acquire_timeout(database.acquire_timeout)
@@ -172,6 +187,7 @@ fn open_sale(
     Sale::new(SaleParts {
         pool,
         reads_pool,
+        admin_pool,
         holders_pool,
         strategy: settings.lock.strategy,
         exclusion,
@@ -204,6 +220,7 @@ fn millis(duration: Duration) -> u64 {
 /// The HTTP server on `listener`, not yet running.
 fn serve(
     listener: TcpListener,
+    http: &HttpSettings,
     sale: Sale,
     health: Health,
     admin: AdminToken,
@@ -213,17 +230,37 @@ fn serve(
     let health = web::Data::new(health);
     let admin = web::Data::new(admin);
     let gate = web::Data::new(gate);
+    let body_deadline = BodyDeadline(http.request_timeout);
+    // actix counts connections per worker thread; one worker per core, as actix starts.
+    let workers = std::thread::available_parallelism().map_or(1, usize::from);
+    let per_worker = usize::try_from(http.max_connections)
+        .unwrap_or(usize::MAX)
+        .div_ceil(workers);
     Ok(HttpServer::new(move || {
         App::new()
             .app_data(sale.clone())
             .app_data(health.clone())
             .app_data(admin.clone())
             .app_data(gate.clone())
+            .app_data(body_deadline)
             .configure(routes::configure)
             .default_service(web::to(not_found))
             // The flood after a sale is answered before the router sees it.
             .wrap(SoldOutLane)
+            // Every answer is live state or a buyer's order: no cache keeps it, and no
+            // browser guesses another type than the one it says.
+            .wrap(
+                DefaultHeaders::new()
+                    .add((header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
+                    .add((header::CACHE_CONTROL, "no-store")),
+            )
     })
+    .workers(workers)
+    .max_connections(per_worker)
+    // A request's head must arrive within the timeout (408 and closed otherwise); its body
+    // has the same deadline, kept by the `Body` extractor.
+    .client_request_timeout(http.request_timeout)
+    .keep_alive(KeepAlive::Timeout(http.keep_alive))
     // A buyer who disconnects while queued (EOF on the socket) has their request dropped,
     // so the desk skips them instead of selling to nobody.
     .h1_allow_half_closed(false)

@@ -47,7 +47,7 @@
 //! connection and do not follow a failover: through Sentinel, waiters poll.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -206,7 +206,7 @@ impl Inner {
     fn current(&self) -> Option<Current> {
         self.current
             .lock()
-            .expect("sentinel state poisoned")
+            .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
 
@@ -240,7 +240,7 @@ impl Inner {
             .get_multiplexed_async_connection_with_config(&self.config)
             .await?;
         let generation = self.connections_made.fetch_add(1, Ordering::SeqCst) + 1;
-        let mut current = self.current.lock().expect("sentinel state poisoned");
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
         let made = Current {
             conn,
             address,
@@ -253,7 +253,7 @@ impl Inner {
 
     /// Forget the connection of `generation` (not a newer one made meanwhile).
     fn forget(&self, generation: u64) {
-        let mut current = self.current.lock().expect("sentinel state poisoned");
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
         if current.as_ref().is_some_and(|c| c.generation == generation) {
             tracing::warn!(service = %self.service, "the Redis primary went away; asking the Sentinels again");
             *current = None;

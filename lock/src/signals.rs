@@ -12,7 +12,7 @@
 //! connection resubscribes as it reconnects.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -158,7 +158,10 @@ impl ReleaseSignals {
     }
 
     fn channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Channel>> {
-        self.inner.channels.lock().expect("signals table poisoned")
+        self.inner
+            .channels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -174,7 +177,7 @@ fn dispatch(channels: &Weak<Mutex<HashMap<String, Channel>>>, push: PushInfo) {
     let Some(channels) = channels.upgrade() else {
         return;
     };
-    let channels = channels.lock().expect("signals table poisoned");
+    let channels = channels.lock().unwrap_or_else(PoisonError::into_inner);
     match push.kind {
         PushKind::Message => {
             if let Some(Value::BulkString(name)) = push.data.first()
@@ -214,7 +217,10 @@ impl Drop for Watch {
         let Some(inner) = self.signals.upgrade() else {
             return;
         };
-        let mut channels = inner.channels.lock().expect("signals table poisoned");
+        let mut channels = inner
+            .channels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(entry) = channels.get_mut(&self.channel) {
             entry.watchers -= 1;
             if entry.watchers == 0 {

@@ -3,7 +3,7 @@
 //! this process releases it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, Semaphore, SemaphorePermit};
@@ -40,7 +40,7 @@ impl Waiting {
 
     /// The local state of `key`, created on first use.
     pub(crate) fn local_key(&self, key: &str) -> Arc<LocalKey> {
-        let mut keys = self.keys.lock().expect("local keys poisoned");
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
         // Forget keys nobody here waits for or holds, so the table does not grow with every
         // key ever locked. A key is in use while someone other than the table holds it.
         keys.retain(|_, local| Arc::strong_count(local) > 1);

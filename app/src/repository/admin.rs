@@ -109,8 +109,13 @@ async fn answered_before<T>(
     )
     .fetch_one(&mut *conn)
     .await?;
+    // Keys past their time are forgotten here, by whichever keyed write comes next.
+    sqlx::query!("DELETE FROM admin_requests WHERE created_at < now() - interval '24 hours'")
+        .execute(&mut *conn)
+        .await?;
     let seen = sqlx::query!(
-        "SELECT request, status, product_id, name, stock FROM admin_requests WHERE key = $1",
+        "SELECT request, status, product_id, name, stock FROM admin_requests
+         WHERE key = $1 AND created_at >= now() - interval '24 hours'",
         key.key
     )
     .fetch_optional(conn)
@@ -141,7 +146,10 @@ async fn remember_answer(
 ) -> sqlx::Result<()> {
     sqlx::query!(
         "INSERT INTO admin_requests (key, request, status, product_id, name, stock)
-         VALUES ($1, $2, $3, $4, $5, $6)",
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (key) DO UPDATE SET request = EXCLUDED.request, status = EXCLUDED.status,
+             product_id = EXCLUDED.product_id, name = EXCLUDED.name, stock = EXCLUDED.stock,
+             created_at = now()",
         key.key,
         key.request,
         status as i16,

@@ -3,6 +3,7 @@
 
 pub(crate) mod admin;
 pub mod api_doc;
+pub(crate) mod body;
 pub(crate) mod buyer;
 pub(crate) mod health;
 mod metrics;

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::admin::{actor, idempotency_key};
+use super::body::Body;
 use crate::domain::{ProductId, ProductName, Stock};
 use crate::error::{ApiError, ErrorBody};
 use crate::repository::{self, IdempotencyKey, Keyed, Product, Restocked};
@@ -92,6 +93,7 @@ pub struct ProductPath {
         (status = 400, description = "invalid input or malformed body", body = ErrorBody),
         (status = 401, description = "missing or wrong admin token", body = ErrorBody),
         (status = 403, description = "admin routes are disabled (no ADMIN_TOKEN)", body = ErrorBody),
+        (status = 408, description = "request_timeout: the body did not arrive within HTTP_REQUEST_TIMEOUT_MS (the connection is closed)", body = ErrorBody),
         (status = 413, description = "body over 16 KiB", body = ErrorBody),
         (status = 415, description = "not application/json", body = ErrorBody),
         (status = 422, description = "idempotency_key_reused: the Idempotency-Key came before with another request; nothing changed", body = ErrorBody),
@@ -101,14 +103,14 @@ pub struct ProductPath {
 pub async fn create(
     req: HttpRequest,
     sale: web::Data<Sale>,
-    body: web::Json<NewProduct>,
+    body: Body<NewProduct>,
 ) -> Result<HttpResponse, ApiError> {
     let key = idempotency_key(&req)?;
     let NewProduct {
         name,
         stock,
         on_sale_at,
-    } = body.into_inner();
+    } = body.0;
     let name = ProductName::parse(name).map_err(ApiError::InvalidInput)?;
     let stock = Stock::parse(stock).map_err(ApiError::InvalidInput)?;
     if let Some(at) = on_sale_at {
@@ -121,7 +123,7 @@ pub async fn create(
     );
     let key = IdempotencyKey::of_request(key, request);
     let created = repository::insert_product(
-        &sale.pool,
+        &sale.admin_pool,
         sale.bounds,
         &name,
         stock,
@@ -182,6 +184,7 @@ pub struct AddStock {
         (status = 403, description = "admin routes are disabled", body = ErrorBody),
         (status = 404, description = "no such product", body = ErrorBody),
         (status = 409, description = "stock_too_large: the stock would pass a billion", body = ErrorBody),
+        (status = 408, description = "request_timeout: the body did not arrive within HTTP_REQUEST_TIMEOUT_MS (the connection is closed)", body = ErrorBody),
         (status = 413, description = "body over 16 KiB", body = ErrorBody),
         (status = 415, description = "not application/json", body = ErrorBody),
         (status = 422, description = "idempotency_key_reused: the Idempotency-Key came before with another request; nothing changed", body = ErrorBody),
@@ -192,7 +195,7 @@ pub async fn restock(
     req: HttpRequest,
     sale: web::Data<Sale>,
     path: web::Path<String>,
-    body: web::Json<AddStock>,
+    body: Body<AddStock>,
 ) -> Result<HttpResponse, ApiError> {
     let id = ProductId::parse(&path).map_err(ApiError::InvalidInput)?;
     let add = Stock::parse(body.add)
@@ -211,7 +214,8 @@ pub async fn restock(
     let outcome = carried_through(&sale, id, {
         let sale = web::Data::clone(&sale);
         async move {
-            repository::add_stock(&sale.pool, sale.bounds, id, add, &actor, key.as_ref()).await
+            repository::add_stock(&sale.admin_pool, sale.bounds, id, add, &actor, key.as_ref())
+                .await
         }
     })
     .await?;
@@ -245,6 +249,7 @@ pub struct SetStock {
         (status = 403, description = "admin routes are disabled", body = ErrorBody),
         (status = 404, description = "no such product", body = ErrorBody),
         (status = 409, description = "stock_changed: the stock is not expected_stock", body = ErrorBody),
+        (status = 408, description = "request_timeout: the body did not arrive within HTTP_REQUEST_TIMEOUT_MS (the connection is closed)", body = ErrorBody),
         (status = 413, description = "body over 16 KiB", body = ErrorBody),
         (status = 415, description = "not application/json", body = ErrorBody),
         (status = 422, description = "idempotency_key_reused: the Idempotency-Key came before with another request; nothing changed", body = ErrorBody),
@@ -255,7 +260,7 @@ pub async fn set_stock(
     req: HttpRequest,
     sale: web::Data<Sale>,
     path: web::Path<String>,
-    body: web::Json<SetStock>,
+    body: Body<SetStock>,
 ) -> Result<HttpResponse, ApiError> {
     let id = ProductId::parse(&path).map_err(ApiError::InvalidInput)?;
     let stock = Stock::parse(body.stock).map_err(ApiError::InvalidInput)?;
@@ -270,7 +275,7 @@ pub async fn set_stock(
         let sale = web::Data::clone(&sale);
         async move {
             repository::set_stock(
-                &sale.pool,
+                &sale.admin_pool,
                 sale.bounds,
                 id,
                 stock,
@@ -413,6 +418,7 @@ fn check_opening(at: DateTime<Utc>) -> Result<(), ApiError> {
         (status = 401, description = "missing or wrong admin token", body = ErrorBody),
         (status = 403, description = "admin routes are disabled", body = ErrorBody),
         (status = 404, description = "no such product", body = ErrorBody),
+        (status = 408, description = "request_timeout: the body did not arrive within HTTP_REQUEST_TIMEOUT_MS (the connection is closed)", body = ErrorBody),
         (status = 413, description = "body over 16 KiB", body = ErrorBody),
         (status = 415, description = "not application/json", body = ErrorBody),
         (status = 503, description = "busy, database unavailable, or outcome_unknown (the connection was cut: send it again, which changes nothing more)", body = ErrorBody),
@@ -421,11 +427,11 @@ fn check_opening(at: DateTime<Utc>) -> Result<(), ApiError> {
 pub async fn set_opening(
     sale: web::Data<Sale>,
     path: web::Path<String>,
-    body: web::Json<Opening>,
+    body: Body<Opening>,
 ) -> Result<HttpResponse, ApiError> {
     let id = ProductId::parse(&path).map_err(ApiError::InvalidInput)?;
     check_opening(body.on_sale_at)?;
-    let on_sale_at = repository::set_on_sale_at(&sale.pool, id, body.on_sale_at)
+    let on_sale_at = repository::set_on_sale_at(&sale.admin_pool, id, body.on_sale_at)
         .await
         .map_err(|e| admin_write_failed(&e))?
         .ok_or_else(|| ApiError::NotFound("no such product".into()))?;

@@ -2,6 +2,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::body::Body;
 use super::buyer::{Checked, gate, too_many};
 use super::products::ProductPath;
 use crate::domain::{ProductId, Quantity, UserId};
@@ -50,6 +51,7 @@ pub struct OrderBody {
         (status = 403, description = "forbidden: the body's user_id is another buyer than the token's", body = ErrorBody),
         (status = 404, description = "no such product", body = ErrorBody),
         (status = 409, description = "sold_out (a product this instance knows is sold out is answered before the token and the body are checked, when its id is in plain digits), not_open (before the product's on_sale_at), or already_purchased (one order per buyer; with the buyer's `order_id`)", body = ErrorBody),
+        (status = 408, description = "request_timeout: the body did not arrive within HTTP_REQUEST_TIMEOUT_MS (the connection is closed)", body = ErrorBody),
         (status = 413, description = "body over 16 KiB", body = ErrorBody),
         (status = 415, description = "not application/json", body = ErrorBody),
         (status = 429, description = "too_many_requests: over the buyer's or the address's limit (see Retry-After)", body = ErrorBody),
@@ -61,8 +63,8 @@ pub async fn purchase(
     // First: the address's limit and the buyer's token, before the body is read.
     checked: Checked,
     path: web::Path<String>,
-    // The app's `JsonConfig` applies (size limit, content type, error format).
-    body: web::Json<PurchaseBody>,
+    // The app's `JsonConfig` applies (size limit, content type, error format), and a deadline.
+    body: Body<PurchaseBody>,
 ) -> actix_web::Result<HttpResponse> {
     // Borrowed from the app, not extracted as `web::Data`: that would clone an `Arc` that
     // every worker thread shares, on every purchase of the flood.

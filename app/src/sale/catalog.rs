@@ -8,8 +8,9 @@
 //! - **Sold out, from memory.** A batch that leaves the stock at 0 marks the product sold
 //!   out at its restock generation; later purchases are answered 409 without a queue, a lock
 //!   or a round trip. A restock starts a new generation: the instance that made it reopens
-//!   the product at once, and the restock message ([`super::restocks`]) reopens it on every
-//!   other instance. A mark of an older generation than one already seen is ignored, so a
+//!   the product at once; on every other instance the restock message
+//!   ([`super::restocks`]) has the product's generation read from PostgreSQL, and reopens it
+//!   at what that read says (the message itself is not believed). A mark of an older generation than one already seen is ignored, so a
 //!   slow batch that read the stock before a restock cannot hide it.
 //! - **The opening.** A product bought before its `on_sale_at` is answered `not_open` from
 //!   what this instance read of it: the time left until the opening, on the database's
@@ -21,8 +22,8 @@
 //!   instance within that bound.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -78,7 +79,17 @@ pub(crate) struct Known {
     opening_read: AtomicU64,
     /// Bumped by [`Known::forget_opening`]: a read that began before is not stored.
     opening_gen: AtomicU64,
+    /// Restock news asked for the generation to be read: [`IDLE`], [`READING`] or
+    /// [`READ_AGAIN`] (news came during the read).
+    restock_read: AtomicU8,
 }
+
+/// No read of the restock generation under way.
+const IDLE: u8 = 0;
+/// A read of the restock generation is under way.
+const READING: u8 = 1;
+/// A read is under way, and news that came during it asks for one more.
+const READ_AGAIN: u8 = 2;
 
 #[derive(Debug, Default)]
 struct Marks {
@@ -101,14 +112,14 @@ impl Catalog {
     pub(crate) fn known_missing(&self, id: ProductId) -> bool {
         self.missing
             .lock()
-            .expect("missing poisoned")
+            .unwrap_or_else(PoisonError::into_inner)
             .get(&id)
             .is_some_and(|at| at.elapsed() < MISSING_FOR)
     }
 
     /// A look-up found no product `id`.
     pub(crate) fn remember_missing(&self, id: ProductId) {
-        let mut missing = self.missing.lock().expect("missing poisoned");
+        let mut missing = self.missing.lock().unwrap_or_else(PoisonError::into_inner);
         if missing.len() >= MAX_MISSING {
             missing.retain(|_, at| at.elapsed() < MISSING_FOR);
             if missing.len() >= MAX_MISSING {
@@ -120,7 +131,10 @@ impl Catalog {
 
     /// Product `id` exists now (it was created here).
     pub(crate) fn forget_missing(&self, id: ProductId) {
-        self.missing.lock().expect("missing poisoned").remove(&id);
+        self.missing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
     }
 
     /// What this instance knows of `id` for a purchase, in one lookup: `None` if it does not
@@ -129,7 +143,7 @@ impl Catalog {
     /// not the next ones). A product marked sold out (see [`Self::is_sold_out`]) is answered
     /// without taking a reference to it.
     pub(crate) fn for_purchase(&self, id: ProductId) -> Option<ForPurchase> {
-        let products = self.products.read().expect("catalog poisoned");
+        let products = self.products.read().unwrap_or_else(PoisonError::into_inner);
         let known = products.get(&id)?;
         Some(if self.is_sold_out(known) {
             ForPurchase::SoldOut
@@ -144,7 +158,7 @@ impl Catalog {
     /// [`Self::is_sold_out`]). Takes no reference to the product, open or not: the sold-out
     /// lane asks this of every purchase, before the route asks [`Self::for_purchase`].
     pub(crate) fn known_sold_out(&self, id: ProductId) -> bool {
-        let products = self.products.read().expect("catalog poisoned");
+        let products = self.products.read().unwrap_or_else(PoisonError::into_inner);
         products
             .get(&id)
             .is_some_and(|known| self.is_sold_out(known))
@@ -154,7 +168,7 @@ impl Catalog {
     pub(crate) fn get(&self, id: ProductId) -> Option<Arc<Known>> {
         self.products
             .read()
-            .expect("catalog poisoned")
+            .unwrap_or_else(PoisonError::into_inner)
             .get(&id)
             .cloned()
     }
@@ -167,7 +181,10 @@ impl Catalog {
         generation: i64,
         open_desk: impl FnOnce() -> Desk,
     ) -> Arc<Known> {
-        let mut products = self.products.write().expect("catalog poisoned");
+        let mut products = self
+            .products
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         if products.get(&id).is_some_and(|known| !known.desk.is_open()) {
             products.remove(&id);
         }
@@ -183,6 +200,7 @@ impl Catalog {
                 opens_at: AtomicU64::new(u64::MAX),
                 opening_read: AtomicU64::new(0),
                 opening_gen: AtomicU64::new(0),
+                restock_read: AtomicU8::new(IDLE),
             })
         });
         known.reopen(generation);
@@ -193,7 +211,10 @@ impl Catalog {
     /// Only that entry goes: one a concurrent look-up put in its place stays (two desks of
     /// one product in one instance would be two leaders).
     pub(crate) fn forget(&self, id: ProductId, stopped: &Arc<Known>) {
-        let mut products = self.products.write().expect("catalog poisoned");
+        let mut products = self
+            .products
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         if products
             .get(&id)
             .is_some_and(|known| Arc::ptr_eq(known, stopped))
@@ -209,7 +230,7 @@ impl Catalog {
         }
     }
 
-    /// A restock started `generation` (heard from this instance or from a message).
+    /// A restock started `generation` (made here, or read after a message).
     pub(crate) fn reopen(&self, id: ProductId, generation: i64) {
         if let Some(known) = self.get(id) {
             known.reopen(generation);
@@ -252,6 +273,35 @@ impl Known {
         if marks.sold_out.is_some_and(|sold_at| sold_at < generation) {
             marks.sold_out = None;
             self.sold_out_at.store(0, Ordering::Release);
+        }
+    }
+
+    /// Restock news arrived: whether the caller is to read the restock generation now. One
+    /// read per product at a time: news during a read asks that read for one more after it
+    /// (see [`Self::read_restock_again`]), so a flood of messages costs one read at a time.
+    pub(crate) fn claim_restock_read(&self) -> bool {
+        let before = self
+            .restock_read
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
+                Some(if state == IDLE { READING } else { READ_AGAIN })
+            });
+        before == Ok(IDLE)
+    }
+
+    /// The claimed read finished: whether news came during it, so that it must read again
+    /// (a read that began before a restock may have missed it).
+    pub(crate) fn read_restock_again(&self) -> bool {
+        match self
+            .restock_read
+            .compare_exchange(READING, IDLE, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => false,
+            Err(_) => {
+                // News during the read: read once more, for it and for any that comes
+                // before that read begins.
+                self.restock_read.store(READING, Ordering::Release);
+                true
+            }
         }
     }
 
@@ -314,7 +364,7 @@ impl Known {
     }
 
     fn marks(&self) -> std::sync::MutexGuard<'_, Marks> {
-        self.marks.lock().expect("marks poisoned")
+        self.marks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -343,6 +393,57 @@ mod tests {
 
         catalog.reopen(ProductId::parse("1").unwrap(), 1);
         assert!(!catalog.is_sold_out(&known));
+    }
+
+    #[tokio::test]
+    async fn a_panic_while_the_catalog_was_held_does_not_take_later_purchases_down() {
+        // A thread panics while it holds each of the catalog's locks (a bug, an allocation
+        // that failed): the purchases after it are still answered.
+        let (catalog, known) = catalog_with_product(Duration::from_secs(60));
+        std::thread::scope(|scope| {
+            let panicked = [
+                scope.spawn(|| {
+                    let _held = catalog.products.write();
+                    panic!("while the products were held");
+                }),
+                scope.spawn(|| {
+                    let _held = catalog.missing.lock();
+                    panic!("while the missing ids were held");
+                }),
+                scope.spawn(|| {
+                    let _held = known.marks.lock();
+                    panic!("while the marks were held");
+                }),
+            ];
+            for thread in panicked {
+                assert!(thread.join().is_err());
+            }
+        });
+        let id = ProductId::parse("1").unwrap();
+        known.mark_sold_out(0);
+        assert!(catalog.known_sold_out(id));
+        catalog.remember_missing(ProductId::parse("2").unwrap());
+        assert!(catalog.known_missing(ProductId::parse("2").unwrap()));
+    }
+
+    #[tokio::test]
+    async fn restock_news_during_a_read_asks_for_one_more_read() {
+        let (_catalog, known) = catalog_with_product(Duration::from_secs(60));
+        assert!(known.claim_restock_read(), "the first news reads");
+        assert!(
+            !known.claim_restock_read(),
+            "news during the read waits for it"
+        );
+        assert!(!known.claim_restock_read());
+        assert!(
+            known.read_restock_again(),
+            "one more read, for the news during it"
+        );
+        assert!(
+            !known.read_restock_again(),
+            "no news during the second read: done"
+        );
+        assert!(known.claim_restock_read(), "the next news reads again");
     }
 
     #[tokio::test]

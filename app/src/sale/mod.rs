@@ -129,6 +129,8 @@ impl PurchaseError {
 /// Everything a purchase needs; built once at start-up and shared by all workers.
 pub struct Sale {
     pub pool: PgPool,
+    /// Admin writes, on connections of their own ([`SaleParts::admin_pool`]).
+    pub admin_pool: PgPool,
     /// Public reads, on connections of their own.
     pub reads: crate::reads::Reads,
     /// `MAX_QUANTITY`: the largest quantity one purchase may ask for.
@@ -151,6 +153,10 @@ pub struct SaleParts {
     pub pool: PgPool,
     /// For public reads (`DATABASE_READ_CONNECTIONS`): never the sale's connections.
     pub reads_pool: PgPool,
+    /// For admin writes (a few connections): an admin tool that retries in a loop, or twins
+    /// queued on an idempotency key's lock, wait for these and never take a connection the
+    /// sale needs.
+    pub admin_pool: PgPool,
     /// For lock holders' batches: sessions that keep one generic plan per statement, on
     /// the indexes ([`crate::startup`]).
     pub holders_pool: PgPool,
@@ -184,6 +190,7 @@ impl Sale {
             &parts.deployment,
             parts.redis,
             Arc::downgrade(&catalog),
+            parts.reads_pool.clone(),
         );
         let desks = Arc::new(DeskShared {
             pool: parts.pool.clone(),
@@ -205,6 +212,7 @@ impl Sale {
             max_quantity: parts.max_quantity,
             reads: crate::reads::Reads::new(parts.reads_pool),
             pool: parts.pool,
+            admin_pool: parts.admin_pool,
             bounds: parts.bounds,
             strategy: parts.strategy,
             metrics: parts.metrics,
@@ -399,7 +407,7 @@ impl Sale {
     /// at once, and tell the other instances.
     pub fn restocked(&self, id: ProductId, generation: i64) {
         self.catalog.reopen(id, generation);
-        self.restocks.publish(id, generation);
+        self.restocks.publish(id);
     }
 }
 

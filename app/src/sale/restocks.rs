@@ -1,12 +1,18 @@
 //! Restock news between instances: a committed restock is published on a Redis channel
 //! (`<REDIS_KEY_PREFIX>seckill:restocks:<deployment id>`, message
-//! `<product id>:<restock generation>`), and every instance reopens the product in its
-//! [`Catalog`] when the message arrives. A moved opening goes the same way
-//! (`<product id>:opening`): every instance reads the product's opening again before its next
-//! purchase. The deployment id is the database's own
+//! `<product id>:restocked`), and every instance that knows the product reads its restock
+//! generation from PostgreSQL and reopens it in its [`Catalog`] at what it read. A moved
+//! opening goes the same way (`<product id>:opening`): every instance reads the product's
+//! opening again before its next purchase. The deployment id is the database's own
 //! ([`crate::repository::deployment_id`]): instances of another deployment that share the
-//! Redis, even with the same prefix, publish and listen on another channel, so their news
-//! (a large generation for an id that is also ours) cannot switch our sold-out memory off.
+//! Redis, even with the same prefix, publish and listen on another channel.
+//!
+//! A message is news that something changed, never a fact to believe: whoever can publish on
+//! the channel (a neighbour on a shared Redis, an attacker with its address) can make
+//! instances read again, one read per product at a time, but cannot switch the sold-out
+//! memory off or reopen a product that has no new stock. (A message that carried the new
+//! generation, believed, could: `<id>:9223372036854775807` would have outranked every later
+//! sold-out mark until a restart.)
 //!
 //! Messages are a fast path, not the truth: one lost to a reconnect or to Redis being down
 //! costs at most `SOLD_OUT_RECHECK_MS`, after which an instance asks PostgreSQL again anyway.
@@ -18,9 +24,12 @@ use std::time::Duration;
 use redis::aio::ConnectionManagerConfig;
 use redis::{ProtocolVersion, PushInfo, PushKind, Value};
 
+use sqlx::PgPool;
+
 use super::catalog::Catalog;
 use crate::domain::ProductId;
 use crate::redis_link::{self, RedisLink, RedisSource};
+use crate::repository;
 
 /// How often the subscription is checked (a PING): a connection lost while nothing is sent
 /// on it is noticed, reconnected and resubscribed within this long.
@@ -41,13 +50,15 @@ pub(crate) struct Restocks {
 impl Restocks {
     /// Publish on `publisher`, and listen on a connection of its own to `source`, kept
     /// up by a task of its own (retrying until Redis answers, and after every outage), on
-    /// the channel of `deployment` under `key_prefix`.
+    /// the channel of `deployment` under `key_prefix`; what news asks to read again is read
+    /// on `reads`.
     pub(crate) fn start(
         source: RedisSource,
         key_prefix: &str,
         deployment: &str,
         publisher: RedisLink,
         catalog: Weak<Catalog>,
+        reads: PgPool,
     ) -> Self {
         let channel = format!("{key_prefix}seckill:restocks:{deployment}");
         let listening = Arc::new(AtomicBool::new(false));
@@ -55,6 +66,7 @@ impl Restocks {
             source,
             channel: channel.clone(),
             catalog,
+            reads,
             listening: Arc::downgrade(&listening),
         };
         tokio::spawn(keeper.run());
@@ -70,21 +82,22 @@ impl Restocks {
         self.listening.load(Ordering::SeqCst)
     }
 
-    /// Tell the other instances, in the background (the restock has committed; a lost message
-    /// costs at most `SOLD_OUT_RECHECK_MS`).
-    pub(crate) fn publish(&self, id: ProductId, generation: i64) {
-        self.send(id, generation.to_string(), "SOLD_OUT_RECHECK_MS");
+    /// Tell the other instances that `id` was restocked, in the background (the restock has
+    /// committed, so their read of it finds it; a lost message costs at most
+    /// `SOLD_OUT_RECHECK_MS`).
+    pub(crate) fn publish(&self, id: ProductId) {
+        self.send(id, RESTOCKED, "SOLD_OUT_RECHECK_MS");
     }
 
     /// Tell the other instances that the opening of `id` moved (a lost message costs an
     /// opening brought forward up to `OPENING_RECHECK`).
     pub(crate) fn publish_opening(&self, id: ProductId) {
-        self.send(id, OPENING.to_owned(), "a second");
+        self.send(id, OPENING, "a second");
     }
 
     /// Publish `<id>:<news>` in the background; `within`: when the other instances learn it
     /// anyway, for the warning when it cannot be sent.
-    fn send(&self, id: ProductId, news: String, within: &'static str) {
+    fn send(&self, id: ProductId, news: &'static str, within: &'static str) {
         let Some(mut conn) = self.publisher.get() else {
             tracing::warn!(product_id = %id, "redis is not connected; other instances see the change within {within}");
             return;
@@ -119,6 +132,8 @@ struct Keeper {
     source: RedisSource,
     channel: String,
     catalog: Weak<Catalog>,
+    /// Where a product's restock generation is read when news asks.
+    reads: PgPool,
     /// Ends the task once the `Restocks` is gone.
     listening: Weak<AtomicBool>,
 }
@@ -179,6 +194,7 @@ impl Keeper {
             .set_protocol(ProtocolVersion::RESP3);
         let client = redis::Client::open(info.set_redis_settings(settings))?;
         let (catalog, listening) = (self.catalog.clone(), self.listening.clone());
+        let reads = self.reads.clone();
         let config: ConnectionManagerConfig = redis_link::config()
             .set_push_sender(move |push: PushInfo| {
                 if push.kind == PushKind::Disconnection
@@ -186,7 +202,7 @@ impl Keeper {
                 {
                     listening.store(false, Ordering::SeqCst);
                 }
-                hear(&catalog, push);
+                hear(&catalog, &reads, push);
                 Ok::<(), redis::aio::SendError>(())
             })
             .set_automatic_resubscription();
@@ -199,8 +215,13 @@ impl Keeper {
 /// The news of a moved opening, after the product's id.
 const OPENING: &str = "opening";
 
-/// A restock message: reopen the product; or an opening message: read its opening again.
-fn hear(catalog: &Weak<Catalog>, push: PushInfo) {
+/// The news of a restock, after the product's id. Any news but [`OPENING`] is taken for it
+/// (instances of an earlier version send the generation's number: it is not read).
+const RESTOCKED: &str = "restocked";
+
+/// A restock message: read the product's restock generation again; or an opening message:
+/// read its opening again.
+fn hear(catalog: &Weak<Catalog>, reads: &PgPool, push: PushInfo) {
     if push.kind != PushKind::Message {
         return;
     }
@@ -218,7 +239,39 @@ fn hear(catalog: &Weak<Catalog>, push: PushInfo) {
     };
     if news == OPENING {
         catalog.forget_opening(id);
-    } else if let Ok(generation) = news.parse() {
-        catalog.reopen(id, generation);
+    } else {
+        look_again(&catalog, reads.clone(), id);
     }
+}
+
+/// Read the restock generation of `id` from PostgreSQL, and reopen the product at it if a
+/// restock came after its sold-out mark; in the background, one read per product at a time
+/// (news during a read asks for one more after it). A product this instance has not seen is
+/// left alone: its first purchase reads it anyway.
+fn look_again(catalog: &Arc<Catalog>, reads: PgPool, id: ProductId) {
+    let Some(known) = catalog.get(id) else {
+        return;
+    };
+    if !known.claim_restock_read() {
+        return;
+    }
+    let catalog = Arc::downgrade(catalog);
+    tokio::spawn(async move {
+        loop {
+            match repository::find_product(&reads, id).await {
+                Ok(Some(found)) => {
+                    if let Some(catalog) = catalog.upgrade() {
+                        catalog.reopen(id, found.restock_gen);
+                    }
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::warn!(%error, product_id = %id, "could not read a restocked product; this instance sees the restock within SOLD_OUT_RECHECK_MS");
+                }
+            }
+            if !known.read_restock_again() {
+                return;
+            }
+        }
+    });
 }

@@ -27,6 +27,44 @@ pub struct HttpSettings {
     )]
     pub bind_addr: SocketAddr,
 
+    /// Most client connections open at once; beyond it, new connections wait in the
+    /// listener's backlog until one closes. Each takes a file descriptor: keep it below the
+    /// process's `ulimit -n`, less the database and Redis connections.
+    #[arg(
+        long = "http-max-connections",
+        id = "http_max_connections",
+        value_name = "HTTP_MAX_CONNECTIONS",
+        env = "HTTP_MAX_CONNECTIONS",
+        default_value_t = 10_000,
+        value_parser = range::HTTP_MAX_CONNECTIONS.parser(),
+    )]
+    pub max_connections: u32,
+
+    /// How long a client has to send a request, in ms: its head (then the connection is
+    /// closed with 408), and separately its body once a handler reads it (408
+    /// `request_timeout`). A client that trickles a body a byte at a time holds a connection
+    /// this long at most.
+    #[arg(
+        long = "http-request-timeout-ms",
+        id = "http_request_timeout_ms",
+        value_name = "HTTP_REQUEST_TIMEOUT_MS",
+        env = "HTTP_REQUEST_TIMEOUT_MS",
+        default_value = "5000",
+        value_parser = range::HTTP_REQUEST_TIMEOUT.parser(),
+    )]
+    pub request_timeout: Duration,
+
+    /// How long an idle keep-alive connection stays open between requests, in ms.
+    #[arg(
+        long = "http-keep-alive-ms",
+        id = "http_keep_alive_ms",
+        value_name = "HTTP_KEEP_ALIVE_MS",
+        env = "HTTP_KEEP_ALIVE_MS",
+        default_value = "5000",
+        value_parser = range::HTTP_KEEP_ALIVE.parser(),
+    )]
+    pub keep_alive: Duration,
+
     /// Token for the admin routes (`Authorization: Bearer <token>`), at least 16 characters
     /// and not blank. Unset: admin routes answer 403. Kept out of logs, error messages and
     /// debug output.

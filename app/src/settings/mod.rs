@@ -139,6 +139,9 @@ impl Settings {
     /// Every numeric setting in its range (`range.rs`) (settings built in code skip clap's check).
     fn ranges(&self) -> Result<(), String> {
         let (lock, sale, db) = (&self.lock, &self.sale, &self.database);
+        range::HTTP_MAX_CONNECTIONS.check(self.http.max_connections)?;
+        range::HTTP_REQUEST_TIMEOUT.check(self.http.request_timeout)?;
+        range::HTTP_KEEP_ALIVE.check(self.http.keep_alive)?;
         range::LOCK_TTL.check(lock.ttl)?;
         range::LOCK_WAIT.check(lock.wait)?;
         range::BATCH_MAX.check(sale.batch_max)?;

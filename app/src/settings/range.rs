@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use clap::builder::TypedValueParser;
 
+pub const HTTP_MAX_CONNECTIONS: Count = Count::new("HTTP_MAX_CONNECTIONS", 1..=1_000_000);
+pub const HTTP_REQUEST_TIMEOUT: Millis = Millis::new("HTTP_REQUEST_TIMEOUT_MS", 1..=600_000);
+pub const HTTP_KEEP_ALIVE: Millis = Millis::new("HTTP_KEEP_ALIVE_MS", 1..=3_600_000);
 pub const LOCK_TTL: Millis = Millis::new("LOCK_TTL_MS", 1..=3_600_000);
 pub const LOCK_WAIT: Millis = Millis::new("LOCK_WAIT_MS", 1..=600_000);
 pub const BATCH_MAX: Count = Count::new("BATCH_MAX", 1..=10_000);

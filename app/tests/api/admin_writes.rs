@@ -69,6 +69,54 @@ async fn a_restock_retried_with_its_idempotency_key_adds_the_stock_once(
     assert!(books.balance(), "{books:?}");
 }
 
+/// Idempotency keys are kept for 24 hours, not for good: an older key is free again, and the
+/// next keyed write deletes the old ones (the table does not grow with every write for ever).
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn idempotency_keys_expire_after_a_day(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange: a restock under a key, written down 25 hours ago (moved back by hand).
+    let settings = settings(&shared_redis_url(), &testkit::unique_prefix("keys-expire"));
+    let apps = spawn_instances(1, &pool_options, &connect, &settings).await;
+    let app = &apps[0];
+    let id = app.create_product("Phone", 1).await;
+    let first = restock_with_key(app, id, 10, "restock-old")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    sqlx::query("UPDATE admin_requests SET created_at = now() - interval '25 hours'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+
+    // Act: the old key with another request; then a write under a fresh key.
+    let reused = restock_with_key(app, id, 3, "restock-old")
+        .send()
+        .await
+        .unwrap();
+    let reused_status = reused.status().as_u16();
+    let other = restock_with_key(app, id, 1, "restock-new")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 200);
+
+    // Assert: the old key was free again (the restock of 3 ran), and no row older than a
+    // day is left.
+    assert_eq!(reused_status, 200, "an expired key was refused as reused");
+    let books = books(&app.pool, id).await;
+    assert_eq!((books.stock, books.supplied), (15, 15));
+    let old: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM admin_requests WHERE created_at < now() - interval '24 hours'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(old, 0, "expired keys are still kept");
+}
+
 /// A restock whose client went away still commits and reaches every instance.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn restock_commits_and_spreads_though_its_client_went_away(
@@ -280,4 +328,55 @@ async fn a_restock_retried_after_its_answer_was_lost_is_announced_again(
     let books = books(&a.pool, id).await;
     assert_eq!((books.stock, books.supplied), (4, 6));
     assert!(books.balance(), "{books:?}");
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_flood_of_stuck_admin_writes_does_not_take_the_sales_connections(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange: `pg-atomic`, which sells on the sale's pool (5 connections, a 1 s wait for
+    // one); restocks of product A stuck behind a session holding A's row for the 5 s lock
+    // timeout, and buyers of product B.
+    let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("admin-flood"));
+    settings.lock.strategy = seckill::LockStrategy::PgAtomic;
+    settings.database.lock_timeout = Duration::from_millis(5_000);
+    settings.database.acquire_timeout = Duration::from_millis(1_000);
+    let sale_pool = PgPoolOptions::new()
+        .max_connections(5)
+        .acquire_timeout(Duration::from_millis(1_000));
+    let mut apps = spawn_instances(1, &sale_pool, &connect, &settings).await;
+    let app = std::sync::Arc::new(apps.pop().unwrap());
+    let pool = pool_options.connect_with(connect).await.unwrap();
+    let (a, b) = (
+        app.create_product("A", 1).await,
+        app.create_product("B", 100).await,
+    );
+    let held = hold_row(&pool, a).await;
+    let mut restocks = Vec::new();
+    for _ in 0..20 {
+        let app = app.clone();
+        restocks.push(tokio::spawn(
+            async move { app.restock(a, 1).await.status() },
+        ));
+    }
+    // TIMING: the restocks reach their handlers well within a second; each would then hold
+    // a connection of the sale's for up to 5 s.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+
+    // Act: ten buyers of B, one after another, while A's restocks are stuck.
+    let mut answers = Vec::new();
+    for user in 1..=10 {
+        answers.push(app.purchase(b, user, 1).await.status().as_u16());
+    }
+    drop(held);
+
+    // Assert: every buyer was sold to; the restocks answered (done, or busy past the lock
+    // timeout).
+    assert_eq!(answers, vec![201; 10]);
+    for restock in restocks {
+        let status = restock.await.unwrap().as_u16();
+        assert!(matches!(status, 200 | 503), "{status}");
+    }
+    assert!(books(&pool, b).await.balance());
 }

@@ -6,6 +6,7 @@ mod admin_writes;
 mod batches;
 mod bounds;
 mod buyers;
+mod clients;
 mod concurrency;
 mod consensus;
 mod fencing;

@@ -9,8 +9,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::time::Instant;
 
 use crate::helpers::{
-    TestApp, books, buys_within, error_code, settings, shared_redis_url, spawn_instances,
-    wait_until_listening,
+    TestApp, books, buys_within, error_code, redis_connection, settings, shared_redis_url,
+    spawn_instances, wait_until_listening,
 };
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
@@ -198,6 +198,64 @@ async fn other_deployment_on_our_redis_cannot_clear_our_sold_out_memory(
         .execute(&admin)
         .await
         .unwrap();
+}
+
+/// A forged restock message (the channel is open to whoever reaches the Redis) cannot switch
+/// the sold-out memory off: the news makes the instance read the product again, and the
+/// read finds no restock.
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_forged_restock_message_does_not_switch_the_sold_out_memory_off(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange: the product is sold out and remembered so for a minute.
+    let prefix = testkit::unique_prefix("forged-news");
+    let mut settings = settings(&shared_redis_url(), &prefix);
+    settings.sale.sold_out_recheck = Duration::from_millis(60_000);
+    let apps = spawn_instances(1, &pool_options, &connect, &settings).await;
+    let app = &apps[0];
+    let id = app.create_product("Phone", 1).await;
+    assert_eq!(app.purchase(id, 1, 1).await.status(), 201);
+    assert_eq!(app.purchase(id, 2, 1).await.status(), 409);
+    wait_until_listening(app).await;
+    let locks_before = app.metric("seckill_lock_acquisitions_total").await;
+    let fast_before = app.metric("seckill_sold_out_fast_path_total").await;
+
+    // Act: publish, as an attacker would, the largest generation on the channel it finds.
+    let mut redis = redis_connection(&shared_redis_url()).await;
+    let channels: Vec<String> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg(format!("{prefix}seckill:restocks:*"))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(channels.len(), 1, "{channels:?}");
+    let heard: i64 = redis::cmd("PUBLISH")
+        .arg(&channels[0])
+        .arg(format!("{id}:{}", i64::MAX))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(heard, 1, "the instance is subscribed");
+    // Time for the message, and a read of the product it may start, on a busy machine.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for user in 3..6 {
+        assert_eq!(
+            error_code(app.purchase(id, user, 1).await).await,
+            (409, "sold_out".to_owned())
+        );
+    }
+
+    // Assert: every purchase was still answered from memory, without a lock.
+    assert_eq!(
+        app.metric("seckill_sold_out_fast_path_total").await,
+        fast_before + 3.0,
+        "the forged message switched the sold-out memory off"
+    );
+    assert_eq!(
+        app.metric("seckill_lock_acquisitions_total").await,
+        locks_before
+    );
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]

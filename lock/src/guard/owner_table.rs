@@ -1,7 +1,7 @@
 //! [`OwnerTable`]: the acquisitions a reentrant owner holds.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::Notify;
 
@@ -34,7 +34,7 @@ impl<B: Backend> OwnerTable<B> {
 
     /// Count one more guard into a held, not lost, acquisition of `key`.
     pub(crate) fn reenter(self: &Arc<Self>, key: &str) -> Option<LockGuard<B>> {
-        let mut held = self.held.lock().expect("owner table poisoned");
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         let entry = held.get_mut(key)?;
         if !entry.hold.is_held() {
             return None;
@@ -56,7 +56,7 @@ impl<B: Backend> OwnerTable<B> {
         // Replaces an entry whose lease was lost; its guards now count for nothing here.
         self.held
             .lock()
-            .expect("owner table poisoned")
+            .unwrap_or_else(PoisonError::into_inner)
             .insert(hold.key.clone(), entry);
         self.entered.notify_waiters();
         LockGuard::new(hold, Some(Arc::clone(self)))
@@ -65,7 +65,7 @@ impl<B: Backend> OwnerTable<B> {
     /// Count one guard of `hold` out. Returns `true` when it was the last one, so the lock
     /// must now be released.
     pub(crate) fn leave(&self, hold: &Arc<Hold<B>>) -> bool {
-        let mut held = self.held.lock().expect("owner table poisoned");
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         match held.get_mut(&hold.key) {
             Some(entry) if Arc::ptr_eq(&entry.hold, hold) => {
                 entry.count -= 1;
@@ -82,7 +82,7 @@ impl<B: Backend> OwnerTable<B> {
     }
 
     pub(crate) fn count(&self, hold: &Arc<Hold<B>>) -> usize {
-        let held = self.held.lock().expect("owner table poisoned");
+        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         match held.get(&hold.key) {
             Some(entry) if Arc::ptr_eq(&entry.hold, hold) => entry.count,
             _ => 1,
