@@ -19,7 +19,7 @@ use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::redis_link::{RedisLink, RedisSource};
 use crate::repository::{self, SessionBounds};
-use crate::routes::admin::AdminToken;
+use crate::routes::admin::AdminTokens;
 use crate::routes::body::BodyDeadline;
 use crate::routes::buyer::Gate;
 use crate::routes::health::Health;
@@ -82,7 +82,7 @@ impl Application {
         let listener = TcpListener::bind(bind_addr)
             .with_context(|| format!("cannot listen on {bind_addr} (BIND_ADDR)"))?;
         let address = listener.local_addr()?;
-        let admin = AdminToken(settings.http.admin_token.clone());
+        let admin = AdminTokens::from_settings(&settings.http).map_err(anyhow::Error::msg)?;
         let gate = open_gate(&settings)?;
         let server = serve(listener, &settings.http, sale, health, admin, gate)?;
         tracing::info!(%address, strategy = settings.lock.strategy.name(), "seckill listening");
@@ -223,7 +223,7 @@ fn serve(
     http: &HttpSettings,
     sale: Sale,
     health: Health,
-    admin: AdminToken,
+    admin: AdminTokens,
     gate: Gate,
 ) -> anyhow::Result<Server> {
     let sale = web::Data::new(sale);

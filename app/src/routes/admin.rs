@@ -2,32 +2,128 @@
 //! the request body, so an unauthenticated request gets 401 and never a 400 or 413 that
 //! would tell it which fields the route takes.
 
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::{Duration, SystemTime};
+
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header;
 use actix_web::middleware::Next;
 use actix_web::web;
 use secrecy::{ExposeSecret, SecretString};
-use subtle::ConstantTimeEq;
+use subtle::{Choice, ConstantTimeEq};
 
 use crate::error::ApiError;
+use crate::settings::{HttpSettings, read_admin_tokens};
 
-/// The configured admin token, if any (its `Debug` shows no secret).
-#[derive(Clone, Debug)]
-pub struct AdminToken(pub Option<SecretString>);
+/// The admin tokens accepted now: none (admin routes disabled), `ADMIN_TOKEN`, or the one
+/// or two of `ADMIN_TOKEN_FILE`, which [`AdminTokens::watch`] keeps up to date. Its `Debug`
+/// shows no secret.
+#[derive(Clone, Debug, Default)]
+pub struct AdminTokens(Arc<RwLock<Vec<SecretString>>>);
 
-/// Let the request through only with `Authorization: Bearer <ADMIN_TOKEN>`.
+impl AdminTokens {
+    /// From the settings: the file's tokens when `ADMIN_TOKEN_FILE` is set (watched for
+    /// changes from then on), else `ADMIN_TOKEN`.
+    ///
+    /// # Errors
+    /// The file cannot be read or holds no good token (the message never shows one).
+    pub fn from_settings(http: &HttpSettings) -> Result<Self, String> {
+        let Some(path) = &http.admin_token_file else {
+            return Ok(Self::fixed(http.admin_token.iter().cloned().collect()));
+        };
+        let tokens = Self::fixed(read_admin_tokens(path, http.allow_demo_admin_token)?);
+        tokens.watch(path.clone(), http.allow_demo_admin_token);
+        Ok(tokens)
+    }
+
+    fn fixed(tokens: Vec<SecretString>) -> Self {
+        Self(Arc::new(RwLock::new(tokens)))
+    }
+
+    /// Re-read `path` within a second of each change to it, for as long as the tokens are
+    /// in use. A file that became unreadable or invalid keeps the tokens read last, with an
+    /// error in the log (a half-written file must not lock the operators out).
+    fn watch(&self, path: PathBuf, allow_demo: bool) {
+        let tokens = Arc::downgrade(&self.0);
+        let mut seen = modified(&path);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(WATCH_EVERY);
+            loop {
+                tick.tick().await;
+                let Some(tokens) = tokens.upgrade() else {
+                    return;
+                };
+                let now = modified(&path);
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                match read_admin_tokens(&path, allow_demo) {
+                    Ok(read) => {
+                        tracing::info!(tokens = read.len(), "ADMIN_TOKEN_FILE read again");
+                        *tokens.write().unwrap_or_else(PoisonError::into_inner) = read;
+                    }
+                    Err(why) => {
+                        tracing::error!(%why, "ADMIN_TOKEN_FILE changed and cannot be used; the tokens read last stay");
+                    }
+                }
+            }
+        });
+    }
+
+    /// Whether any token is set (admin routes enabled).
+    fn enabled(&self) -> bool {
+        !self
+            .0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+    }
+
+    /// Whether `headers` carry `Authorization: Bearer <one of the tokens>`.
+    fn accept(&self, headers: &header::HeaderMap) -> bool {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            // The scheme is case-insensitive (RFC 9110).
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map_or("", |(_, token)| token);
+        let tokens = self.0.read().unwrap_or_else(PoisonError::into_inner);
+        // A maintained constant-time comparison, with every token compared: the time taken
+        // depends neither on where a token differs nor on which one matched.
+        tokens
+            .iter()
+            .fold(Choice::from(0), |matched, expected| {
+                matched | given.as_bytes().ct_eq(expected.expose_secret().as_bytes())
+            })
+            .into()
+    }
+}
+
+/// How often `ADMIN_TOKEN_FILE`'s modification time is looked at.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// When `path` was last modified (with its length, for file systems with coarse times).
+fn modified(path: &Path) -> Option<(SystemTime, u64)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
+/// Let the request through only with `Authorization: Bearer <an admin token>`.
 pub async fn require_admin(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let token = req
-        .app_data::<web::Data<AdminToken>>()
-        .and_then(|token| token.0.clone());
-    let Some(expected) = token else {
+    let Some(tokens) = req.app_data::<web::Data<AdminTokens>>() else {
         return Err(ApiError::AdminDisabled.into());
     };
-    if matches_admin_token(req.headers(), &expected) {
+    if !tokens.enabled() {
+        return Err(ApiError::AdminDisabled.into());
+    }
+    if tokens.accept(req.headers()) {
         next.call(req).await
     } else {
         tracing::warn!(peer = ?req.peer_addr().map(|p| p.ip()), path = req.path(), "an admin route was refused: a missing or wrong token");
@@ -35,25 +131,10 @@ pub async fn require_admin(
     }
 }
 
-/// Whether `req` carries the admin token (never, when admin routes are disabled).
+/// Whether `req` carries an admin token (never, when admin routes are disabled).
 pub(crate) fn carries_admin_token(req: &actix_web::HttpRequest) -> bool {
-    req.app_data::<web::Data<AdminToken>>()
-        .and_then(|token| token.0.as_ref())
-        .is_some_and(|expected| matches_admin_token(req.headers(), expected))
-}
-
-/// Whether `headers` carry `Authorization: Bearer <expected>`.
-fn matches_admin_token(headers: &header::HeaderMap, expected: &SecretString) -> bool {
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        // The scheme is case-insensitive (RFC 9110).
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map_or("", |(_, token)| token);
-    // A maintained constant-time comparison: the time taken does not depend on where the
-    // two tokens first differ.
-    bool::from(given.as_bytes().ct_eq(expected.expose_secret().as_bytes()))
+    req.app_data::<web::Data<AdminTokens>>()
+        .is_some_and(|tokens| tokens.accept(req.headers()))
 }
 
 /// Who made an admin change, for the stock ledger.

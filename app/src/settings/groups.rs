@@ -3,6 +3,7 @@
 //! `DATABASE_URL`), so each field names both.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
@@ -66,8 +67,8 @@ pub struct HttpSettings {
     pub keep_alive: Duration,
 
     /// Token for the admin routes (`Authorization: Bearer <token>`), at least 16 characters
-    /// and not blank. Unset: admin routes answer 403. Kept out of logs, error messages and
-    /// debug output.
+    /// and not blank. Unset (and no ADMIN_TOKEN_FILE): admin routes answer 403. Kept out of
+    /// logs, error messages and debug output; prefer ADMIN_TOKEN_FILE (a flag shows in `ps`).
     #[arg(
         long = "admin-token",
         id = "admin_token",
@@ -75,8 +76,33 @@ pub struct HttpSettings {
         env = "ADMIN_TOKEN",
         hide_env_values = true,
         value_parser = secret,
+        conflicts_with = "admin_token_file",
     )]
     pub admin_token: Option<SecretString>,
+
+    /// A file with the admin token, or two (one per line) during a rotation: both are
+    /// accepted. Read at start-up, and again within a second of each change, so a rotation
+    /// needs no restart: add the new token, move the callers to it, remove the old one. A
+    /// file that becomes unreadable or invalid keeps the tokens read last (logged).
+    #[arg(
+        long = "admin-token-file",
+        id = "admin_token_file",
+        value_name = "ADMIN_TOKEN_FILE",
+        env = "ADMIN_TOKEN_FILE"
+    )]
+    pub admin_token_file: Option<PathBuf>,
+
+    /// Accept the admin token published in docker-compose.yml. Off: start-up fails with it
+    /// (and a token file that names it is refused). For the demo stack only.
+    #[arg(
+        long = "allow-demo-admin-token",
+        id = "allow_demo_admin_token",
+        value_name = "ALLOW_DEMO_ADMIN_TOKEN",
+        env = "ALLOW_DEMO_ADMIN_TOKEN",
+        action = clap::ArgAction::Set,
+        default_value_t = false,
+    )]
+    pub allow_demo_admin_token: bool,
 }
 
 /// PostgreSQL: where it is, the service's pools, and the bounds of its sessions.
@@ -84,7 +110,7 @@ pub struct HttpSettings {
 #[command(next_help_heading = "Database")]
 pub struct DatabaseSettings {
     /// PostgreSQL URL. Migrations run at start-up, so an empty database works. Kept out of
-    /// logs and debug output (it may hold a password).
+    /// logs and debug output (it may hold a password). This or DATABASE_URL_FILE is required.
     #[arg(
         long = "database-url",
         id = "database_url",
@@ -92,8 +118,21 @@ pub struct DatabaseSettings {
         env = "DATABASE_URL",
         hide_env_values = true,
         value_parser = secret,
+        required_unless_present = "database_url_file",
+        conflicts_with = "database_url_file",
     )]
-    pub url: SecretString,
+    pub url: Option<SecretString>,
+
+    /// A file holding the PostgreSQL URL (surrounding whitespace ignored), read at start-up:
+    /// a URL with a password need not be in the environment or on the command line.
+    #[arg(
+        long = "database-url-file",
+        id = "database_url_file",
+        value_name = "DATABASE_URL_FILE",
+        env = "DATABASE_URL_FILE",
+        value_parser = secret_from_file,
+    )]
+    pub url_file: Option<SecretString>,
 
     /// Size of the PostgreSQL connection pool. Lock holders' batches (the lock strategies)
     /// have a pool of their own of the same size, which opens a connection only when a
@@ -405,9 +444,14 @@ pub struct SaleSettings {
 }
 
 impl DatabaseSettings {
-    /// The database URL, for connecting (never for logging).
+    /// The database URL (`DATABASE_URL`, or the content of `DATABASE_URL_FILE`), for
+    /// connecting (never for logging); empty when neither is set (`Settings::check` refuses
+    /// that).
     pub fn url(&self) -> &str {
-        self.url.expose_secret()
+        self.url
+            .as_ref()
+            .or(self.url_file.as_ref())
+            .map_or("", ExposeSecret::expose_secret)
     }
 }
 
@@ -436,4 +480,15 @@ impl RedisSettings {
 
 pub(super) fn secret(raw: &str) -> Result<SecretString, String> {
     Ok(SecretString::from(raw))
+}
+
+/// A secret read from the file named by `raw`, trimmed; the message names the file, never
+/// its content.
+fn secret_from_file(raw: &str) -> Result<SecretString, String> {
+    let content = std::fs::read_to_string(raw).map_err(|e| format!("cannot read {raw}: {e}"))?;
+    let trimmed = content.trim();
+    if trimmed.is_empty() {
+        return Err(format!("{raw} is empty"));
+    }
+    Ok(SecretString::from(trimmed))
 }

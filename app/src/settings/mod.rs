@@ -11,6 +11,7 @@
 //! built in code outside them, so both ways in refuse the same values. The rules that tie
 //! settings together are in `rules.rs`, one function each with its message.
 
+use std::path::Path;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
@@ -74,9 +75,18 @@ pub const DEFAULT_HOLD: Duration = Duration::from_millis(100);
 /// The shortest admin token accepted: 16 characters, about 95 bits if random.
 pub const MIN_ADMIN_TOKEN_CHARS: usize = 16;
 
+/// The admin token docker-compose.yml publishes for the demo stack: refused unless
+/// `ALLOW_DEMO_ADMIN_TOKEN` is on.
+pub const DEMO_ADMIN_TOKEN: &str = "demo-admin-token-0123456789";
+
+/// How many tokens `ADMIN_TOKEN_FILE` may hold: the current one, and during a rotation the
+/// next (or the last).
+pub const MAX_ADMIN_TOKENS: usize = 2;
+
 /// `ADMIN_TOKEN`: refused when blank (an empty token would match a request without any
-/// `Authorization` header) or too short to be secret. The message never shows the token.
-pub fn check_admin_token(token: &SecretString) -> Result<(), String> {
+/// `Authorization` header), too short to be secret, or the demo's published token (unless
+/// `allow_demo`). The message never shows the token.
+pub fn check_admin_token(token: &SecretString, allow_demo: bool) -> Result<(), String> {
     let raw = token.expose_secret();
     if raw.trim().is_empty() {
         return Err(
@@ -89,7 +99,37 @@ pub fn check_admin_token(token: &SecretString) -> Result<(), String> {
             "ADMIN_TOKEN has {chars} characters; use at least {MIN_ADMIN_TOKEN_CHARS} (for example `openssl rand -hex 16`)"
         ));
     }
+    if raw == DEMO_ADMIN_TOKEN && !allow_demo {
+        return Err("ADMIN_TOKEN is the demo's token, published in docker-compose.yml: make a token of your own (`openssl rand -hex 16`), or set ALLOW_DEMO_ADMIN_TOKEN=true in a demo".into());
+    }
     Ok(())
+}
+
+/// The tokens in an `ADMIN_TOKEN_FILE`: one or two, one per line (blank lines and the
+/// whitespace around each ignored), each as [`check_admin_token`] wants it. The message
+/// names the file and the line, never a token.
+pub fn read_admin_tokens(path: &Path, allow_demo: bool) -> Result<Vec<SecretString>, String> {
+    let shown = path.display();
+    let content = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read ADMIN_TOKEN_FILE {shown}: {e}"))?;
+    let mut tokens = Vec::new();
+    for (number, line) in content.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let token = SecretString::from(line);
+        check_admin_token(&token, allow_demo)
+            .map_err(|why| format!("ADMIN_TOKEN_FILE {shown}, line {}: {why}", number + 1))?;
+        tokens.push(token);
+    }
+    match tokens.len() {
+        0 => Err(format!("ADMIN_TOKEN_FILE {shown} holds no token")),
+        1..=MAX_ADMIN_TOKENS => Ok(tokens),
+        n => Err(format!(
+            "ADMIN_TOKEN_FILE {shown} holds {n} tokens; at most {MAX_ADMIN_TOKENS} (the current one and, during a rotation, one more)"
+        )),
+    }
 }
 
 impl Settings {
@@ -123,7 +163,10 @@ impl Settings {
         self.ranges()?;
         work_ends_before_a_waiting_batch_gives_up(&self.lock, &self.sale, &self.database)?;
         if let Some(token) = &self.http.admin_token {
-            check_admin_token(token)?;
+            check_admin_token(token, self.http.allow_demo_admin_token)?;
+        }
+        if self.database.url().is_empty() {
+            return Err("set DATABASE_URL or DATABASE_URL_FILE".into());
         }
         hold_is_below_half_the_wait(self.hold(), self.lock.wait)?;
         work_ends_before_postgres_ends_the_transaction(&self.sale, &self.database)?;
@@ -305,13 +348,85 @@ mod tests {
     #[test]
     fn an_empty_blank_or_short_admin_token_is_refused_with_the_settings_name() {
         for bad in ["", "   ", "\t\n", "short-token"] {
-            let why = check_admin_token(&bad.into()).expect_err(bad);
+            let why = check_admin_token(&bad.into(), false).expect_err(bad);
             assert!(why.contains("ADMIN_TOKEN"), "{why}");
             if !bad.trim().is_empty() {
                 assert!(!why.contains(bad), "the message shows the token: {why}");
             }
         }
-        assert!(check_admin_token(&"0123456789abcdef".into()).is_ok());
+        assert!(check_admin_token(&"0123456789abcdef".into(), false).is_ok());
+    }
+
+    #[test]
+    fn the_demo_admin_token_is_refused_unless_the_demo_allows_it() {
+        let demo = SecretString::from(DEMO_ADMIN_TOKEN);
+        let why = check_admin_token(&demo, false).unwrap_err();
+        assert!(why.contains("docker-compose.yml"), "{why}");
+        assert!(
+            !why.contains(DEMO_ADMIN_TOKEN),
+            "the message shows the token: {why}"
+        );
+        assert!(check_admin_token(&demo, true).is_ok());
+        let mut settings = Settings::new("postgres://db/seckill", "redis://r");
+        settings.identity.secret = Some("a-buyer-key-of-at-least-32-bytes-0123".into());
+        settings.http.admin_token = Some(demo);
+        assert!(settings.check().is_err());
+        settings.http.allow_demo_admin_token = true;
+        assert_eq!(settings.check(), Ok(()));
+    }
+
+    #[test]
+    fn the_compose_stack_publishes_the_token_the_service_refuses() {
+        let compose = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docker-compose.yml"
+        ))
+        .unwrap();
+        assert!(compose.contains(DEMO_ADMIN_TOKEN));
+        assert!(compose.contains("ALLOW_DEMO_ADMIN_TOKEN"));
+    }
+
+    #[test]
+    fn an_admin_token_file_holds_one_or_two_good_tokens() {
+        let dir = std::env::temp_dir().join(format!("seckill-tokens-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("admin-token");
+        let read = |content: &str| {
+            std::fs::write(&file, content).unwrap();
+            read_admin_tokens(&file, false)
+        };
+        let one = read("0123456789abcdef-one\n").unwrap();
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].expose_secret(), "0123456789abcdef-one");
+        assert_eq!(
+            read("\n  0123456789abcdef-one \n\n0123456789abcdef-two\n")
+                .unwrap()
+                .len(),
+            2
+        );
+        for (bad, says) in [
+            ("", "no token"),
+            ("short\n", "line 1"),
+            ("0123456789abcdef-one\nshort", "line 2"),
+            (
+                "0123456789abcdef-one\n0123456789abcdef-two\n0123456789abcdef-3",
+                "3 tokens",
+            ),
+            (DEMO_ADMIN_TOKEN, "docker-compose.yml"),
+        ] {
+            let why = read(bad).unwrap_err();
+            assert!(why.contains(says), "{bad:?}: {why}");
+            assert!(
+                !why.contains("0123456789abcdef"),
+                "the message shows a token: {why}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            read_admin_tokens(&file, false)
+                .unwrap_err()
+                .contains("cannot read")
+        );
     }
 
     #[test]

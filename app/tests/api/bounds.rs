@@ -146,7 +146,7 @@ async fn pooled_connections_the_server_closed_while_idle_answer_503_never_500(
     )
     .unwrap();
     url.set_path(&format!("/{database}"));
-    settings.database.url = url.to_string().into();
+    settings.database.url = Some(url.to_string().into());
     settings.lock.strategy = LockStrategy::PgAtomic;
     settings.database.max_connections = 3;
     let app = seckill::Application::build(settings)

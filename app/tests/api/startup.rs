@@ -1,8 +1,10 @@
-//! Start-up fails fast, with a message that names the problem.
+//! Start-up fails fast, with a message that names the problem; secrets can come from files.
 
+use std::path::Path;
 use std::time::Duration;
 
 use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
 
 use crate::helpers::{settings, shared_redis_url};
 
@@ -20,11 +22,13 @@ async fn build_error(settings: seckill::Settings, pool: Option<PgPool>) -> Strin
 #[tokio::test]
 async fn an_unreachable_postgres_stops_start_up_with_a_clear_message() {
     let mut settings = settings(&shared_redis_url(), "");
-    settings.database.url = format!(
-        "postgres://postgres@127.0.0.1:{}/nowhere",
-        testkit::free_port()
-    )
-    .into();
+    settings.database.url = Some(
+        format!(
+            "postgres://postgres@127.0.0.1:{}/nowhere",
+            testkit::free_port()
+        )
+        .into(),
+    );
     let message = build_error(settings, None).await;
     assert!(
         message.contains("cannot connect to PostgreSQL"),
@@ -147,4 +151,139 @@ async fn a_hold_as_long_as_the_buyers_wait_is_refused(pool: PgPool) {
     settings.lock.wait = Duration::from_millis(1_500);
     let message = build_error(settings, Some(pool)).await;
     assert!(message.contains("HOLD_MS"), "{message}");
+}
+
+/// The real binary, reading its database URL and its admin tokens from files, as a
+/// deployment that keeps secrets out of the environment would run it; stopped by its pid
+/// when dropped.
+struct FromFiles {
+    child: std::process::Child,
+    address: String,
+}
+
+impl Drop for FromFiles {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_from_files(database_url_file: &Path, admin_token_file: &Path) -> FromFiles {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .env_remove("DATABASE_URL")
+        .env_remove("ADMIN_TOKEN")
+        .env("DATABASE_URL_FILE", database_url_file)
+        .env("ADMIN_TOKEN_FILE", admin_token_file)
+        .env("BIND_ADDR", "127.0.0.1:0")
+        .env("LOCK_STRATEGY", "pg-atomic")
+        .env("BUYER_JWT_SECRET", crate::helpers::BUYER_SECRET)
+        .env("REDIS_URL", shared_redis_url())
+        .env("REDIS_KEY_PREFIX", testkit::unique_prefix("files"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let address = loop {
+        let line = lines
+            .next()
+            .expect("the service printed its address")
+            .unwrap();
+        if let Some(address) = line.strip_prefix("listening on ") {
+            break address.to_owned();
+        }
+    };
+    // Keep reading stdout, so the service never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    FromFiles { child, address }
+}
+
+/// The database URL of `connect`, which `#[sqlx::test]` made (trust authentication: no
+/// password).
+fn url_of(connect: &PgConnectOptions) -> String {
+    format!(
+        "postgres://{}@{}:{}/{}",
+        connect.get_username(),
+        connect.get_host(),
+        connect.get_port(),
+        connect.get_database().unwrap()
+    )
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn admin_tokens_rotate_through_their_file_without_a_restart(
+    _pool_options: sqlx::postgres::PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange: secrets in files only; the first token in the token file.
+    let dir = std::env::temp_dir().join(testkit::unique_prefix("secret-files"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (url_file, token_file) = (dir.join("database-url"), dir.join("admin-token"));
+    std::fs::write(&url_file, format!("{}\n", url_of(&connect))).unwrap();
+    let (old, new) = ("old-admin-token-0123456789", "new-admin-token-0123456789");
+    std::fs::write(&token_file, format!("{old}\n")).unwrap();
+    let service = start_from_files(&url_file, &token_file);
+    let client = reqwest::Client::new();
+    let create = |token: &'static str| {
+        client
+            .post(format!("http://{}/api/products", service.address))
+            .bearer_auth(token)
+            .json(&serde_json::json!({"name": "Phone", "stock": 1}))
+            .send()
+    };
+    let status = |token| async move { create(token).await.unwrap().status().as_u16() };
+    assert_eq!((status(old).await, status(new).await), (201, 401));
+
+    // Act and assert: both during the rotation, then only the new one.
+    // TIMING: the file is looked at every second; 30 s leaves a busy machine room.
+    std::fs::write(&token_file, format!("{new}\n{old}\n")).unwrap();
+    let both = until(Duration::from_secs(30), || async {
+        status(new).await == 201
+    })
+    .await;
+    assert!(both, "the new token was not accepted within 30 s");
+    assert_eq!(status(old).await, 201);
+    std::fs::write(&token_file, format!("{new}\n")).unwrap();
+    let retired = until(Duration::from_secs(30), || async {
+        status(old).await == 401
+    })
+    .await;
+    assert!(retired, "the old token was still accepted after 30 s");
+
+    // A file that went bad keeps the tokens read last.
+    std::fs::write(&token_file, "short\n").unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(status(new).await, 201);
+    drop(service);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Whether `check` came true within `within`, asked every 100 ms.
+async fn until<F: std::future::Future<Output = bool>>(
+    within: Duration,
+    check: impl Fn() -> F,
+) -> bool {
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < within {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[test]
+fn the_demo_admin_token_stops_start_up_outside_the_demo() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .env("DATABASE_URL", "postgres://nowhere")
+        .env("ADMIN_TOKEN", seckill::settings::DEMO_ADMIN_TOKEN)
+        .env_remove("ALLOW_DEMO_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("docker-compose.yml"), "{stderr}");
 }

@@ -43,7 +43,7 @@ pub use run_info::{RunInfo, command_line, machine};
 use setup::Setup;
 pub use table::table;
 
-pub(super) const ADMIN_TOKEN: &str = "demo-admin-token-0123456789";
+pub(super) const ADMIN_TOKEN: &str = "loadtest-demo-admin-token-0123456789";
 
 /// LOCK_TTL_MS of the instances.
 pub(super) const LOCK_TTL_MS: u64 = 5_000;
