@@ -27,8 +27,11 @@
 //! # Layout
 //! - `settings/`: every setting, from flags or environment (`seckill --help`), in seven
 //!   groups (`groups.rs`, `buyers.rs`), with their ranges (`range.rs`) and the rules between them (`rules.rs`).
-//! - `startup`: [`startup::Application`] builds pools, runs migrations, binds the listener.
+//! - `startup`: [`startup::Application`] builds pools, runs migrations, binds the two
+//!   listeners: the buyers' (`BIND_ADDR`) and the operators' (`OPS_BIND_ADDR`).
 //! - `routes/`: one file per group of endpoints; parse input, call in, map errors.
+//!   `routes/mod.rs` says which routes each listener serves ([`routes::Side`]); `body`
+//!   reads a JSON body within a deadline.
 //! - `domain`: checked input types (`ProductId`, `Quantity`, ...).
 //! - `identity`: who is buying (a buyer's JWT); `limits`: how often one buyer or one
 //!   address may try. `routes/buyer.rs` applies both before a purchase's body is read.
@@ -75,8 +78,9 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     telemetry::init(settings.log_format);
     let app = Application::build(settings).await?;
-    // One plain line for whoever started us with BIND_ADDR port 0 (the load test's demo).
+    // Plain lines for whoever started us with port 0 (the load test's instances).
     println!("listening on {}", app.address());
+    println!("operations on {}", app.operations_address());
     app.run_until_stopped().await?;
     Ok(())
 }

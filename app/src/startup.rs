@@ -1,6 +1,6 @@
 //! Building the service from its settings: pools, migrations, the lock, the HTTP server.
 
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -24,20 +24,22 @@ use crate::routes::body::BodyDeadline;
 use crate::routes::buyer::Gate;
 use crate::routes::health::Health;
 use crate::routes::sold_out::SoldOutLane;
-use crate::routes::{self, not_found};
+use crate::routes::{self, Side, not_found};
 use crate::sale::fenced::probe_key;
 use crate::sale::{Exclusion, Sale, SaleParts};
 use crate::settings::{DatabaseSettings, HttpSettings, LockStrategy, Settings};
 
-/// A bound, listening, not yet running service.
+/// A bound, listening, not yet running service: the public listener and the operators'.
 pub struct Application {
     server: Server,
-    address: std::net::SocketAddr,
+    address: SocketAddr,
+    operations: Server,
+    operations_address: SocketAddr,
 }
 
 impl Application {
     /// Connect to PostgreSQL (and Redis, when the strategy sells with it), run migrations,
-    /// bind `BIND_ADDR`.
+    /// bind `BIND_ADDR` and `OPS_BIND_ADDR`.
     ///
     /// # Errors
     /// A message naming what failed: an invalid setting, an unreachable PostgreSQL or Redis,
@@ -78,15 +80,33 @@ impl Application {
             probe_key(&settings.redis.key_prefix),
         );
         let sale = open_sale(&settings, pool, redis, source, exclusion, deployment);
-        let bind_addr = settings.http.bind_addr;
-        let listener = TcpListener::bind(bind_addr)
-            .with_context(|| format!("cannot listen on {bind_addr} (BIND_ADDR)"))?;
-        let address = listener.local_addr()?;
-        let admin = AdminTokens::from_settings(&settings.http).map_err(anyhow::Error::msg)?;
-        let gate = open_gate(&settings)?;
-        let server = serve(listener, &settings.http, sale, health, admin, gate)?;
-        tracing::info!(%address, strategy = settings.lock.strategy.name(), "seckill listening");
-        Ok(Self { server, address })
+        let listener = bind(settings.http.bind_addr, "BIND_ADDR")?;
+        let operations_listener = bind(settings.http.ops_bind_addr, "OPS_BIND_ADDR")?;
+        let (address, operations_address) =
+            (listener.local_addr()?, operations_listener.local_addr()?);
+        let shared = Shared {
+            sale: web::Data::new(sale),
+            health: web::Data::new(health),
+            admin: web::Data::new(
+                AdminTokens::from_settings(&settings.http).map_err(anyhow::Error::msg)?,
+            ),
+            gate: web::Data::new(open_gate(&settings)?),
+            body_deadline: BodyDeadline(settings.http.request_timeout),
+        };
+        let server = serve(listener, Side::Public, &settings.http, shared.clone())?;
+        let operations = serve(
+            operations_listener,
+            Side::Operations,
+            &settings.http,
+            shared,
+        )?;
+        tracing::info!(%address, %operations_address, strategy = settings.lock.strategy.name(), "seckill listening");
+        Ok(Self {
+            server,
+            address,
+            operations,
+            operations_address,
+        })
     }
 
     /// The port actually bound (useful with port 0).
@@ -94,17 +114,27 @@ impl Application {
         self.address.port()
     }
 
-    /// The address actually bound.
-    pub fn address(&self) -> std::net::SocketAddr {
+    /// The public address actually bound.
+    pub fn address(&self) -> SocketAddr {
         self.address
     }
 
-    /// Serve until the process is asked to stop (SIGINT, SIGTERM).
+    /// The operators' address actually bound.
+    pub fn operations_address(&self) -> SocketAddr {
+        self.operations_address
+    }
+
+    /// Serve until the process is asked to stop (SIGINT, SIGTERM): both listeners stop.
     ///
     /// # Errors
-    /// An I/O error of the server.
+    /// An I/O error of either server.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        self.server.await
+        let (public, operations) = (self.server.handle(), self.operations.handle());
+        // Either server ending ends the other: a service half up is worse than one down.
+        tokio::select! {
+            ended = self.server => { operations.stop(true).await; ended }
+            ended = self.operations => { public.stop(true).await; ended }
+        }
     }
 }
 
@@ -156,8 +186,12 @@ fn open_gate(settings: &Settings) -> anyhow::Result<Gate> {
 /// can spare.
 const ADMIN_CONNECTIONS: u32 = 2;
 
-/// The sale, with its three pools beside `pool`: the public reads', the admin writes' and
-/// the lock holders'. Called after [`bound_sessions`], so their connections carry the session bounds too.
+/// Connections for reading products an instance does not know yet: one read per product at
+/// a time, so a few serve a sale's opening of many products.
+const LOOKUP_CONNECTIONS: u32 = 2;
+
+/// The sale, with its four pools beside `pool`: the public reads', the admin writes', the
+/// first look-ups' and the lock holders'. Called after [`bound_sessions`], so their connections carry the session bounds too.
 fn open_sale(
     settings: &Settings,
     pool: PgPool,
@@ -179,6 +213,11 @@ fn open_sale(
         .acquire_timeout(database.acquire_timeout)
         .test_before_acquire(false)
         .connect_lazy_with(pool.connect_options().as_ref().clone());
+    let lookups_pool = PgPoolOptions::new()
+        .max_connections(LOOKUP_CONNECTIONS)
+        .acquire_timeout(database.acquire_timeout)
+        .test_before_acquire(false)
+        .connect_lazy_with(pool.connect_options().as_ref().clone());
     let holders_pool = PgPoolOptions::new()
         .max_connections(database.max_connections)
         .acquire_timeout(database.acquire_timeout)
@@ -188,6 +227,7 @@ fn open_sale(
         pool,
         reads_pool,
         admin_pool,
+        lookups_pool,
         holders_pool,
         strategy: settings.lock.strategy,
         exclusion,
@@ -217,33 +257,46 @@ fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// The HTTP server on `listener`, not yet running.
+/// `address`, bound now so that start-up fails at once, naming `setting`, when it is taken.
+fn bind(address: SocketAddr, setting: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(address).with_context(|| format!("cannot listen on {address} ({setting})"))
+}
+
+/// What both listeners' apps share.
+#[derive(Clone)]
+struct Shared {
+    sale: web::Data<Sale>,
+    health: web::Data<Health>,
+    admin: web::Data<AdminTokens>,
+    gate: web::Data<Gate>,
+    body_deadline: BodyDeadline,
+}
+
+/// The HTTP server of `side` on `listener`, not yet running.
 fn serve(
     listener: TcpListener,
+    side: Side,
     http: &HttpSettings,
-    sale: Sale,
-    health: Health,
-    admin: AdminTokens,
-    gate: Gate,
+    shared: Shared,
 ) -> anyhow::Result<Server> {
-    let sale = web::Data::new(sale);
-    let health = web::Data::new(health);
-    let admin = web::Data::new(admin);
-    let gate = web::Data::new(gate);
-    let body_deadline = BodyDeadline(http.request_timeout);
-    // actix counts connections per worker thread; one worker per core, as actix starts.
-    let workers = std::thread::available_parallelism().map_or(1, usize::from);
+    // actix counts connections per worker thread; one worker per core for the buyers, as
+    // actix starts, and one for the operators.
+    let workers = match side {
+        Side::Public => std::thread::available_parallelism().map_or(1, usize::from),
+        Side::Operations => 1,
+    };
     let per_worker = usize::try_from(http.max_connections)
         .unwrap_or(usize::MAX)
         .div_ceil(workers);
     Ok(HttpServer::new(move || {
         App::new()
-            .app_data(sale.clone())
-            .app_data(health.clone())
-            .app_data(admin.clone())
-            .app_data(gate.clone())
-            .app_data(body_deadline)
-            .configure(routes::configure)
+            .app_data(shared.sale.clone())
+            .app_data(shared.health.clone())
+            .app_data(shared.admin.clone())
+            .app_data(shared.gate.clone())
+            .app_data(shared.body_deadline)
+            .app_data(side)
+            .configure(routes::configure(side))
             .default_service(web::to(not_found))
             // The flood after a sale is answered before the router sees it.
             .wrap(SoldOutLane)

@@ -80,6 +80,15 @@ pub struct AttackArgs {
     #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
 
+    /// The operators' listener (OPS_BIND_ADDR) of one of the instances, where the product is
+    /// created and restocked: admin routes are not on the buyers' listener.
+    #[arg(
+        long,
+        env = "LOADTEST_OPS_HOST",
+        default_value = "http://127.0.0.1:9080"
+    )]
+    pub ops_host: String,
+
     /// The instances' BUYER_JWT_SECRET: the attack signs each buyer's token (HS256) with it,
     /// as their identity provider would. Default: the public demo key of the instances this
     /// tool starts itself.

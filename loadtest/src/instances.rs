@@ -1,8 +1,9 @@
 //! seckill instances as child processes of this binary (`loadtest serve`), so the demo needs
 //! nothing built by hand.
 //!
-//! - Each binds port 0 and reports the port it got (`listening on <address>` on stdout), so
-//!   no other process can take a port between our choosing it and the instance binding it.
+//! - Each binds port 0 for both its listeners and reports the ports it got (`listening on
+//!   <address>` and `operations on <address>` on stdout), so no other process can take a
+//!   port between our choosing it and the instance binding it.
 //! - Each runs in a process group of its own, so a Ctrl-C at the terminal reaches the demo
 //!   only (which then stops everything in order), and with a parent-death signal, so no
 //!   instance outlives a demo that is killed.
@@ -39,7 +40,10 @@ pub struct InstanceConfig<'a> {
 /// One running instance, killed when dropped.
 pub struct Instance {
     child: Child,
+    /// The buyers' listener (`BIND_ADDR`), as `http://host:port`.
     pub url: String,
+    /// The operators' listener (`OPS_BIND_ADDR`): admin writes, `/metrics`, `/readyz`.
+    pub ops_url: String,
     pub log: PathBuf,
     /// Keep the log when the instance is dropped (it failed, or someone wants to read it).
     keep_log: bool,
@@ -72,6 +76,7 @@ impl Instance {
             .env("REDIS_URL", config.redis_url)
             .env("REDIS_KEY_PREFIX", config.redis_key_prefix)
             .env("BIND_ADDR", "127.0.0.1:0")
+            .env("OPS_BIND_ADDR", "127.0.0.1:0")
             .env("ADMIN_TOKEN", config.admin_token)
             // Buyers' tokens are signed by this tool (`buyers`); every buyer of a load test
             // comes from this machine's one address, so the per-address limit is off (the
@@ -94,15 +99,17 @@ impl Instance {
         let mut instance = Self {
             child,
             url: String::new(),
+            ops_url: String::new(),
             log,
             keep_log: true,
             killed: false,
         };
-        let address = match read_address(stdout, log_file).await {
-            Ok(address) => address,
+        let (address, ops_address) = match read_addresses(stdout, log_file).await {
+            Ok(addresses) => addresses,
             Err(error) => bail!("{error:#}; see {}", instance.log.display()),
         };
         instance.url = format!("http://{address}");
+        instance.ops_url = format!("http://{ops_address}");
         instance.wait_ready().await?;
         instance.keep_log = false;
         Ok(instance)
@@ -144,7 +151,7 @@ impl Instance {
             if let Some(status) = self.child.try_wait()? {
                 bail!("instance exited with {status}; see {}", self.log.display());
             }
-            if let Ok(response) = client.get(format!("{}/readyz", self.url)).send().await
+            if let Ok(response) = client.get(format!("{}/readyz", self.ops_url)).send().await
                 && response.status() == 200
             {
                 return Ok(());
@@ -178,27 +185,31 @@ impl Drop for Instance {
     }
 }
 
-/// Read the instance's stdout until it says where it listens; copy every line to its log
-/// (the rest too, in a thread, for as long as the instance writes).
-async fn read_address(
+/// Read the instance's stdout until it says where it listens, for buyers and for
+/// operators; copy every line to its log (the rest too, in a thread, for as long as the
+/// instance writes).
+async fn read_addresses(
     stdout: std::process::ChildStdout,
     mut log: std::fs::File,
-) -> anyhow::Result<String> {
-    let (found, address) = tokio::sync::oneshot::channel();
+) -> anyhow::Result<(String, String)> {
+    let (found, addresses) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
-        let mut found = Some(found);
+        let (mut found, mut public) = (Some(found), None);
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
             let _ = writeln!(log, "{line}");
-            if let Some(address) = line.strip_prefix("listening on ")
+            if let Some(address) = line.strip_prefix("listening on ") {
+                public = Some(address.trim().to_owned());
+            } else if let Some(ops) = line.strip_prefix("operations on ")
+                && let Some(public) = public.take()
                 && let Some(found) = found.take()
             {
-                let _ = found.send(address.trim().to_owned());
+                let _ = found.send((public, ops.trim().to_owned()));
             }
         }
     });
-    match tokio::time::timeout(Duration::from_secs(60), address).await {
-        Ok(Ok(address)) => Ok(address),
+    match tokio::time::timeout(Duration::from_secs(60), addresses).await {
+        Ok(Ok(addresses)) => Ok(addresses),
         Ok(Err(_)) => bail!("the instance stopped before it said where it listens"),
         Err(_) => bail!("the instance did not say where it listens within 60 s"),
     }

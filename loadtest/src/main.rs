@@ -52,8 +52,9 @@ async fn attack(
         .database_url
         .as_deref()
         .context("--database-url (or DATABASE_URL) is needed to check the books")?;
+    let operator = attack::Operator::new(&args.ops_host, admin_token);
     let product = attack::Product {
-        id: attack::create_product(&args.hosts[0], admin_token, args.stock).await?,
+        id: attack::create_product(&operator.url, admin_token, args.stock).await?,
         stock: args.stock,
     };
     let extras = Extras {
@@ -63,7 +64,7 @@ async fn attack(
     let report = attack::run(
         goose,
         &args.hosts,
-        Some(admin_token),
+        Some(&operator),
         &[product],
         args.buyers,
         extras,

@@ -111,10 +111,13 @@ fn pullable_local_images(compose: &Value) -> Vec<String> {
 
 /// A seckill instance with the default settings on a free port, its Redis keys under a
 /// prefix of its own (deleted when the returned guard drops).
+/// An instance on free ports, and the port of its operators' listener (where the health
+/// check and Prometheus go).
 async fn spawn_instance(pool: PgPool, label: &str) -> (u16, testkit::PrefixCleanup) {
     let mut settings =
         seckill::Settings::try_parse_from(["seckill", "--database-url", "unused"]).unwrap();
     settings.http.bind_addr = "127.0.0.1:0".parse().unwrap();
+    settings.http.ops_bind_addr = "127.0.0.1:0".parse().unwrap();
     settings.identity.secret = Some(loadtest::buyers::DEMO_BUYER_SECRET.into());
     settings.redis.key_prefix = testkit::unique_prefix(label);
     if let Ok(url) = std::env::var("REDIS_URL") {
@@ -124,9 +127,9 @@ async fn spawn_instance(pool: PgPool, label: &str) -> (u16, testkit::PrefixClean
     let app = seckill::Application::build_with_pool(settings, pool)
         .await
         .unwrap();
-    let port = app.port();
+    let ops_port = app.operations_address().port();
     tokio::spawn(app.run_until_stopped());
-    (port, cleanup)
+    (ops_port, cleanup)
 }
 
 fn seckill_env_settings() -> BTreeSet<String> {
@@ -242,6 +245,20 @@ fn the_load_test_targets_every_app_and_uses_real_flags() {
             .unwrap();
         assert!(bind.ends_with(":8080"), "{app} listens on {bind}");
     }
+    // It creates the product on an app's operators' listener.
+    let ops_at = command.iter().position(|a| *a == "--ops-host").unwrap() + 1;
+    let (ops_app, ops_port) = command[ops_at]
+        .trim_start_matches("http://")
+        .split_once(':')
+        .unwrap();
+    assert!(apps.iter().any(|app| app == ops_app), "{}", command[ops_at]);
+    let ops_bind = services(&compose)[ops_app]["environment"]["OPS_BIND_ADDR"]
+        .as_str()
+        .unwrap();
+    assert!(
+        ops_bind.ends_with(&format!(":{ops_port}")),
+        "{ops_app} operators on {ops_bind}"
+    );
     let env = loadtest["environment"].as_mapping().unwrap();
     assert!(env.contains_key("ADMIN_TOKEN") && env.contains_key("DATABASE_URL"));
 }
@@ -262,8 +279,11 @@ async fn the_health_check_paths_answer_on_a_real_instance(pool: PgPool) {
             .iter()
             .find(|a| a.starts_with("http://"))
             .expect("a URL in the check");
-        assert!(url.starts_with("http://127.0.0.1:8080/"), "{name}: {url}");
-        let path = &url["http://127.0.0.1:8080".len()..];
+        // The operators' listener, where /readyz is.
+        let ops = service["environment"]["OPS_BIND_ADDR"].as_str().unwrap();
+        let local = format!("http://127.0.0.1:{}", ops.rsplit(':').next().unwrap());
+        assert!(url.starts_with(&format!("{local}/")), "{name}: {url}");
+        let path = &url[local.len()..];
         let status = reqwest::get(format!("http://127.0.0.1:{port}{path}"))
             .await
             .unwrap()
@@ -683,7 +703,8 @@ fn prometheus_scrapes_exactly_the_app_services_on_the_port_they_listen_on() {
     let mut expected: Vec<String> = app_services(&compose)
         .into_iter()
         .map(|(name, service)| {
-            let bind = service["environment"]["BIND_ADDR"].as_str().unwrap();
+            // Metrics are on the operators' listener.
+            let bind = service["environment"]["OPS_BIND_ADDR"].as_str().unwrap();
             let port = bind.rsplit(':').next().unwrap();
             format!("{name}:{port}")
         })

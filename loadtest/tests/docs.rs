@@ -380,6 +380,7 @@ async fn route_and_metric_tables_match_what_an_instance_serves(pool: PgPool) {
     let mut settings =
         seckill::Settings::try_parse_from(["seckill", "--database-url", "unused"]).unwrap();
     settings.http.bind_addr = "127.0.0.1:0".parse().unwrap();
+    settings.http.ops_bind_addr = "127.0.0.1:0".parse().unwrap();
     settings.identity.secret = Some(loadtest::buyers::DEMO_BUYER_SECRET.into());
     settings.redis.key_prefix = testkit::unique_prefix("docs");
     if let Ok(url) = std::env::var("REDIS_URL") {
@@ -389,18 +390,18 @@ async fn route_and_metric_tables_match_what_an_instance_serves(pool: PgPool) {
     let app = seckill::Application::build_with_pool(settings, pool)
         .await
         .unwrap();
-    let base = format!("http://127.0.0.1:{}", app.port());
+    let ops = format!("http://{}", app.operations_address());
     tokio::spawn(app.run_until_stopped());
     let operations = read("docs/operations.md");
 
     // Act
-    let document: Value = reqwest::get(format!("{base}/api-docs/openapi.json"))
+    let document: Value = reqwest::get(format!("{ops}/api-docs/openapi.json"))
         .await
         .unwrap()
         .json()
         .await
         .unwrap();
-    let metrics = reqwest::get(format!("{base}/metrics"))
+    let metrics = reqwest::get(format!("{ops}/metrics"))
         .await
         .unwrap()
         .text()

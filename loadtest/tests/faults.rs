@@ -132,10 +132,11 @@ async fn buy(client: &reqwest::Client, host: &str, product: i64, user: i64) -> (
     }
 }
 
-/// `seckill_lock_acquisitions_total` of the instance at `host`: locks its leaders took.
-async fn lock_acquisitions(client: &reqwest::Client, host: &str) -> u64 {
+/// `seckill_lock_acquisitions_total` of the instance whose operators' listener is at
+/// `ops_host`: locks its leaders took.
+async fn lock_acquisitions(client: &reqwest::Client, ops_host: &str) -> u64 {
     let text = client
-        .get(format!("{host}/metrics"))
+        .get(format!("{ops_host}/metrics"))
         .send()
         .await
         .unwrap()
@@ -365,7 +366,7 @@ async fn hold_the_lock_on_instance_0(
     setup.lock_ttl_ms = lock_ttl_ms;
     setup.lock_server = lock_server.as_ref();
     let instances = start(&setup, n).await;
-    let product = create_product(&instances[1].url, 10).await;
+    let product = create_product(&instances[1].ops_url, 10).await;
     let client = client();
     let lock_key = format!("{prefix}lock_sale_{product}");
     let mut probe = match (&lock_server, strategy) {
@@ -395,7 +396,7 @@ async fn hold_the_lock_on_instance_0(
     // its acquire goes on after its node is made (it reads the line and proves its session
     // with a write), and a SIGSTOP then would catch it still acquiring. Once it counts the
     // lock taken, its purchase goes straight into its work.
-    while lock_acquisitions(&client, &instances[0].url).await == 0 {
+    while lock_acquisitions(&client, &instances[0].ops_url).await == 0 {
         assert!(
             Instant::now() < deadline,
             "instance 0 never counted the lock taken"
@@ -684,7 +685,7 @@ async fn paused_holder_then_redis_comes_back(
     setup.work_ms = 3_000;
     setup.extra = vec![("BATCH_MAX", "1".into())];
     let instances = start(&setup, 2).await;
-    let product = create_product(&instances[1].url, 10).await;
+    let product = create_product(&instances[1].ops_url, 10).await;
     let client = client();
     assert_eq!(buy(&client, &instances[1].url, product, 1).await.0, 201);
     for _ in 0..5 {
@@ -847,7 +848,7 @@ async fn sentinel_failover_to_a_stale_replica_fences_off_the_old_batch(
     let others = start_named(&setup, 2, "sentinel-bc").await;
     setup.work_ms = 3_000;
     let a = start_named(&setup, 1, "sentinel-a").await.remove(0);
-    let product = create_product(&others[0].url, 5_000).await;
+    let product = create_product(&others[0].ops_url, 5_000).await;
     let client = client();
     let flood_orders = || async {
         sqlx::query_scalar::<_, i64>(
@@ -996,7 +997,7 @@ async fn an_instance_hung_inside_its_transaction_does_not_freeze_the_product(
     ];
     let instances = start(&setup, 3).await;
     const STOCK: i64 = 6;
-    let product = create_product(&instances[1].url, STOCK).await;
+    let product = create_product(&instances[1].ops_url, STOCK).await;
     let client = client();
     let hung = {
         let (client, host) = (client.clone(), instances[0].url.clone());
@@ -1085,7 +1086,7 @@ async fn redis_killed_mid_sale_and_restarted_empty_gives_503s_then_sales_resume(
     let mut setup = Setup::new(&url, &redis_url, "", LockStrategy::Redis);
     setup.lock_ttl_ms = 2_000;
     let instances = start(&setup, 2).await;
-    let product = create_product(&instances[0].url, 1_000).await;
+    let product = create_product(&instances[0].ops_url, 1_000).await;
     let client = client();
     let mut answers = Vec::new();
     let mut user = 0;
@@ -1157,7 +1158,7 @@ async fn terminate_backends_during_a_flood(strategy: LockStrategy, connect: PgCo
     setup.work_ms = 5;
     let instances = start(&setup, 2).await;
     const STOCK: i64 = 100_000;
-    let product = create_product(&instances[0].url, STOCK).await;
+    let product = create_product(&instances[0].ops_url, STOCK).await;
     let database = connect.get_database().unwrap().to_owned();
 
     // Act: buyers flood both instances while a killer terminates the instances' database

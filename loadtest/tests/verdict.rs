@@ -54,6 +54,8 @@ fn attack(sale: &Sale, database_url: &str, extra: &[&str]) -> (i32, String, Stri
     let hosts: Vec<&str> = sale.instances.iter().map(|i| i.url.as_str()).collect();
     let output = Command::new(LOADTEST)
         .args(["--hosts", &hosts.join(",")])
+        // The product is made, and restocked, on an operators' listener.
+        .args(["--ops-host", &sale.instances[0].ops_url])
         .args(["--admin-token", ADMIN_TOKEN, "--database-url", database_url])
         .args(["--users", "30", "--increase-rate", "30"])
         .args(["--quiet", "--no-print-metrics"])

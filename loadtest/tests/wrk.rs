@@ -12,6 +12,7 @@ async fn every_wrk_buyer_carries_a_token_the_service_accepts(pool: PgPool) {
     let mut settings =
         seckill::Settings::try_parse_from(["seckill", "--database-url", "unused"]).unwrap();
     settings.http.bind_addr = "127.0.0.1:0".parse().unwrap();
+    settings.http.ops_bind_addr = "127.0.0.1:0".parse().unwrap();
     settings.redis.key_prefix = testkit::unique_prefix("wrk");
     settings.identity.secret = Some(loadtest::buyers::DEMO_BUYER_SECRET.into());
     settings.http.admin_token = Some("wrk-test-admin-token-0123".into());
@@ -23,9 +24,10 @@ async fn every_wrk_buyer_carries_a_token_the_service_accepts(pool: PgPool) {
     let app = seckill::Application::build_with_pool(settings, pool.clone())
         .await
         .unwrap();
-    let base = format!("http://127.0.0.1:{}", app.port());
+    let base = format!("http://{}", app.address());
+    let ops = format!("http://{}", app.operations_address());
     tokio::spawn(app.run_until_stopped());
-    let product = loadtest::attack::create_product(&base, "wrk-test-admin-token-0123", 1_000_000)
+    let product = loadtest::attack::create_product(&ops, "wrk-test-admin-token-0123", 1_000_000)
         .await
         .unwrap();
     let script = std::env::temp_dir().join(format!("{}.lua", testkit::unique_prefix("wrk-buy")));

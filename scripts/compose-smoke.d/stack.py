@@ -564,6 +564,7 @@ def main():
         for label, lock_env, profiles in runs:
             ports = {name: str(free_port()) for name in
                      ["POSTGRES_PORT", "REDIS_PORT", "APP1_PORT", "APP2_PORT", "APP3_PORT",
+                      "APP1_OPS_PORT", "APP2_OPS_PORT", "APP3_OPS_PORT",
                       "PROMETHEUS_PORT", "GRAFANA_PORT"]}
             run_env = {**lock_env, **ports}
             current, last_label = (label, profiles, run_env), label

@@ -14,6 +14,7 @@ use actix_web::web;
 use secrecy::{ExposeSecret, SecretString};
 use subtle::{Choice, ConstantTimeEq};
 
+use super::Side;
 use crate::error::ApiError;
 use crate::settings::{HttpSettings, read_admin_tokens};
 
@@ -131,10 +132,13 @@ pub async fn require_admin(
     }
 }
 
-/// Whether `req` carries an admin token (never, when admin routes are disabled).
+/// Whether `req` carries an admin token (never when admin routes are disabled, nor on the
+/// public listener: the admin token opens nothing there).
 pub(crate) fn carries_admin_token(req: &actix_web::HttpRequest) -> bool {
-    req.app_data::<web::Data<AdminTokens>>()
-        .is_some_and(|tokens| tokens.accept(req.headers()))
+    req.app_data::<Side>() == Some(&Side::Operations)
+        && req
+            .app_data::<web::Data<AdminTokens>>()
+            .is_some_and(|tokens| tokens.accept(req.headers()))
 }
 
 /// Who made an admin change, for the stock ledger.

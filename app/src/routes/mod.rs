@@ -23,8 +23,29 @@ pub const MAX_BODY_BYTES: usize = 16 * 1024;
 /// The purchase route (`POST`), which the sold-out lane matches by hand.
 pub(crate) const PURCHASE_ROUTE: &str = "/api/products/{id}/purchase";
 
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    let admin = || from_fn(admin::require_admin);
+/// Which listener an app serves: what buyers may reach, or everything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// `BIND_ADDR`: the sale (a product, a purchase, an order) and `/healthz`.
+    Public,
+    /// `OPS_BIND_ADDR`: the public routes, and the operators' own: the admin writes,
+    /// `/metrics` (live sales figures), `/readyz` (which backends, in what state) and the
+    /// OpenAPI document.
+    Operations,
+}
+
+/// The routes of `side`.
+pub fn configure(side: Side) -> impl FnOnce(&mut web::ServiceConfig) {
+    move |cfg| {
+        public(cfg);
+        if side == Side::Operations {
+            operations(cfg);
+        }
+    }
+}
+
+/// What buyers reach.
+fn public(cfg: &mut web::ServiceConfig) {
     cfg.app_data(
         web::JsonConfig::default()
             .limit(MAX_BODY_BYTES)
@@ -35,24 +56,29 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     // before the router: `sold_out`).
     .service(resource(PURCHASE_ROUTE).route(web::post().to(purchase::purchase)))
     .service(resource("/healthz").route(web::get().to(health::healthz)))
-    .service(resource("/readyz").route(web::get().to(health::readyz)))
-    .service(resource("/metrics").route(web::get().to(metrics::metrics)))
-    .service(resource("/api-docs/openapi.json").route(web::get().to(api_doc::openapi_json)))
-    .service(resource("/api/products").route(web::post().to(products::create).wrap(admin())))
     .service(resource("/api/products/{id}").route(web::get().to(products::show)))
-    .service(
-        resource("/api/products/{id}/restock")
-            .route(web::post().to(products::restock).wrap(admin())),
-    )
-    .service(
-        resource("/api/products/{id}/stock")
-            .route(web::put().to(products::set_stock).wrap(admin())),
-    )
-    .service(
-        resource("/api/products/{id}/opening")
-            .route(web::put().to(products::set_opening).wrap(admin())),
-    )
     .service(resource("/api/products/{id}/orders/{user_id}").route(web::get().to(orders::show)));
+}
+
+/// What only operators reach.
+fn operations(cfg: &mut web::ServiceConfig) {
+    let admin = || from_fn(admin::require_admin);
+    cfg.service(resource("/readyz").route(web::get().to(health::readyz)))
+        .service(resource("/metrics").route(web::get().to(metrics::metrics)))
+        .service(resource("/api-docs/openapi.json").route(web::get().to(api_doc::openapi_json)))
+        .service(resource("/api/products").route(web::post().to(products::create).wrap(admin())))
+        .service(
+            resource("/api/products/{id}/restock")
+                .route(web::post().to(products::restock).wrap(admin())),
+        )
+        .service(
+            resource("/api/products/{id}/stock")
+                .route(web::put().to(products::set_stock).wrap(admin())),
+        )
+        .service(
+            resource("/api/products/{id}/opening")
+                .route(web::put().to(products::set_opening).wrap(admin())),
+        );
 }
 
 /// A route's resource: a known path asked with a method it does not take answers 405 in the

@@ -21,7 +21,7 @@
 //!   PostgreSQL again. A restock whose message was lost (Redis down) therefore reaches every
 //!   instance within that bound.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
@@ -39,15 +39,41 @@ pub(crate) const MISSING_FOR: Duration = Duration::from_secs(1);
 /// an admin's earlier opening reaches the other instances at most this late.
 pub(crate) const OPENING_RECHECK: Duration = Duration::from_secs(1);
 
-/// The most missing ids remembered; beyond it the memory starts again.
+/// The most missing ids remembered; beyond it the oldest is forgotten first.
 const MAX_MISSING: usize = 10_000;
+
+/// Ids found missing, and in what order: at most [`MAX_MISSING`], the oldest forgotten
+/// first (a flood of random ids pushes out only the oldest misses, not the memory whole).
+#[derive(Default)]
+struct Missing {
+    at: HashMap<ProductId, Instant>,
+    /// Oldest first; an id remembered again is here twice, and only its newest entry counts.
+    order: VecDeque<(ProductId, Instant)>,
+}
+
+impl Missing {
+    fn remember(&mut self, id: ProductId, now: Instant) {
+        self.at.insert(id, now);
+        self.order.push_back((id, now));
+        while let Some(&(oldest, at)) = self.order.front() {
+            let expired = now.duration_since(at) >= MISSING_FOR;
+            if !expired && self.at.len() <= MAX_MISSING {
+                break;
+            }
+            self.order.pop_front();
+            if self.at.get(&oldest) == Some(&at) {
+                self.at.remove(&oldest);
+            }
+        }
+    }
+}
 
 /// The products this instance has seen, each with its desk and sold-out mark.
 pub(crate) struct Catalog {
     /// Read on every purchase, written once per product.
     products: RwLock<HashMap<ProductId, Arc<Known>>>,
     /// Ids a look-up found no product for, and when.
-    missing: Mutex<HashMap<ProductId, Instant>>,
+    missing: Mutex<Missing>,
     /// `SOLD_OUT_RECHECK_MS`.
     recheck: Duration,
 }
@@ -103,38 +129,31 @@ impl Catalog {
     pub(crate) fn new(recheck: Duration) -> Self {
         Self {
             products: RwLock::new(HashMap::new()),
-            missing: Mutex::new(HashMap::new()),
+            missing: Mutex::new(Missing::default()),
             recheck,
         }
     }
 
     /// Whether a look-up found no product `id` within [`MISSING_FOR`].
     pub(crate) fn known_missing(&self, id: ProductId) -> bool {
-        self.missing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.missing()
+            .at
             .get(&id)
             .is_some_and(|at| at.elapsed() < MISSING_FOR)
     }
 
     /// A look-up found no product `id`.
     pub(crate) fn remember_missing(&self, id: ProductId) {
-        let mut missing = self.missing.lock().unwrap_or_else(PoisonError::into_inner);
-        if missing.len() >= MAX_MISSING {
-            missing.retain(|_, at| at.elapsed() < MISSING_FOR);
-            if missing.len() >= MAX_MISSING {
-                missing.clear();
-            }
-        }
-        missing.insert(id, Instant::now());
+        self.missing().remember(id, Instant::now());
     }
 
     /// Product `id` exists now (it was created here).
     pub(crate) fn forget_missing(&self, id: ProductId) {
-        self.missing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&id);
+        self.missing().at.remove(&id);
+    }
+
+    fn missing(&self) -> std::sync::MutexGuard<'_, Missing> {
+        self.missing.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// What this instance knows of `id` for a purchase, in one lookup: `None` if it does not
@@ -424,6 +443,20 @@ mod tests {
         assert!(catalog.known_sold_out(id));
         catalog.remember_missing(ProductId::parse("2").unwrap());
         assert!(catalog.known_missing(ProductId::parse("2").unwrap()));
+    }
+
+    #[test]
+    fn a_flood_of_missing_ids_forgets_the_oldest_first() {
+        let catalog = Catalog::new(Duration::from_secs(1));
+        let id = |n: usize| ProductId::parse(&n.to_string()).unwrap();
+        for n in 1..=MAX_MISSING + 10 {
+            catalog.remember_missing(id(n));
+        }
+        assert!(catalog.known_missing(id(MAX_MISSING + 10)));
+        assert!(catalog.known_missing(id(11)), "a recent miss was forgotten");
+        assert!(!catalog.known_missing(id(10)));
+        assert!(!catalog.known_missing(id(1)));
+        assert_eq!(catalog.missing().at.len(), MAX_MISSING);
     }
 
     #[tokio::test]

@@ -27,6 +27,7 @@ pub(crate) mod catalog;
 pub(crate) mod desk;
 pub mod exclusion;
 pub mod fenced;
+pub(crate) mod lookups;
 pub(crate) mod restocks;
 
 use std::sync::Arc;
@@ -140,6 +141,8 @@ pub struct Sale {
     pub strategy: LockStrategy,
     pub metrics: Metrics,
     catalog: Arc<Catalog>,
+    /// First look-ups of products this instance does not know yet.
+    lookups: lookups::Lookups,
     desks: Arc<DeskShared>,
     restocks: Restocks,
     /// `LOCK_WAIT_MS`: how long a buyer may wait at the desk.
@@ -157,6 +160,9 @@ pub struct SaleParts {
     /// queued on an idempotency key's lock, wait for these and never take a connection the
     /// sale needs.
     pub admin_pool: PgPool,
+    /// For reading a product this instance does not know yet (its first purchase here) and
+    /// a restock's generation (a few connections): never behind a flood of public reads.
+    pub lookups_pool: PgPool,
     /// For lock holders' batches: sessions that keep one generic plan per statement, on
     /// the indexes ([`crate::startup`]).
     pub holders_pool: PgPool,
@@ -190,7 +196,7 @@ impl Sale {
             &parts.deployment,
             parts.redis,
             Arc::downgrade(&catalog),
-            parts.reads_pool.clone(),
+            parts.lookups_pool.clone(),
         );
         let desks = Arc::new(DeskShared {
             pool: parts.pool.clone(),
@@ -217,6 +223,7 @@ impl Sale {
             strategy: parts.strategy,
             metrics: parts.metrics,
             catalog,
+            lookups: lookups::Lookups::new(parts.lookups_pool),
             desks,
             restocks,
             wait: parts.wait,
@@ -347,8 +354,8 @@ impl Sale {
             return Ok(());
         }
         if let Some(generation) = product.claim_opening_read() {
-            let read_at = Instant::now();
-            let Some(found) = repository::find_product(self.reads.pool(), id).await? else {
+            let (read_at, found) = self.lookups.find(id).await;
+            let Some(found) = found.map_err(PurchaseError::Database)? else {
                 return Err(PurchaseError::NotFound);
             };
             product.set_opening(read_at, found.opens_in_us, generation);
@@ -365,15 +372,16 @@ impl Sale {
         }
     }
 
-    /// A product this instance does not know yet, if it exists: one lookup in PostgreSQL,
-    /// on the read connections. An id found missing is remembered so for a moment
-    /// ([`catalog::MISSING_FOR`]): a flood of unknown ids costs a look-up per id per moment.
+    /// A product this instance does not know yet, if it exists: one look-up in PostgreSQL
+    /// per product at a time, on connections of its own ([`lookups`]). An id found missing is
+    /// remembered so for a moment ([`catalog::MISSING_FOR`]): a flood of unknown ids costs a
+    /// look-up per id per moment.
     async fn look_up(&self, id: ProductId) -> Result<Arc<Known>, PurchaseError> {
         if self.catalog.known_missing(id) {
             return Err(PurchaseError::NotFound);
         }
-        let read_at = Instant::now();
-        let Some(found) = repository::find_product(self.reads.pool(), id).await? else {
+        let (read_at, found) = self.lookups.find(id).await;
+        let Some(found) = found.map_err(PurchaseError::Database)? else {
             self.catalog.remember_missing(id);
             return Err(PurchaseError::NotFound);
         };

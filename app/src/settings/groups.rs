@@ -17,8 +17,8 @@ use crate::redis_link::RedisSource;
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "HTTP")]
 pub struct HttpSettings {
-    /// Address to listen on. Port 0 picks a free port; the bound address is printed on
-    /// stdout as `listening on <address>`.
+    /// Address buyers reach: the sale (a product, a purchase, an order) and `/healthz`. Port 0
+    /// picks a free port; the bound address is printed on stdout as `listening on <address>`.
     #[arg(
         long = "bind-addr",
         id = "bind_addr",
@@ -27,6 +27,19 @@ pub struct HttpSettings {
         default_value = "127.0.0.1:8080"
     )]
     pub bind_addr: SocketAddr,
+
+    /// Address of the operators' listener: the admin routes, `/metrics`, `/readyz` and the
+    /// OpenAPI document, besides everything the public one serves. Keep it private
+    /// (loopback, or a network only operators and Prometheus reach). Port 0 picks a free
+    /// port, printed on stdout as `operations on <address>`.
+    #[arg(
+        long = "ops-bind-addr",
+        id = "ops_bind_addr",
+        value_name = "OPS_BIND_ADDR",
+        env = "OPS_BIND_ADDR",
+        default_value = "127.0.0.1:9080"
+    )]
+    pub ops_bind_addr: SocketAddr,
 
     /// Most client connections open at once; beyond it, new connections wait in the
     /// listener's backlog until one closes. Each takes a file descriptor: keep it below the
@@ -148,8 +161,8 @@ pub struct DatabaseSettings {
     pub max_connections: u32,
 
     /// Size of a second PostgreSQL pool, for public reads only (a product's books, order
-    /// look-ups, purchases of ids this instance does not know yet): a flood of reads waits
-    /// for these and never takes a connection the sale needs.
+    /// look-ups): a flood of reads waits for these and never takes a connection the sale
+    /// needs, nor one of those a new product's first purchase is looked up on.
     #[arg(
         long = "database-read-connections",
         id = "database_read_connections",

@@ -14,7 +14,7 @@ use crate::helpers::{
 
 fn restock_with_key(app: &TestApp, id: i64, add: i64, key: &str) -> reqwest::RequestBuilder {
     app.client
-        .post(app.url(&format!("/api/products/{id}/restock")))
+        .post(app.ops_url(&format!("/api/products/{id}/restock")))
         .bearer_auth(ADMIN_TOKEN)
         .header("Idempotency-Key", key)
         .json(&json!({"add": add}))
@@ -138,7 +138,7 @@ async fn restock_commits_and_spreads_though_its_client_went_away(
     // Act: the admin's client gives up while the restock waits; then the row is let go.
     let gone = a
         .client
-        .post(a.url(&format!("/api/products/{id}/restock")))
+        .post(a.ops_url(&format!("/api/products/{id}/restock")))
         .bearer_auth(ADMIN_TOKEN)
         .timeout(Duration::from_millis(500))
         .json(&json!({"add": 5}))
@@ -187,7 +187,7 @@ fn set_stock_with_key(
     expected: i64,
 ) -> reqwest::RequestBuilder {
     app.client
-        .put(app.url(&format!("/api/products/{id}/stock")))
+        .put(app.ops_url(&format!("/api/products/{id}/stock")))
         .bearer_auth(ADMIN_TOKEN)
         .header("Idempotency-Key", "set-9c1d")
         .json(&json!({"stock": stock, "expected_stock": expected}))

@@ -104,7 +104,7 @@ async fn a_full_pool_answers_busy_and_the_instance_stays_ready(pool: PgPool) {
         .send()
         .await
         .unwrap();
-    let (ready, body) = app.get_json("/readyz").await;
+    let (ready, body) = app.ops_json("/readyz").await;
 
     // Assert: contention (503 busy, retry), not "database unavailable"; reads unaffected;
     // and still ready.

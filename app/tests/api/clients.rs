@@ -111,7 +111,7 @@ async fn a_bad_value_or_id_is_echoed_short_however_long_it_was(pool: PgPool) {
 
     let bad_body = app
         .client
-        .post(app.url("/api/products"))
+        .post(app.ops_url("/api/products"))
         .bearer_auth(crate::helpers::ADMIN_TOKEN)
         .header("content-type", "application/json")
         .body(format!(r#"{{"name": "a", "stock": "{long}"}}"#))

@@ -56,7 +56,7 @@ async fn build_error(settings: Settings, pool: PgPool) -> String {
 async fn readyz_until(app: &TestApp, want: u16, within: Duration) -> (u16, Value) {
     let started = Instant::now();
     loop {
-        let (status, body) = app.get_json("/readyz").await;
+        let (status, body) = app.ops_json("/readyz").await;
         if status == want || started.elapsed() > within {
             return (status, body);
         }
@@ -117,7 +117,7 @@ async fn readyz_follows_the_lock_server<S: LockServer>(
     (field, name): (&str, &str),
     down: impl Fn(&Value),
 ) {
-    let (status, body) = app.get_json("/readyz").await;
+    let (status, body) = app.ops_json("/readyz").await;
     assert_eq!(
         (status, body["status"].as_str()),
         (200, Some("ready")),
@@ -171,7 +171,7 @@ async fn readyz_follows_the_lock_server<S: LockServer>(
 async fn readyz_is_not_ready_while_zookeeper_is_down_and_ready_after(pool: PgPool) {
     let server = zookeeper().await;
     let app = spawn_with(on_zookeeper(server.connect_string(), "ready-zk"), pool).await;
-    let (_, body) = app.get_json("/readyz").await;
+    let (_, body) = app.ops_json("/readyz").await;
     assert_eq!(body["zookeeper"]["session"], "SyncConnected", "{body}");
 
     readyz_follows_the_lock_server(&app, server, ("zookeeper", "ZooKeeper"), |body| {

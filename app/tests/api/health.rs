@@ -13,7 +13,7 @@ async fn healthz_answers_while_the_process_is_up(pool: PgPool) {
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn readyz_reports_both_backends_reachable(pool: PgPool) {
     let app = spawn_app(pool).await;
-    let (status, body) = app.get_json("/readyz").await;
+    let (status, body) = app.ops_json("/readyz").await;
     assert_eq!(status, 200);
     assert_eq!(body["postgres"], true);
     assert_eq!(body["redis"], true);
@@ -67,7 +67,7 @@ async fn wrong_method_on_a_known_path_answers_405_in_the_error_format(pool: PgPo
     ] {
         let response = app
             .client
-            .request(method.clone(), app.url(path))
+            .request(method.clone(), app.ops_url(path))
             .send()
             .await
             .unwrap();

@@ -32,6 +32,7 @@ pub fn settings(redis_url: &str, prefix: &str) -> Settings {
     let mut settings = Settings::new("postgres://unused-the-test-hands-in-its-pool", redis_url);
     settings.redis.key_prefix = prefix.into();
     settings.http.bind_addr = "127.0.0.1:0".parse().unwrap();
+    settings.http.ops_bind_addr = "127.0.0.1:0".parse().unwrap();
     settings.http.admin_token = Some(ADMIN_TOKEN.into());
     settings.identity.secret = Some(BUYER_SECRET.into());
     // Every test client is one address, and some retry one buyer quickly: the limits'
@@ -68,7 +69,10 @@ pub const RAW_BUYER: i64 = 1;
 
 /// One running instance of the service.
 pub struct TestApp {
+    /// The public listener (`BIND_ADDR`), as `http://host:port`.
     pub address: String,
+    /// The operators' listener (`OPS_BIND_ADDR`).
+    pub ops_address: String,
     pub pool: PgPool,
     pub client: Client,
     /// Deletes the instance's Redis keys (fence counters have no TTL) when the test ends.
@@ -81,10 +85,12 @@ pub async fn spawn_with(settings: Settings, pool: PgPool) -> TestApp {
     let app = Application::build_with_pool(settings, pool.clone())
         .await
         .expect("the app builds");
-    let address = format!("http://127.0.0.1:{}", app.port());
+    let address = format!("http://{}", app.address());
+    let ops_address = format!("http://{}", app.operations_address());
     tokio::spawn(app.run_until_stopped());
     TestApp {
         address,
+        ops_address,
         pool,
         client: Client::builder()
             .timeout(Duration::from_secs(60))
@@ -120,8 +126,14 @@ pub async fn spawn_instances(
 }
 
 impl TestApp {
+    /// `path` on the public listener.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.address)
+    }
+
+    /// `path` on the operators' listener (admin writes, `/metrics`, `/readyz`, the document).
+    pub fn ops_url(&self, path: &str) -> String {
+        format!("{}{path}", self.ops_address)
     }
 
     pub async fn create_product(&self, name: &str, stock: i64) -> i64 {
@@ -133,7 +145,7 @@ impl TestApp {
     pub async fn create_product_from(&self, body: Value) -> i64 {
         let response = self
             .client
-            .post(self.url("/api/products"))
+            .post(self.ops_url("/api/products"))
             .bearer_auth(ADMIN_TOKEN)
             .json(&body)
             .send()
@@ -148,7 +160,7 @@ impl TestApp {
     /// `POST .../restock {"add": add}`.
     pub async fn restock(&self, id: i64, add: i64) -> Response {
         self.client
-            .post(self.url(&format!("/api/products/{id}/restock")))
+            .post(self.ops_url(&format!("/api/products/{id}/restock")))
             .bearer_auth(ADMIN_TOKEN)
             .json(&json!({"add": add}))
             .send()
@@ -159,7 +171,7 @@ impl TestApp {
     /// `PUT .../stock {"stock", "expected_stock"}`.
     pub async fn set_stock(&self, id: i64, stock: i64, expected: i64) -> Response {
         self.client
-            .put(self.url(&format!("/api/products/{id}/stock")))
+            .put(self.ops_url(&format!("/api/products/{id}/stock")))
             .bearer_auth(ADMIN_TOKEN)
             .json(&json!({"stock": stock, "expected_stock": expected}))
             .send()
@@ -196,8 +208,8 @@ impl TestApp {
             .unwrap()
     }
 
-    /// POST a raw body with a content type, as the admin or as buyer [`RAW_BUYER`]; for
-    /// bad-input tests.
+    /// POST a raw body with a content type, as the admin or as buyer [`RAW_BUYER`], on the
+    /// operators' listener; for bad-input tests.
     pub async fn post_raw(
         &self,
         path: &str,
@@ -205,9 +217,11 @@ impl TestApp {
         body: String,
         admin: bool,
     ) -> Response {
+        // The operators' listener serves every route: an admin route with a buyer's token
+        // is refused there for the token, not for the listener.
         let mut request = self
             .client
-            .post(self.url(path))
+            .post(self.ops_url(path))
             .header("content-type", content_type);
         request = request.bearer_auth(if admin {
             ADMIN_TOKEN.to_owned()
@@ -219,6 +233,13 @@ impl TestApp {
 
     pub async fn get_json(&self, path: &str) -> (u16, Value) {
         let response = self.client.get(self.url(path)).send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// `GET` on the operators' listener.
+    pub async fn ops_json(&self, path: &str) -> (u16, Value) {
+        let response = self.client.get(self.ops_url(path)).send().await.unwrap();
         let status = response.status().as_u16();
         (status, response.json().await.unwrap_or(Value::Null))
     }
@@ -238,7 +259,12 @@ impl TestApp {
 
     /// The `/metrics` page.
     pub async fn metrics_text(&self) -> String {
-        let response = self.client.get(self.url("/metrics")).send().await.unwrap();
+        let response = self
+            .client
+            .get(self.ops_url("/metrics"))
+            .send()
+            .await
+            .unwrap();
         response.text().await.unwrap()
     }
 
@@ -424,7 +450,7 @@ pub async fn buys_within(app: &TestApp, id: i64, user: i64, within: Duration) ->
 pub async fn wait_until_listening(app: &TestApp) {
     let started = Instant::now();
     loop {
-        let (_, body) = app.get_json("/readyz").await;
+        let (_, body) = app.ops_json("/readyz").await;
         if body["restock_news"] == true && body["status"] == "ready" {
             return;
         }

@@ -16,7 +16,7 @@ async fn an_admin_creates_a_product(pool: PgPool) {
 
     let response = app
         .client
-        .post(app.url("/api/products"))
+        .post(app.ops_url("/api/products"))
         .bearer_auth(ADMIN_TOKEN)
         .json(&json!({"name": "Phone", "stock": 100}))
         .send()
@@ -50,20 +50,20 @@ async fn admin_routes_refuse_a_missing_or_wrong_token(pool: PgPool) {
     let app = spawn_app(pool.clone()).await;
     let body = json!({"name": "Phone", "stock": 1});
     let cases = [
-        app.client.post(app.url("/api/products")).json(&body),
+        app.client.post(app.ops_url("/api/products")).json(&body),
         app.client
-            .post(app.url("/api/products"))
+            .post(app.ops_url("/api/products"))
             .bearer_auth("wrong")
             .json(&body),
         app.client
-            .post(app.url("/api/products"))
+            .post(app.ops_url("/api/products"))
             .header("Authorization", format!("Basic {ADMIN_TOKEN}"))
             .json(&body),
         app.client
-            .put(app.url("/api/products/1/stock"))
+            .put(app.ops_url("/api/products/1/stock"))
             .json(&json!({"stock": 5, "expected_stock": 1})),
         app.client
-            .post(app.url("/api/products/1/restock"))
+            .post(app.ops_url("/api/products/1/restock"))
             .bearer_auth("test-admin-token-0124")
             .json(&json!({"add": 5})),
     ];
@@ -83,7 +83,7 @@ async fn admin_routes_are_disabled_without_an_admin_token(pool: PgPool) {
 
     let response = app
         .client
-        .post(app.url("/api/products"))
+        .post(app.ops_url("/api/products"))
         .bearer_auth("anything")
         .json(&json!({"name": "Phone", "stock": 1}))
         .send()
@@ -274,7 +274,7 @@ async fn an_unauthenticated_request_is_refused_before_its_body_is_read(pool: PgP
     }
     let restock = app
         .client
-        .post(app.url(&format!("/api/products/{id}/restock")))
+        .post(app.ops_url(&format!("/api/products/{id}/restock")))
         .header("content-type", "application/json")
         .body("{not json")
         .send()
@@ -357,7 +357,7 @@ async fn a_bad_restock_gets_a_4xx_and_changes_nothing(pool: PgPool) {
     let id = app.create_product("Phone", 3).await;
     let send = |method: reqwest::Method, path: String, body: &'static str| {
         app.client
-            .request(method, app.url(&path))
+            .request(method, app.ops_url(&path))
             .bearer_auth(ADMIN_TOKEN)
             .header("content-type", "application/json")
             .body(body)

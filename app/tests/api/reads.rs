@@ -97,3 +97,58 @@ async fn a_flood_of_reads_and_unknown_ids_does_not_make_the_sale_busy(
     assert!(answers.iter().all(|&s| s == 201), "{answers:?}");
     assert!(reads.load(Ordering::Relaxed) > 64, "the flood hardly ran");
 }
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_read_flood_does_not_turn_a_new_products_first_buyers_away(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange: two instances; the second has never seen product P. Its public reads hang:
+    // a session holds the stock ledger that a product's books add up, so every books read
+    // waits on it with a read connection (and the rest wait 1 s for one, then give up).
+    let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("first-buyers"));
+    settings.database.acquire_timeout = Duration::from_millis(1_000);
+    let apps = crate::helpers::spawn_instances(2, &pool_options, &connect, &settings).await;
+    let (a, b) = (&apps[0], &apps[1]);
+    let mut flooded = Vec::new();
+    for n in 0..5 {
+        flooded.push(a.create_product(&format!("Read {n}"), 1).await);
+    }
+    let p = a.create_product("New", 100).await;
+    let mut ledger = PgConnection::connect_with(&connect).await.unwrap();
+    let mut held = ledger.begin().await.unwrap();
+    sqlx::query("LOCK TABLE stock_changes IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut flood = Vec::new();
+    for reader in 0..20 {
+        let (client, url) = (
+            b.client.clone(),
+            b.url(&format!("/api/products/{}", flooded[reader % 5])),
+        );
+        let stop = Arc::clone(&stop);
+        flood.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = client.get(&url).send().await;
+            }
+        }));
+    }
+    // TIMING: the flood takes both read connections well within this.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Act: P's first buyers on the second instance, while the flood lasts.
+    let mut answers = Vec::new();
+    for user in 1..=5 {
+        answers.push(b.purchase(p, user, 1).await.status().as_u16());
+    }
+    stop.store(true, Ordering::Relaxed);
+    held.rollback().await.unwrap();
+    for reader in flood {
+        reader.await.unwrap();
+    }
+
+    // Assert: every first buyer was sold to.
+    assert_eq!(answers, vec![201; 5]);
+}

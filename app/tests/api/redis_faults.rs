@@ -26,7 +26,7 @@ async fn with_redis_down_purchases_answer_503_and_write_nothing(pool: PgPool) {
     );
     let books = books(&pool, id).await;
     assert_eq!((books.stock, books.orders), (9, 1));
-    let (status, body) = app.get_json("/readyz").await;
+    let (status, body) = app.ops_json("/readyz").await;
     assert_eq!(status, 503);
     assert_eq!(body["redis"], false);
     assert_eq!(body["postgres"], true);
@@ -149,7 +149,7 @@ async fn the_pg_strategies_start_and_sell_without_redis(pool: PgPool) {
             statuses.push(app.purchase(id, user, 1).await.status().as_u16());
         }
         let took = started.elapsed();
-        let (ready, body) = app.get_json("/readyz").await;
+        let (ready, body) = app.ops_json("/readyz").await;
 
         // Assert: sold, with no Redis timeout in the way, and ready though degraded.
         // TIMING: 4 s is room for a busy machine and still below five of the 1 s Redis
@@ -208,7 +208,7 @@ async fn the_pg_strategies_keep_selling_at_full_speed_when_redis_dies(pool: PgPo
             median < Duration::from_millis(900),
             "{strategy:?}: {took:?}"
         );
-        let (ready, body) = app.get_json("/readyz").await;
+        let (ready, body) = app.ops_json("/readyz").await;
         assert_eq!(
             (ready, body["status"].as_str()),
             (200, Some("degraded")),

@@ -158,6 +158,7 @@ async fn a_hold_as_long_as_the_buyers_wait_is_refused(pool: PgPool) {
 /// when dropped.
 struct FromFiles {
     child: std::process::Child,
+    /// The operators' listener.
     address: String,
 }
 
@@ -176,6 +177,7 @@ fn start_from_files(database_url_file: &Path, admin_token_file: &Path) -> FromFi
         .env("DATABASE_URL_FILE", database_url_file)
         .env("ADMIN_TOKEN_FILE", admin_token_file)
         .env("BIND_ADDR", "127.0.0.1:0")
+        .env("OPS_BIND_ADDR", "127.0.0.1:0")
         .env("LOCK_STRATEGY", "pg-atomic")
         .env("BUYER_JWT_SECRET", crate::helpers::BUYER_SECRET)
         .env("REDIS_URL", shared_redis_url())
@@ -186,12 +188,13 @@ fn start_from_files(database_url_file: &Path, admin_token_file: &Path) -> FromFi
         .unwrap();
     let stdout = child.stdout.take().unwrap();
     let mut lines = std::io::BufReader::new(stdout).lines();
+    // The operators' listener, where the admin routes are.
     let address = loop {
         let line = lines
             .next()
-            .expect("the service printed its address")
+            .expect("the service printed its addresses")
             .unwrap();
-        if let Some(address) = line.strip_prefix("listening on ") {
+        if let Some(address) = line.strip_prefix("operations on ") {
             break address.to_owned();
         }
     };

@@ -90,34 +90,52 @@ pub fn split_stock(stock: i64, products: u64) -> Vec<i64> {
         .collect()
 }
 
+/// Where an attack creates and restocks its products: an instance's operators' listener
+/// (`OPS_BIND_ADDR`), with the admin token.
+#[derive(Debug, Clone)]
+pub struct Operator {
+    /// `http://host:port` of the operators' listener.
+    pub url: String,
+    pub token: String,
+}
+
+impl Operator {
+    pub fn new(url: &str, token: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            token: token.to_owned(),
+        }
+    }
+}
+
 /// Create `count` products selling `stock` units between them ([`split_stock`]), through
-/// the first host's admin API.
+/// the operators' listener `ops_url`.
 ///
 /// # Errors
 /// As [`create_product`].
 pub async fn create_products(
-    host: &str,
+    ops_url: &str,
     admin_token: &str,
     stock: i64,
     count: u64,
 ) -> anyhow::Result<Vec<Product>> {
     let mut products = Vec::new();
     for stock in split_stock(stock, count) {
-        let id = create_product(host, admin_token, stock).await?;
+        let id = create_product(ops_url, admin_token, stock).await?;
         products.push(Product { id, stock });
     }
     Ok(products)
 }
 
-/// Create the product through the first host's admin API.
-pub async fn create_product(host: &str, admin_token: &str, stock: i64) -> anyhow::Result<i64> {
+/// Create a product through the admin API of the operators' listener `ops_url`.
+pub async fn create_product(ops_url: &str, admin_token: &str, stock: i64) -> anyhow::Result<i64> {
     let response = reqwest::Client::new()
-        .post(format!("{host}/api/products"))
+        .post(format!("{ops_url}/api/products"))
         .bearer_auth(admin_token)
         .json(&json!({"name": format!("loadtest {}", std::process::id()), "stock": stock}))
         .send()
         .await
-        .with_context(|| format!("cannot reach {host} to create the product"))?;
+        .with_context(|| format!("cannot reach {ops_url} to create the product"))?;
     let status = response.status();
     let body: Value = response.json().await.unwrap_or(Value::Null);
     if status != 201 {
@@ -157,20 +175,13 @@ pub fn refuse_ignored_options(config: &GooseConfiguration) -> anyhow::Result<()>
 pub async fn run(
     mut config: GooseConfiguration,
     hosts: &[String],
-    admin_token: Option<&str>,
+    operator: Option<&Operator>,
     products: &[Product],
     buyers: u64,
     extras: Extras,
 ) -> anyhow::Result<AttackReport> {
     let users = settle_config(&mut config, products, buyers)?;
-    let plan = Arc::new(Plan::new(
-        hosts,
-        admin_token,
-        products,
-        buyers,
-        extras,
-        users,
-    )?);
+    let plan = Arc::new(Plan::new(hosts, operator, products, buyers, extras, users)?);
     let progress = plan::show_progress(Arc::clone(&plan));
     let goose_error = run_goose(config, &hosts[0], &plan).await?;
     // Set only by `check_decided` until now: whoever else stopped goose left it unset.

@@ -20,7 +20,8 @@ pub(super) const FINAL: u8 = 2;
 /// Shared by every goose user of one attack.
 pub(super) struct Plan {
     pub(super) hosts: Vec<String>,
-    pub(super) admin_token: Option<String>,
+    /// Where restocks go (none without it).
+    pub(super) operator: Option<super::Operator>,
     /// The products on sale: buyer `b` buys at `shelves[(b - 1) % len]`.
     pub(super) shelves: Vec<Shelf>,
     pub(super) extras: Extras,
@@ -64,7 +65,7 @@ impl Plan {
     /// When the HTTP client cannot be built.
     pub(super) fn new(
         hosts: &[String],
-        admin_token: Option<&str>,
+        operator: Option<&super::Operator>,
         products: &[Product],
         buyers: u64,
         extras: Extras,
@@ -72,7 +73,7 @@ impl Plan {
     ) -> anyhow::Result<Self> {
         Ok(Plan {
             hosts: hosts.to_vec(),
-            admin_token: admin_token.map(str::to_owned),
+            operator: operator.cloned(),
             shelves: split_stock(buyers as i64, products.len() as u64)
                 .into_iter()
                 .zip(products)
@@ -172,14 +173,16 @@ impl Plan {
         {
             return;
         }
-        let Some(token) = &self.admin_token else {
+        let Some(operator) = &self.operator else {
             return;
         };
-        let host = &self.hosts[0];
         let answer = self
             .client
-            .post(format!("{host}/api/products/{}/restock", shelf.product.id))
-            .bearer_auth(token)
+            .post(format!(
+                "{}/api/products/{}/restock",
+                operator.url, shelf.product.id
+            ))
+            .bearer_auth(&operator.token)
             .json(&json!({"add": self.extras.restock}))
             .send()
             .await;

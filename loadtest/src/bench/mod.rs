@@ -51,6 +51,7 @@ use sqlx::postgres::PgPoolOptions;
 
 use crate::attack::create_product;
 use crate::cli::BenchArgs;
+use crate::instances::Instance;
 use crate::servers;
 use ceiling::Ceiling;
 use deployment::{Deployment, deploy};
@@ -264,7 +265,11 @@ struct Products {
 
 impl Products {
     async fn create(args: &BenchArgs, stage: &Stage<'_>) -> anyhow::Result<Self> {
-        let (one, three) = (&stage.one.instances[0].url, &stage.three.instances[0].url);
+        // Products are made on the operators' listeners; buyers reach the public ones.
+        let (one, three) = (
+            &stage.one.instances[0].ops_url,
+            &stage.three.instances[0].ops_url,
+        );
         let single = create_product(one, ADMIN_TOKEN, STOCK).await?;
         let shared = create_product(three, ADMIN_TOKEN, STOCK).await?;
         let mut many = Vec::new();
@@ -273,12 +278,12 @@ impl Products {
             many.push(create_product(three, ADMIN_TOKEN, STOCK).await?);
             many_on_one.push(create_product(one, ADMIN_TOKEN, STOCK).await?);
         }
-        let open = create_product(&stage.open.instances[0].url, ADMIN_TOKEN, STOCK).await?;
+        let open = create_product(&stage.open.instances[0].ops_url, ADMIN_TOKEN, STOCK).await?;
         let mut alone = Vec::new();
         for other in stage.others {
-            alone.push(create_product(&other.instances[0].url, ADMIN_TOKEN, STOCK).await?);
+            alone.push(create_product(&other.instances[0].ops_url, ADMIN_TOKEN, STOCK).await?);
         }
-        let gone = sold_out_product(one).await?;
+        let gone = sold_out_product(&stage.one.instances[0]).await?;
         Ok(Self {
             single,
             shared,
@@ -409,8 +414,9 @@ fn row(kind: Kind, label: String, has_instances: bool) -> Row {
 
 /// A product of one unit, sold, then refused once so that the instance answers from its
 /// sold-out lane.
-async fn sold_out_product(url: &str) -> anyhow::Result<i64> {
-    let gone = create_product(url, ADMIN_TOKEN, 1).await?;
+async fn sold_out_product(instance: &Instance) -> anyhow::Result<i64> {
+    let gone = create_product(&instance.ops_url, ADMIN_TOKEN, 1).await?;
+    let url = &instance.url;
     let client = reqwest::Client::new();
     for user in 1..=2 {
         client

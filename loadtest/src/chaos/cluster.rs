@@ -37,8 +37,26 @@ pub struct ClusterConfig {
 }
 
 /// The instances' addresses, by slot, shared with the load (a restarted instance listens on
-/// another port).
-pub type Urls = Arc<RwLock<Vec<String>>>;
+/// other ports).
+pub type Urls = Arc<RwLock<Vec<Endpoints>>>;
+
+/// One instance's two listeners.
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    /// The buyers' (`BIND_ADDR`).
+    pub public: String,
+    /// The operators' (`OPS_BIND_ADDR`): restocks go there.
+    pub ops: String,
+}
+
+impl Endpoints {
+    fn of(instance: &Instance) -> Self {
+        Self {
+            public: instance.url.clone(),
+            ops: instance.ops_url.clone(),
+        }
+    }
+}
 
 /// Fields drop in order: the instances and their proxies first, the servers last.
 pub struct Cluster {
@@ -105,7 +123,7 @@ impl Cluster {
             let redis = Proxy::start(redis_at).await?;
             let name = format!("chaos-{i}-start1");
             let instance = cluster.start_instance(&postgres, &redis, &name).await?;
-            cluster.urls.write().unwrap().push(instance.url.clone());
+            cluster.urls.write().unwrap().push(Endpoints::of(&instance));
             cluster.slots.push(Slot {
                 name: format!("chaos-{i}"),
                 postgres,
@@ -178,7 +196,7 @@ impl Cluster {
             let s = &self.slots[slot];
             self.start_instance(&s.postgres, &s.redis, &name).await?
         };
-        self.urls.write().unwrap()[slot] = instance.url.clone();
+        self.urls.write().unwrap()[slot] = Endpoints::of(&instance);
         let old = std::mem::replace(&mut self.slots[slot].instance, instance);
         self.slots[slot].starts = starts;
         self.retired.push(old);

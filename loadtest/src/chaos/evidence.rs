@@ -130,7 +130,7 @@ async fn look_up(client: &reqwest::Client, urls: &Urls, product_id: i64, user: i
     for _ in 0..20 {
         let url = {
             let urls = urls.read().unwrap();
-            urls[rand::rng().random_range(0..urls.len())].clone()
+            urls[rand::rng().random_range(0..urls.len())].public.clone()
         };
         match client
             .get(format!("{url}/api/products/{product_id}/orders/{user}"))

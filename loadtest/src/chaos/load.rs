@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 
-use super::cluster::{ADMIN_TOKEN, Urls};
+use super::cluster::{ADMIN_TOKEN, Endpoints, Urls};
 use super::history::{Answer, Attempt, Restock, RestockAttempt, now_us};
 
 /// Purchase attempts per buyer at most.
@@ -134,7 +134,8 @@ async fn arrivals(shared: &Arc<Shared>) -> i64 {
 /// One buyer's attempts.
 async fn buyer(shared: &Shared, user: i64) {
     for attempt in 0..ATTEMPTS {
-        let (instance, url) = pick(&shared.urls);
+        let (instance, endpoints) = pick(&shared.urls);
+        let url = endpoints.public;
         let sent_us = now_us();
         let answer = send(
             shared
@@ -165,7 +166,7 @@ async fn buyer(shared: &Shared, user: i64) {
 }
 
 /// A random instance: its slot and its address now.
-fn pick(urls: &Urls) -> (usize, String) {
+fn pick(urls: &Urls) -> (usize, Endpoints) {
     let urls = urls.read().unwrap();
     let slot = rand::rng().random_range(0..urls.len());
     (slot, urls[slot].clone())
@@ -233,7 +234,8 @@ async fn try_restock(shared: &Shared, restock: &mut Restock, within: Duration) {
         if !restock.attempts.is_empty() {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        let (instance, url) = pick(&shared.urls);
+        let (instance, endpoints) = pick(&shared.urls);
+        let url = endpoints.ops;
         let sent_us = now_us();
         let answer = send(
             shared

@@ -77,7 +77,14 @@ pub async fn run(args: ChaosArgs, cancel: Cancel) -> anyhow::Result<bool> {
     println!(
         "chaos: a private PostgreSQL and Redis, {} instances: {}",
         cluster.instances(),
-        cluster.urls().read().unwrap().join(" ")
+        cluster
+            .urls()
+            .read()
+            .unwrap()
+            .iter()
+            .map(|endpoints| endpoints.public.as_str())
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     let outcome = soak(&args, seed, settings, &mut cluster, &cancel).await;
     match &outcome {
@@ -111,7 +118,7 @@ async fn soak(
     cancel: &Cancel,
 ) -> anyhow::Result<bool> {
     let urls = cluster.urls();
-    let first = urls.read().unwrap()[0].clone();
+    let first = urls.read().unwrap()[0].ops.clone();
     let product_id = attack::create_product(&first, ADMIN_TOKEN, args.stock).await?;
     let pool = PgPoolOptions::new()
         .max_connections(2)

@@ -95,7 +95,11 @@ impl Setup<'_> {
         }
         let hosts: Vec<String> = instances.iter().map(|i| i.url.clone()).collect();
         println!("instances: {}", hosts.join(" "));
-        let figures = self.attack_instances(run, &hosts, database_url).await;
+        let operator = attack::Operator::new(&instances[0].ops_url, ADMIN_TOKEN);
+        let ops_hosts: Vec<String> = instances.iter().map(|i| i.ops_url.clone()).collect();
+        let figures = self
+            .attack_instances(run, &hosts, &ops_hosts, &operator, database_url)
+            .await;
         if figures.is_err() {
             // Whatever failed, the instances' logs may say why: keep them, and say where.
             for instance in &mut instances {
@@ -115,11 +119,14 @@ impl Setup<'_> {
         &self,
         run: &Run,
         hosts: &[String],
+        ops_hosts: &[String],
+        operator: &attack::Operator,
         database_url: &str,
     ) -> anyhow::Result<Figures> {
         let args = self.args;
         let products =
-            attack::create_products(&hosts[0], ADMIN_TOKEN, run.stock, args.products).await?;
+            attack::create_products(&operator.url, &operator.token, run.stock, args.products)
+                .await?;
         let mut goose = GooseConfiguration::default();
         goose.users = Some(args.users as usize);
         goose.increase_rate = Some(args.users.to_string());
@@ -129,7 +136,7 @@ impl Setup<'_> {
         let report = attack::run(
             goose,
             hosts,
-            Some(ADMIN_TOKEN),
+            Some(operator),
             &products,
             run.buyers,
             Extras {
@@ -141,8 +148,8 @@ impl Setup<'_> {
         let verdict = books::judge(&report, &hosts[0], database_url).await?;
         println!("{}", verdict.render(&report));
         let mut split = Vec::new();
-        for host in hosts {
-            split.push(orders_sold_by(host).await.unwrap_or(0));
+        for ops_host in ops_hosts {
+            split.push(orders_sold_by(ops_host).await.unwrap_or(0));
         }
         Ok(figures(&report, verdict, split))
     }
@@ -170,9 +177,9 @@ fn consensus_settings(
     }
 }
 
-/// `seckill_orders_total` of one instance.
-async fn orders_sold_by(host: &str) -> anyhow::Result<u64> {
-    let text = reqwest::get(format!("{host}/metrics"))
+/// `seckill_orders_total` of one instance, from its operators' listener.
+async fn orders_sold_by(ops_host: &str) -> anyhow::Result<u64> {
+    let text = reqwest::get(format!("{ops_host}/metrics"))
         .await?
         .text()
         .await?;
