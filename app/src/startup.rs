@@ -19,6 +19,7 @@ use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::redis_link::{RedisLink, RedisSource};
 use crate::repository::{self, SessionBounds};
+use crate::routes::access_log::AccessLog;
 use crate::routes::admin::AdminTokens;
 use crate::routes::body::BodyDeadline;
 use crate::routes::buyer::Gate;
@@ -300,6 +301,8 @@ fn serve(
             .default_service(web::to(not_found))
             // The flood after a sale is answered before the router sees it.
             .wrap(SoldOutLane)
+            // Every answer has its request id, and its line in the access log.
+            .wrap(AccessLog::new())
             // Every answer is live state or a buyer's order: no cache keeps it, and no
             // browser guesses another type than the one it says.
             .wrap(

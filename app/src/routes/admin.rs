@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
-use actix_web::body::MessageBody;
+use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header;
 use actix_web::middleware::Next;
@@ -113,23 +113,23 @@ fn modified(path: &Path) -> Option<(SystemTime, u64)> {
     Some((meta.modified().ok()?, meta.len()))
 }
 
-/// Let the request through only with `Authorization: Bearer <an admin token>`.
+/// Let the request through only with `Authorization: Bearer <an admin token>`. A refusal
+/// is an answer, not an error, so that the access log and the default headers see it.
 pub async fn require_admin(
     req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let Some(tokens) = req.app_data::<web::Data<AdminTokens>>() else {
-        return Err(ApiError::AdminDisabled.into());
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    let refused = match req.app_data::<web::Data<AdminTokens>>() {
+        Some(tokens) if tokens.enabled() => {
+            if tokens.accept(req.headers()) {
+                return Ok(next.call(req).await?.map_into_boxed_body());
+            }
+            tracing::warn!(peer = ?req.peer_addr().map(|p| p.ip()), path = req.path(), "an admin route was refused: a missing or wrong token");
+            ApiError::Unauthorized
+        }
+        _ => ApiError::AdminDisabled,
     };
-    if !tokens.enabled() {
-        return Err(ApiError::AdminDisabled.into());
-    }
-    if tokens.accept(req.headers()) {
-        next.call(req).await
-    } else {
-        tracing::warn!(peer = ?req.peer_addr().map(|p| p.ip()), path = req.path(), "an admin route was refused: a missing or wrong token");
-        Err(ApiError::Unauthorized.into())
-    }
+    Ok(req.error_response(refused))
 }
 
 /// Whether `req` carries an admin token (never when admin routes are disabled, nor on the

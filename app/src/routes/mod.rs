@@ -1,6 +1,7 @@
 //! HTTP routes, one file per group. Handlers parse input into `domain` types, call the
 //! repository or the sale, and map errors to `ApiError`; they hold no SQL.
 
+pub(crate) mod access_log;
 pub(crate) mod admin;
 pub mod api_doc;
 pub(crate) mod body;

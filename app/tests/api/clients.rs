@@ -163,6 +163,7 @@ async fn answers_are_neither_cached_nor_sniffed(pool: PgPool) {
         let headers = response.headers();
         assert_eq!(headers["x-content-type-options"], "nosniff", "{response:?}");
         assert_eq!(headers["cache-control"], "no-store", "{response:?}");
+        assert!(!headers["x-request-id"].is_empty(), "{response:?}");
     }
 }
 

@@ -1,6 +1,7 @@
 //! Start-up fails fast, with a message that names the problem; secrets can come from files.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -160,6 +161,8 @@ struct FromFiles {
     child: std::process::Child,
     /// The operators' listener.
     address: String,
+    /// Its stdout (its log, as JSON lines) since it said where it listens.
+    said: Arc<Mutex<Vec<String>>>,
 }
 
 impl Drop for FromFiles {
@@ -182,6 +185,8 @@ fn start_from_files(database_url_file: &Path, admin_token_file: &Path) -> FromFi
         .env("BUYER_JWT_SECRET", crate::helpers::BUYER_SECRET)
         .env("REDIS_URL", shared_redis_url())
         .env("REDIS_KEY_PREFIX", testkit::unique_prefix("files"))
+        .env("LOG_FORMAT", "json")
+        .env("RUST_LOG", "info")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -198,9 +203,19 @@ fn start_from_files(database_url_file: &Path, admin_token_file: &Path) -> FromFi
             break address.to_owned();
         }
     };
-    // Keep reading stdout, so the service never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    FromFiles { child, address }
+    // Keep reading stdout, so the service never blocks on a full pipe; keep what it says.
+    let said = Arc::new(Mutex::new(Vec::new()));
+    let keep = Arc::clone(&said);
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            keep.lock().unwrap().push(line);
+        }
+    });
+    FromFiles {
+        child,
+        address,
+        said,
+    }
 }
 
 /// The database URL of `connect`, which `#[sqlx::test]` made (trust authentication: no
@@ -289,4 +304,88 @@ fn the_demo_admin_token_stops_start_up_outside_the_demo() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
     assert!(stderr.contains("docker-compose.yml"), "{stderr}");
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn the_access_log_follows_a_request_by_its_id_and_never_writes_a_token(
+    _pool_options: sqlx::postgres::PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Arrange
+    let dir = std::env::temp_dir().join(testkit::unique_prefix("access-log"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (url_file, token_file) = (dir.join("database-url"), dir.join("admin-token"));
+    std::fs::write(&url_file, url_of(&connect)).unwrap();
+    let admin = "access-log-admin-token-0123456789";
+    std::fs::write(&token_file, admin).unwrap();
+    let service = start_from_files(&url_file, &token_file);
+    let client = reqwest::Client::new();
+    let buyer = crate::helpers::buyer_token(9);
+
+    // Act: a product made with an id the proxy chose; a purchase, and a refused admin
+    // request, with ids made here.
+    let created = client
+        .post(format!("http://{}/api/products", service.address))
+        .bearer_auth(admin)
+        .header("X-Request-Id", "complaint-42")
+        .json(&serde_json::json!({"name": "Phone", "stock": 5}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.headers()["x-request-id"], "complaint-42");
+    let id = created.json::<serde_json::Value>().await.unwrap()["id"].clone();
+    let bought = client
+        .post(format!(
+            "http://{}/api/products/{id}/purchase",
+            service.address
+        ))
+        .bearer_auth(&buyer)
+        .header("X-Request-Id", "not a usable id")
+        .json(&serde_json::json!({"quantity": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bought.status(), 201);
+    let made = bought.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(made, "not a usable id");
+    let refused = client
+        .post(format!("http://{}/api/products", service.address))
+        .bearer_auth("a-wrong-admin-token-0123456789")
+        .json(&serde_json::json!({"name": "X", "stock": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+    let refused_id = refused.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    // TIMING: the lines are written as the answers go; a second is plenty.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Assert: one line per request, found by its id, and no token anywhere in the log.
+    let said = service.said.lock().unwrap().clone();
+    let line_of = |id: &str| -> serde_json::Value {
+        let line = said
+            .iter()
+            .find(|line| line.contains(&format!("\"request_id\":\"{id}\"")))
+            .unwrap_or_else(|| panic!("no access line for {id} in {said:#?}"));
+        serde_json::from_str(line).unwrap()
+    };
+    let line = line_of("complaint-42");
+    assert_eq!(line["fields"]["status"], 201);
+    assert_eq!(line["fields"]["path"], "/api/products");
+    assert_eq!(line_of(&made)["fields"]["status"], 201);
+    assert_eq!(line_of(&refused_id)["fields"]["status"], 401);
+    for secret in [admin, buyer.as_str(), "a-wrong-admin-token-0123456789"] {
+        assert!(
+            !said.iter().any(|line| line.contains(secret)),
+            "a token was logged"
+        );
+    }
+    drop(service);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
