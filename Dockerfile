@@ -28,7 +28,11 @@ RUN apt-get update \
 COPY --from=builder /src/target/release/seckill /src/target/release/loadtest /usr/local/bin/
 USER seckill
 # Reachable from outside the container (`docker run -p 8080:8080 seckill:local`); the
-# binary's own default is 127.0.0.1:8080.
+# binary's own default is 127.0.0.1:8080. The operators' listener (admin routes, /metrics,
+# /readyz) on 9080, for probes and Prometheus on the container network: publish it to
+# operators only, never to buyers.
 ENV BIND_ADDR=0.0.0.0:8080
+ENV OPS_BIND_ADDR=0.0.0.0:9080
 EXPOSE 8080
+EXPOSE 9080
 CMD ["seckill"]

@@ -191,8 +191,8 @@ const ADMIN_CONNECTIONS: u32 = 2;
 /// a time, so a few serve a sale's opening of many products.
 const LOOKUP_CONNECTIONS: u32 = 2;
 
-/// The sale, with its four pools beside `pool`: the public reads', the admin writes', the
-/// first look-ups' and the lock holders'. Called after [`bound_sessions`], so their connections carry the session bounds too.
+/// The sale, with its pools beside `pool`: the public reads', the admin writes', the first
+/// look-ups', the restock reads' and the lock holders'. Called after [`bound_sessions`], so their connections carry the session bounds too.
 fn open_sale(
     settings: &Settings,
     pool: PgPool,
@@ -219,6 +219,11 @@ fn open_sale(
         .acquire_timeout(database.acquire_timeout)
         .test_before_acquire(false)
         .connect_lazy_with(pool.connect_options().as_ref().clone());
+    let restock_reads_pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(database.acquire_timeout)
+        .test_before_acquire(false)
+        .connect_lazy_with(pool.connect_options().as_ref().clone());
     let holders_pool = PgPoolOptions::new()
         .max_connections(database.max_connections)
         .acquire_timeout(database.acquire_timeout)
@@ -229,6 +234,7 @@ fn open_sale(
         reads_pool,
         admin_pool,
         lookups_pool,
+        restock_reads_pool,
         holders_pool,
         strategy: settings.lock.strategy,
         exclusion,
@@ -263,6 +269,9 @@ fn bind(address: SocketAddr, setting: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(address).with_context(|| format!("cannot listen on {address} ({setting})"))
 }
 
+/// Most connections open at once on the operators' listener.
+pub const OPERATIONS_MAX_CONNECTIONS: usize = 64;
+
 /// What both listeners' apps share.
 #[derive(Clone)]
 struct Shared {
@@ -282,13 +291,16 @@ fn serve(
 ) -> anyhow::Result<Server> {
     // actix counts connections per worker thread; one worker per core for the buyers, as
     // actix starts, and one for the operators.
-    let workers = match side {
-        Side::Public => std::thread::available_parallelism().map_or(1, usize::from),
-        Side::Operations => 1,
+    // The operators' side is a handful of tools and a scraper: a small fixed cap, beside
+    // (not within) HTTP_MAX_CONNECTIONS.
+    let (workers, per_worker) = match side {
+        Side::Public => {
+            let workers = std::thread::available_parallelism().map_or(1, usize::from);
+            let connections = usize::try_from(http.max_connections).unwrap_or(usize::MAX);
+            (workers, connections.div_ceil(workers))
+        }
+        Side::Operations => (1, OPERATIONS_MAX_CONNECTIONS),
     };
-    let per_worker = usize::try_from(http.max_connections)
-        .unwrap_or(usize::MAX)
-        .div_ceil(workers);
     Ok(HttpServer::new(move || {
         App::new()
             .app_data(shared.sale.clone())

@@ -109,10 +109,17 @@ async fn answered_before<T>(
     )
     .fetch_one(&mut *conn)
     .await?;
-    // Keys past their time are forgotten here, by whichever keyed write comes next.
-    sqlx::query!("DELETE FROM admin_requests WHERE created_at < now() - interval '24 hours'")
-        .execute(&mut *conn)
-        .await?;
+    // Keys past their time are forgotten here, by whichever keyed write comes next: a few at
+    // a time (a database with months of keys catches up over the next writes, each bounded),
+    // and never ones another write is deleting (two keyed writes do not wait on each other).
+    sqlx::query!(
+        "DELETE FROM admin_requests WHERE key IN (
+             SELECT key FROM admin_requests
+             WHERE created_at < now() - interval '24 hours'
+             ORDER BY created_at LIMIT 100 FOR UPDATE SKIP LOCKED)"
+    )
+    .execute(&mut *conn)
+    .await?;
     let seen = sqlx::query!(
         "SELECT request, status, product_id, name, stock FROM admin_requests
          WHERE key = $1 AND created_at >= now() - interval '24 hours'",

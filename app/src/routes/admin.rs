@@ -34,8 +34,10 @@ impl AdminTokens {
         let Some(path) = &http.admin_token_file else {
             return Ok(Self::fixed(http.admin_token.iter().cloned().collect()));
         };
+        // Looked at before it is read: a change while it is read is read again.
+        let seen = modified(path);
         let tokens = Self::fixed(read_admin_tokens(path, http.allow_demo_admin_token)?);
-        tokens.watch(path.clone(), http.allow_demo_admin_token);
+        tokens.watch(path.clone(), seen, http.allow_demo_admin_token);
         Ok(tokens)
     }
 
@@ -45,10 +47,10 @@ impl AdminTokens {
 
     /// Re-read `path` within a second of each change to it, for as long as the tokens are
     /// in use. A file that became unreadable or invalid keeps the tokens read last, with an
-    /// error in the log (a half-written file must not lock the operators out).
-    fn watch(&self, path: PathBuf, allow_demo: bool) {
+    /// error in the log. Replace the file by a rename (as secret stores mount theirs): one
+    /// written in place may be read half written.
+    fn watch(&self, path: PathBuf, mut seen: Option<(SystemTime, u64)>, allow_demo: bool) {
         let tokens = Arc::downgrade(&self.0);
-        let mut seen = modified(&path);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(WATCH_EVERY);
             loop {

@@ -8,6 +8,7 @@
 //! first buyers wait behind it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures_util::FutureExt;
@@ -21,7 +22,8 @@ use crate::repository::{self, ForSale};
 /// What a look-up found, and when it started (the opening it reads is measured from then).
 pub(crate) type Found = (Instant, Result<Option<ForSale>, Arc<sqlx::Error>>);
 
-type Running = Shared<BoxFuture<'static, Found>>;
+/// A look-up, and whether its read has ended (whether or not anyone took the answer).
+type Running = (Shared<BoxFuture<'static, Found>>, Arc<AtomicBool>);
 
 pub(crate) struct Lookups {
     pool: PgPool,
@@ -37,32 +39,55 @@ impl Lookups {
     }
 
     /// Product `id` as PostgreSQL has it now: the look-up already running for it, or a new
-    /// one. A caller that goes away leaves the look-up to the others (or to the next caller,
-    /// who takes it over where it stands).
+    /// one. The read runs in a task of its own: buyers who go away (a disconnect drops
+    /// their handler) cannot leave it half done holding a connection, and a look-up that
+    /// finished with nobody left to take its answer is not handed to a later buyer.
     pub(crate) async fn find(&self, id: ProductId) -> Found {
-        let running = self
-            .running()
-            .entry(id)
-            .or_insert_with(|| {
-                let pool = self.pool.clone();
-                async move {
-                    let started = Instant::now();
-                    (
-                        started,
-                        repository::find_product(&pool, id).await.map_err(Arc::new),
-                    )
+        let running = {
+            let mut all = self.running();
+            match all.get(&id) {
+                Some((running, ended)) if !ended.load(Ordering::Acquire) => running.clone(),
+                _ => {
+                    let (pool, ended) = (self.pool.clone(), Arc::new(AtomicBool::new(false)));
+                    let done = Arc::clone(&ended);
+                    let read = tokio::spawn(async move {
+                        let started = Instant::now();
+                        let found = repository::find_product(&pool, id).await;
+                        done.store(true, Ordering::Release);
+                        (started, found.map_err(Arc::new))
+                    });
+                    let running = read
+                        .map(|ended| match ended {
+                            Ok(found) => found,
+                            // The task panicked, or the runtime is shutting down.
+                            Err(_) => (Instant::now(), Err(Arc::new(sqlx::Error::WorkerCrashed))),
+                        })
+                        .boxed()
+                        .shared();
+                    all.insert(id, (running.clone(), ended));
+                    running
                 }
-                .boxed()
-                .shared()
-            })
-            .clone();
+            }
+        };
         let found = running.clone().await;
         // Done: the next caller reads again (unless another look-up took this one's place).
         let mut all = self.running();
-        if all.get(&id).is_some_and(|now| now.ptr_eq(&running)) {
+        if all.get(&id).is_some_and(|(now, _)| now.ptr_eq(&running)) {
             all.remove(&id);
         }
         found
+    }
+
+    /// Product `id` read now, not shared with a look-up that may have started before
+    /// something changed (an opening moved: the caller's claim says the read must be newer).
+    pub(crate) async fn read_now(&self, id: ProductId) -> Found {
+        let started = Instant::now();
+        (
+            started,
+            repository::find_product(&self.pool, id)
+                .await
+                .map_err(Arc::new),
+        )
     }
 
     /// The look-ups running now (for tests).
@@ -103,23 +128,72 @@ mod tests {
             let lookups = Arc::clone(&lookups);
             asks.push(tokio::spawn(async move { lookups.find(id).await }));
         }
-        // TIMING: the ten reach `find` well within this on any machine.
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+        // TIMING: the look-up waits on the lock within seconds on any machine; then the
+        // other buyers have had another second to come (and start a look-up of their own, if
+        // they did not share).
+        let waiting = || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        };
+        for _ in 0..300 {
+            if waiting().await > 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let waited = waiting().await;
         held.rollback().await.unwrap();
 
         // Assert: one session waited, and every buyer got the one answer.
-        assert_eq!(waiting, 1);
+        assert_eq!(waited, 1);
         for ask in asks {
             let (_, found) = ask.await.unwrap();
             assert_eq!(found.unwrap().unwrap().restock_gen, 0);
         }
         assert_eq!(lookups.running_now(), 0);
+    }
+}
+
+#[cfg(test)]
+mod gone {
+    use super::*;
+
+    #[sqlx::test(migrator = "crate::MIGRATOR")]
+    async fn a_look_up_whose_buyers_all_left_ends_and_is_not_handed_on(pool: PgPool) {
+        // Arrange: a look-up that waits on a held table; its only buyer leaves.
+        let mut held = pool.begin().await.unwrap();
+        sqlx::query("LOCK TABLE products IN ACCESS EXCLUSIVE MODE")
+            .execute(&mut *held)
+            .await
+            .unwrap();
+        let lookups = Arc::new(Lookups::new(pool.clone()));
+        let id = ProductId::parse("1").unwrap();
+        let asked = {
+            let lookups = Arc::clone(&lookups);
+            tokio::spawn(async move { lookups.find(id).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        asked.abort();
+        held.rollback().await.unwrap();
+        // TIMING: the abandoned look-up ends (finding nothing) as soon as the lock goes; two
+        // seconds are plenty. Only then is the product made.
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        sqlx::query("INSERT INTO products (id, name, stock) VALUES (1, 'Late', 1)")
+            .execute(&pool)
+            .await
+            .unwrap();
+
+        // Act
+        let (_, found) = lookups.find(id).await;
+
+        // Assert: the next buyer got a read of their own, which sees the product (the
+        // abandoned look-up, left half done, would have been resumed and answered "missing").
+        assert!(found.unwrap().is_some());
     }
 }

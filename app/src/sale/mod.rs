@@ -160,9 +160,12 @@ pub struct SaleParts {
     /// queued on an idempotency key's lock, wait for these and never take a connection the
     /// sale needs.
     pub admin_pool: PgPool,
-    /// For reading a product this instance does not know yet (its first purchase here) and
-    /// a restock's generation (a few connections): never behind a flood of public reads.
+    /// For reading a product this instance does not know yet (its first purchase here), and
+    /// its opening (a few connections): never behind a flood of public reads.
     pub lookups_pool: PgPool,
+    /// For reading a restock's generation after news of it (one connection): forged news
+    /// can make it busy, and nothing else waits on it.
+    pub restock_reads_pool: PgPool,
     /// For lock holders' batches: sessions that keep one generic plan per statement, on
     /// the indexes ([`crate::startup`]).
     pub holders_pool: PgPool,
@@ -196,7 +199,7 @@ impl Sale {
             &parts.deployment,
             parts.redis,
             Arc::downgrade(&catalog),
-            parts.lookups_pool.clone(),
+            parts.restock_reads_pool,
         );
         let desks = Arc::new(DeskShared {
             pool: parts.pool.clone(),
@@ -354,7 +357,9 @@ impl Sale {
             return Ok(());
         }
         if let Some(generation) = product.claim_opening_read() {
-            let (read_at, found) = self.lookups.find(id).await;
+            // A read of its own: one already running may be from before the change that
+            // made this claim (one claim per generation: one read at a time per product).
+            let (read_at, found) = self.lookups.read_now(id).await;
             let Some(found) = found.map_err(PurchaseError::Database)? else {
                 return Err(PurchaseError::NotFound);
             };

@@ -168,6 +168,12 @@ impl Settings {
         if self.database.url().is_empty() {
             return Err("set DATABASE_URL or DATABASE_URL_FILE".into());
         }
+        let (public, ops) = (self.http.bind_addr, self.http.ops_bind_addr);
+        if public.port() != 0 && public == ops {
+            return Err(format!(
+                "BIND_ADDR and OPS_BIND_ADDR are both {public}: the operators' listener needs an address of its own"
+            ));
+        }
         hold_is_below_half_the_wait(self.hold(), self.lock.wait)?;
         work_ends_before_postgres_ends_the_transaction(&self.sale, &self.database)?;
         sentinels_name_their_primary(&self.redis)?;

@@ -270,10 +270,17 @@ async fn admin_tokens_rotate_through_their_file_without_a_restart(
     .await;
     assert!(retired, "the old token was still accepted after 30 s");
 
-    // A file that went bad keeps the tokens read last.
+    // A file that went bad keeps the tokens read last; a good one after it is read.
     std::fs::write(&token_file, "short\n").unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(status(new).await, 201);
+    std::fs::write(&token_file, format!("{old}\n")).unwrap();
+    let back = until(Duration::from_secs(30), || async {
+        status(old).await == 201
+    })
+    .await;
+    assert!(back, "the watcher stopped after a bad file");
+    assert_eq!(status(new).await, 401);
     drop(service);
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -299,6 +306,7 @@ fn the_demo_admin_token_stops_start_up_outside_the_demo() {
         .env("DATABASE_URL", "postgres://nowhere")
         .env("ADMIN_TOKEN", seckill::settings::DEMO_ADMIN_TOKEN)
         .env_remove("ALLOW_DEMO_ADMIN_TOKEN")
+        .env_remove("ADMIN_TOKEN_FILE")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
