@@ -314,7 +314,7 @@ fn serve(
             // The flood after a sale is answered before the router sees it.
             .wrap(SoldOutLane)
             // Every answer has its request id, and its line in the access log.
-            .wrap(AccessLog::new())
+            .wrap(AccessLog)
             // Every answer is live state or a buyer's order: no cache keeps it, and no
             // browser guesses another type than the one it says.
             .wrap(

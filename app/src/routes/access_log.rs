@@ -25,22 +25,8 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// ASCII, is replaced.
 const MAX_ID: usize = 64;
 
-/// Middleware for the whole app (`App::wrap`, outermost): see the module's docs.
-pub struct AccessLog {
-    ids: &'static Ids,
-}
-
-impl AccessLog {
-    pub fn new() -> Self {
-        Self { ids: &IDS }
-    }
-}
-
-impl Default for AccessLog {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+/// Middleware for the whole app (`App::wrap`): see the module's docs.
+pub struct AccessLog;
 
 /// Ids made here: this process's random prefix, and a counter.
 struct Ids {
@@ -72,17 +58,13 @@ where
     type Future = Ready<Result<Self::Transform, ()>>;
 
     fn new_transform(&self, inner: S) -> Self::Future {
-        ready(Ok(AccessLogService {
-            inner,
-            ids: self.ids,
-        }))
+        ready(Ok(AccessLogService { inner }))
     }
 }
 
 /// [`AccessLog`] in front of the app.
 pub struct AccessLogService<S> {
     inner: S,
-    ids: &'static Ids,
 }
 
 impl<S> Service<ServiceRequest> for AccessLogService<S>
@@ -101,7 +83,7 @@ where
             .get(&REQUEST_ID)
             .filter(|given| is_usable(given.as_bytes()))
             .cloned()
-            .unwrap_or_else(|| self.ids.make());
+            .unwrap_or_else(|| IDS.make());
         // What the line needs, taken only when it will be written.
         let line =
             tracing::enabled!(target: "seckill::access", tracing::Level::INFO).then(|| Line {

@@ -50,13 +50,12 @@ impl Lookups {
                 _ => {
                     let (pool, ended) = (self.pool.clone(), Arc::new(AtomicBool::new(false)));
                     let done = Arc::clone(&ended);
-                    let read = tokio::spawn(async move {
-                        let started = Instant::now();
-                        let found = repository::find_product(&pool, id).await;
+                    let task = tokio::spawn(async move {
+                        let found = read(&pool, id).await;
                         done.store(true, Ordering::Release);
-                        (started, found.map_err(Arc::new))
+                        found
                     });
-                    let running = read
+                    let running = task
                         .map(|ended| match ended {
                             Ok(found) => found,
                             // The task panicked, or the runtime is shutting down.
@@ -99,6 +98,15 @@ impl Lookups {
     fn running(&self) -> std::sync::MutexGuard<'_, HashMap<ProductId, Running>> {
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// One read of product `id`, and when it started.
+async fn read(pool: &PgPool, id: ProductId) -> Found {
+    let started = Instant::now();
+    (
+        started,
+        repository::find_product(pool, id).await.map_err(Arc::new),
+    )
 }
 
 #[cfg(test)]

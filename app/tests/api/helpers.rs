@@ -232,16 +232,12 @@ impl TestApp {
     }
 
     pub async fn get_json(&self, path: &str) -> (u16, Value) {
-        let response = self.client.get(self.url(path)).send().await.unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
+        status_and_json(self.client.get(self.url(path)).send().await.unwrap()).await
     }
 
     /// `GET` on the operators' listener.
     pub async fn ops_json(&self, path: &str) -> (u16, Value) {
-        let response = self.client.get(self.ops_url(path)).send().await.unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
+        status_and_json(self.client.get(self.ops_url(path)).send().await.unwrap()).await
     }
 
     /// `GET` with a bearer token (a buyer's, or the admin's).
@@ -253,8 +249,7 @@ impl TestApp {
             .send()
             .await
             .unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
+        status_and_json(response).await
     }
 
     /// The `/metrics` page.
@@ -343,6 +338,12 @@ pub async fn redis_keys(url: &str, prefix: &str) -> Vec<String> {
         keys.extend(found);
     }
     keys
+}
+
+/// The status of `response`, and its body as JSON (null when it is not).
+async fn status_and_json(response: Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
 }
 
 pub async fn error_code(response: Response) -> (u16, String) {
