@@ -26,7 +26,7 @@
 //!
 //! # Layout
 //! - `settings/`: every setting, from flags or environment (`seckill --help`), in seven
-//!   groups (`groups.rs`, `buyers.rs`), with their ranges (`range.rs`) and the rules between them (`rules.rs`).
+//!   groups (`groups.rs`, `http.rs`, `buyers.rs`), with their ranges (`range.rs`) and the rules between them (`rules.rs`).
 //! - `startup`: [`startup::Application`] builds pools, runs migrations, binds the two
 //!   listeners: the buyers' (`BIND_ADDR`) and the operators' (`OPS_BIND_ADDR`).
 //! - `routes/`: one file per group of endpoints; parse input, call in, map errors.

@@ -1,6 +1,6 @@
 //! Every setting of the service, from flags or environment variables (`seckill --help`).
 //!
-//! The settings come in groups, one struct each (`groups.rs`), as `--help` shows them: the
+//! The settings come in groups, one struct each (`groups.rs`, `http.rs`), as `--help` shows them: the
 //! HTTP side ([`HttpSettings`]), PostgreSQL ([`DatabaseSettings`]), Redis
 //! ([`RedisSettings`]), the lock ([`LockSettings`]), the sale ([`SaleSettings`]), buyers'
 //! identity ([`IdentitySettings`]) and the limits on purchase attempts ([`LimitSettings`],
@@ -18,7 +18,8 @@ use clap::{Parser, ValueEnum};
 use secrecy::{ExposeSecret, SecretString};
 
 pub use buyers::{BuyerIdentity, IdentitySettings, JwtAlgorithm, LimitSettings};
-pub use groups::{DatabaseSettings, HttpSettings, LockSettings, RedisSettings, SaleSettings};
+pub use groups::{DatabaseSettings, LockSettings, RedisSettings, SaleSettings};
+pub use http::HttpSettings;
 
 use rules::{
     buyers_have_a_key, etcd_has_endpoints, hold_is_below_half_the_wait, lock_names_hold_no_slash,
@@ -29,6 +30,7 @@ use rules::{
 
 mod buyers;
 mod groups;
+mod http;
 mod range;
 mod rules;
 
