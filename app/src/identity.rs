@@ -5,7 +5,7 @@
 //! signature, `exp` (required), `nbf` when present, `iss` and `aud` when configured, with a
 //! small clock leeway. A token signed with another algorithm, `none` included, is refused
 //! before its signature is looked at. A shared secret's tokens, the common case, are checked
-//! by [`shared_secret`], in one pass; public keys and key sets by `jsonwebtoken`. [`Issuer`]
+//! by `shared_secret`, in one pass; public keys and key sets by `jsonwebtoken`. [`Issuer`]
 //! makes tokens with a shared secret: for the load test, the demo and the tests, which play
 //! the identity provider.
 

@@ -30,7 +30,7 @@
 //! - `startup`: [`startup::Application`] builds pools, runs migrations, binds the two
 //!   listeners: the buyers' (`BIND_ADDR`) and the operators' (`OPS_BIND_ADDR`).
 //! - `routes/`: one file per group of endpoints; parse input, call in, map errors.
-//!   `routes/mod.rs` says which routes each listener serves ([`routes::Side`]); `body`
+//!   `routes/mod.rs` says which routes each listener serves (`routes::Side`); `body`
 //!   reads a JSON body within a deadline.
 //! - `domain`: checked input types (`ProductId`, `Quantity`, ...).
 //! - `identity`: who is buying (a buyer's JWT); `limits`: how often one buyer or one
