@@ -6,7 +6,8 @@
 //!
 //! Redis is reached one of two ways ([`RedisSource`]): at one URL (`REDIS_URL`), or at
 //! whichever node a set of Sentinels names the primary (`REDIS_SENTINELS`), following their
-//! failovers.
+//! failovers. A `rediss://` URL is reached over TLS, the server's certificate checked
+//! against `REDIS_CA_FILE` or the system's trusted authorities ([`client`]).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -18,6 +19,7 @@ use redis::sentinel::Sentinel;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use crate::redact::redacted;
+use crate::settings::CaFile;
 
 /// How often a background connection is retried.
 const RETRY: Duration = Duration::from_secs(1);
@@ -25,8 +27,9 @@ const RETRY: Duration = Duration::from_secs(1);
 /// Where Redis is.
 #[derive(Clone)]
 pub enum RedisSource {
-    /// One server (`REDIS_URL`).
-    Url(String),
+    /// One server (`REDIS_URL`), and the authorities its certificate must be signed by
+    /// (`REDIS_CA_FILE`) when it is reached over TLS.
+    Url { url: String, ca: Option<CaFile> },
     /// The primary that these Sentinels name for `master` (`REDIS_SENTINELS`,
     /// `REDIS_SENTINEL_MASTER`).
     Sentinels { urls: Vec<String>, master: String },
@@ -36,7 +39,7 @@ impl RedisSource {
     /// The setting to name in messages, without passwords.
     pub fn describe(&self) -> String {
         match self {
-            RedisSource::Url(url) => format!("REDIS_URL: {}", redacted(url)),
+            RedisSource::Url { url, .. } => format!("REDIS_URL: {}", redacted(url)),
             RedisSource::Sentinels { urls, master } => {
                 let urls: Vec<String> = urls.iter().map(|u| redacted(u)).collect();
                 format!(
@@ -54,7 +57,7 @@ impl RedisSource {
     /// An invalid URL, or no Sentinel that answers and knows the master.
     pub async fn client(&self) -> anyhow::Result<redis::Client> {
         match self {
-            RedisSource::Url(url) => redis::Client::open(url.as_str()).context("invalid Redis URL"),
+            RedisSource::Url { url, ca } => client(url, ca.as_ref()),
             RedisSource::Sentinels { urls, master } => {
                 let mut sentinel =
                     Sentinel::build(urls.iter().map(String::as_str).collect::<Vec<_>>())
@@ -67,8 +70,8 @@ impl RedisSource {
     /// Check the addresses without connecting.
     fn check(&self) -> anyhow::Result<()> {
         match self {
-            RedisSource::Url(url) => {
-                redis::Client::open(url.as_str()).context("invalid Redis URL")?;
+            RedisSource::Url { url, ca } => {
+                client(url, ca.as_ref())?;
             }
             RedisSource::Sentinels { urls, .. } => {
                 for url in urls {
@@ -82,7 +85,9 @@ impl RedisSource {
 
     async fn connect(&self) -> anyhow::Result<RedisConn> {
         Ok(match self {
-            RedisSource::Url(url) => RedisConn::Direct(connect(url, config()).await?),
+            RedisSource::Url { url, ca } => {
+                RedisConn::Direct(connect(url, ca.as_ref(), config()).await?)
+            }
             RedisSource::Sentinels { urls, master } => RedisConn::Sentinel(
                 SentinelConnection::builder(urls.clone(), master)?
                     .connection_timeout(Duration::from_secs(1))
@@ -183,13 +188,37 @@ impl RedisLink {
     }
 }
 
-/// One multiplexed, self-reconnecting connection.
+/// A client for the Redis at `url`. Over TLS (`rediss://`), the server's certificate must
+/// be signed by one of the authorities in `ca`, or without one by an authority the system
+/// trusts.
+///
+/// # Errors
+/// An invalid URL, or a `ca` with no usable certificate.
+pub fn client(url: &str, ca: Option<&CaFile>) -> anyhow::Result<redis::Client> {
+    match ca {
+        Some(ca) => {
+            let certificates = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.pem.to_vec()),
+            };
+            redis::Client::build_with_tls(url, certificates).with_context(|| {
+                format!(
+                    "invalid Redis URL, or no usable certificate in {}",
+                    ca.path.display()
+                )
+            })
+        }
+        None => redis::Client::open(url).context("invalid Redis URL"),
+    }
+}
+
+/// One multiplexed, self-reconnecting connection to the Redis at `url` ([`client`]).
 pub async fn connect(
     url: &str,
+    ca: Option<&CaFile>,
     config: ConnectionManagerConfig,
 ) -> anyhow::Result<ConnectionManager> {
-    let client = redis::Client::open(url).context("invalid Redis URL")?;
-    Ok(ConnectionManager::new_with_config(client, config).await?)
+    Ok(ConnectionManager::new_with_config(client(url, ca)?, config).await?)
 }
 
 /// Short timeouts: a Redis that does not answer must not hold a purchase for long.

@@ -47,6 +47,7 @@ impl Application {
     /// a failed migration, an address that cannot be bound.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         settings.check().map_err(anyhow::Error::msg)?;
+        choose_tls_cryptography();
         let options = PgConnectOptions::from_str(settings.database.url())
             .context("invalid DATABASE_URL")?
             .options(session_bounds(&settings.database));
@@ -69,6 +70,7 @@ impl Application {
     /// As [`build`](Self::build).
     pub async fn build_with_pool(settings: Settings, pool: PgPool) -> anyhow::Result<Self> {
         settings.check().map_err(anyhow::Error::msg)?;
+        choose_tls_cryptography();
         prepare_database(&pool, &settings.database).await?;
         let (source, redis) = connect_redis(&settings).await?;
         let exclusion = Exclusion::connect(&settings, &pool, &redis, &source).await?;
@@ -422,6 +424,15 @@ async fn bound_sessions(pool: &PgPool, database: &DatabaseSettings) {
 /// four, usually one), each bounded by `statement_timeout` on the server, plus the work.
 fn batch_timeout(database: &DatabaseSettings, work: Duration) -> Duration {
     database.acquire_timeout + database.statement_timeout * 4 + work
+}
+
+/// The cryptography of every TLS link (PostgreSQL, Redis, etcd): rustls with *ring*, chosen
+/// once for the process. sqlx and etcd's client name *ring* themselves; redis-rs asks
+/// rustls for the process's choice, which rustls cannot make by itself when a crate built
+/// alongside turns its other provider on (as the load tester's HTTP client does).
+fn choose_tls_cryptography() {
+    // Already chosen (a second build in one process, a test): nothing to do.
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// No ping before a pooled connection is handed out (sqlx pings by default): it would be one

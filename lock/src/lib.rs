@@ -58,7 +58,8 @@
 //!   nodes, each waiter watching the one before it; the session is the lease and the fence
 //!   is a zxid (`ZkLock`).
 //! - `etcd` (feature `etcd`): keys on a lease in create-revision order, each waiter watching
-//!   the one before it; the fence is the create revision (`EtcdLock`).
+//!   the one before it; the fence is the create revision (`EtcdLock`). Feature `etcd-tls`
+//!   adds `https://` endpoints.
 //!
 //! A store of your own implements [`backend::Backend`] (see that module).
 //!

@@ -992,3 +992,62 @@ impl Drop for AnswerHold {
         }
     }
 }
+
+/// Over TLS (`https://`), a member's certificate is checked against the authority given:
+/// one that authority issued is trusted and the lock works; against another authority the
+/// same member is refused, and no lock is taken.
+#[cfg(feature = "etcd-tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_over_tls_checks_the_members_certificate() {
+    // Arrange: a member that presents a certificate of this test's authority.
+    let authority = testkit::TestAuthority::new("distlock etcd test authority");
+    let certificate = authority.issue_for_localhost();
+    let server = blocking(move || EtcdServer::start_tls(&certificate)).await;
+    let endpoints = [server.tls_endpoint()];
+    let connect = |ca: String| {
+        let endpoints = endpoints.clone();
+        async move {
+            let etcd = EtcdLock::builder(endpoints)
+                .ca_certificate(ca)
+                .connect()
+                .await
+                .expect("a client (it connects lazily)");
+            locker(etcd, options(TTL, Duration::from_secs(2)))
+        }
+    };
+
+    // Act: lock through a client that trusts the authority, then through one that trusts
+    // another.
+    let trusting = connect(authority.ca_pem()).await;
+    let held = trusting.acquire(KEY).await.expect("the lock, over TLS");
+    let fence = held.fence();
+    assert!(held.release().await.unwrap().was_held());
+    let stranger = testkit::TestAuthority::new("another authority");
+    let doubting = connect(stranger.ca_pem()).await;
+    // A read, which answers the backend's error (an acquire would retry until its wait ran
+    // out, as it does while a member is down).
+    let refused = doubting.inspect(KEY).await;
+
+    // Assert: the first got the lock with a fence; the second never reached the member.
+    assert!(
+        doubting.acquire(KEY).await.is_err(),
+        "no lock through a refused member"
+    );
+    assert!(fence.get() > 0, "a fence from etcd: {fence:?}");
+    let error = refused.expect_err("a member whose certificate the authority did not sign");
+    assert!(
+        matches!(error, Error::Backend { .. }),
+        "refused by the TLS handshake: {error:?}"
+    );
+    let chain = format!("{:?}", sources(&error));
+    assert!(chain.contains("certificate"), "says why: {chain}");
+    drop(server);
+}
+
+/// `error` and every source under it, for a message.
+#[cfg(feature = "etcd-tls")]
+fn sources(error: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    std::iter::successors(Some(error), |e| e.source())
+        .map(ToString::to_string)
+        .collect()
+}

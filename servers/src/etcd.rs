@@ -15,6 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::process::{Tie, find, log_tail, reap, send_signal, temp_dir};
+use crate::tls::ServerCertificate;
 use crate::{ATTEMPTS, Error, Result, distinct_free_ports};
 
 const INSTALL_ETCD: &str = "install it (Debian: apt-get install etcd-server)";
@@ -51,8 +52,34 @@ impl EtcdServer {
     /// etcd not installed (the message says what to install); or it is not healthy within a
     /// minute (the message carries the end of its log).
     pub fn try_start(tie: Tie) -> Result<Self> {
-        let cluster = EtcdCluster::try_start_on(1, tie, distinct_free_ports)?;
+        let cluster = EtcdCluster::try_start_on(1, tie, None, distinct_free_ports)?;
         Ok(Self { cluster })
+    }
+
+    /// [`start`](Self::start) one that also takes TLS connections on a client port of its
+    /// own ([`tls_endpoint`](Self::tls_endpoint)), presenting `certificate`; clients need
+    /// no certificate of their own. Its plain port stays open, for the checks that it is up.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start), or the certificate cannot be written.
+    pub fn start_tls(certificate: &ServerCertificate) -> Self {
+        let cluster =
+            EtcdCluster::try_start_on(1, Tie::Child, Some(certificate), distinct_free_ports);
+        Self {
+            cluster: cluster.unwrap_or_else(|e| panic!("{e}")),
+        }
+    }
+
+    /// `https://127.0.0.1:<its TLS port>`.
+    ///
+    /// # Panics
+    /// If it was not started with [`start_tls`](Self::start_tls).
+    pub fn tls_endpoint(&self) -> String {
+        let port = self.cluster.members[0].tls_port;
+        format!(
+            "https://127.0.0.1:{}",
+            port.expect("started with start_tls")
+        )
     }
 
     /// The client port.
@@ -111,6 +138,8 @@ pub struct EtcdCluster {
     binary: PathBuf,
     /// How every member's process is tied to this one.
     tie: Tie,
+    /// The certificate and key every member presents on its TLS port, if it has one.
+    tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// One member of a cluster, and where it keeps its files.
@@ -119,6 +148,8 @@ struct EtcdMember {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// A second client port, over TLS.
+    tls_port: Option<u16>,
     /// `<dir>/data` and `<dir>/etcd.log`.
     dir: PathBuf,
     /// `None` while killed.
@@ -155,11 +186,17 @@ impl EtcdCluster {
     /// [`start`](Self::start) on the ports `pick(2 * n)` gives for each try: each member's
     /// client and peer port.
     fn start_on(n: usize, pick: impl FnMut(usize) -> Vec<u16>) -> Self {
-        Self::try_start_on(n, Tie::Child, pick).unwrap_or_else(|e| panic!("{e}"))
+        Self::try_start_on(n, Tie::Child, None, pick).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Start `n` members tied as `tie` says, on the ports `pick(2 * n)` gives for each try.
-    fn try_start_on(n: usize, tie: Tie, mut pick: impl FnMut(usize) -> Vec<u16>) -> Result<Self> {
+    /// Start `n` members tied as `tie` says, on the ports `pick(2 * n)` gives for each try
+    /// (`pick(3 * n)` with a `certificate`: each member's TLS port third).
+    fn try_start_on(
+        n: usize,
+        tie: Tie,
+        certificate: Option<&ServerCertificate>,
+        mut pick: impl FnMut(usize) -> Vec<u16>,
+    ) -> Result<Self> {
         assert!(n >= 1, "a cluster has at least one member");
         let binary = find(&["etcd"], &[]).ok_or_else(|| {
             Error::NotInstalled(format!(
@@ -181,9 +218,14 @@ impl EtcdCluster {
             initial_cluster: String::new(),
             binary,
             tie,
+            tls: None,
         };
+        if let Some(certificate) = certificate {
+            cluster.tls = Some(certificate.write_to(&cluster.dir, None)?);
+        }
+        let ports_each = if certificate.is_some() { 3 } else { 2 };
         for _ in 0..ATTEMPTS {
-            cluster.members = cluster.new_members(&pick(2 * n))?;
+            cluster.members = cluster.new_members(&pick(ports_each * n), ports_each)?;
             cluster.initial_cluster = cluster
                 .members
                 .iter()
@@ -206,9 +248,10 @@ impl EtcdCluster {
         )))
     }
 
-    /// A member for each (client, peer) pair of `ports`, each in a fresh dir.
-    fn new_members(&self, ports: &[u16]) -> Result<Vec<EtcdMember>> {
-        (0..ports.len() / 2)
+    /// A member for each (client, peer) pair of `ports` (each, with TLS: client, peer,
+    /// TLS), each in a fresh dir.
+    fn new_members(&self, ports: &[u16], each: usize) -> Result<Vec<EtcdMember>> {
+        (0..ports.len() / each)
             .map(|i| {
                 let member_dir = self.dir.join(format!("member-{i}"));
                 // A retry on new ports starts from nothing.
@@ -217,8 +260,9 @@ impl EtcdCluster {
                     .map_err(crate::io("creating an etcd member's dir"))?;
                 Ok(EtcdMember {
                     name: format!("{}-{i}", self.token),
-                    client_port: ports[2 * i],
-                    peer_port: ports[2 * i + 1],
+                    client_port: ports[each * i],
+                    peer_port: ports[each * i + 1],
+                    tls_port: (each == 3).then(|| ports[each * i + 2]),
                     dir: member_dir,
                     child: None,
                 })
@@ -232,6 +276,10 @@ impl EtcdCluster {
         let member = &self.members[i];
         let log = File::create(member.log()).map_err(crate::io("an etcd log file"))?;
         let client = format!("http://127.0.0.1:{}", member.client_port);
+        let listen = match member.tls_port {
+            Some(port) => format!("{client},https://127.0.0.1:{port}"),
+            None => client.clone(),
+        };
         let peer = format!("http://127.0.0.1:{}", member.peer_port);
         // Heartbeat and election timeouts are etcd's defaults (100 ms, 1 s).
         let mut command = Command::new(&self.binary);
@@ -240,7 +288,7 @@ impl EtcdCluster {
             .arg(&member.name)
             .arg("--data-dir")
             .arg(member.dir.join("data"))
-            .args(["--listen-client-urls", &client])
+            .args(["--listen-client-urls", &listen])
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
@@ -248,6 +296,14 @@ impl EtcdCluster {
             .args(["--initial-cluster-token", &self.token])
             .args(["--initial-cluster-state", "new"])
             .args(["--logger", "zap", "--log-outputs", "stderr"])
+            .args(self.tls.iter().flat_map(|(cert, key)| {
+                [
+                    "--cert-file".into(),
+                    cert.clone().into_os_string(),
+                    "--key-file".into(),
+                    key.clone().into_os_string(),
+                ]
+            }))
             .current_dir(&member.dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(crate::io("an etcd log file"))?)

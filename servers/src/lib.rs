@@ -11,6 +11,8 @@
 //!   `QuorumPeerMain` from Debian's jars, standalone or as a quorum.
 //! - [`EtcdServer`] and [`EtcdCluster`] (`etcd.rs`): one member, or members joined by a
 //!   static `--initial-cluster`.
+//! - [`ServerCertificate`] (`tls.rs`): what [`PostgresServer::start_tls_only`],
+//!   [`RedisServer::start_tls`] and [`EtcdServer::start_tls`] present over TLS.
 //! - `process.rs`: how each process is spawned, tied to this one ([`Tie`]), signalled and
 //!   reaped.
 //!
@@ -31,6 +33,7 @@ mod postgres;
 mod process;
 mod redis;
 mod sentinel;
+mod tls;
 pub mod zookeeper;
 
 pub use etcd::{EtcdCluster, EtcdServer};
@@ -38,6 +41,7 @@ pub use postgres::PostgresServer;
 pub use process::{Tie, send_signal};
 pub use redis::{RedisCluster, RedisServer, forget_prefix, server_info_section};
 pub use sentinel::RedisSentinels;
+pub use tls::ServerCertificate;
 pub use zookeeper::{ZooKeeperEnsemble, ZooKeeperServer};
 
 use std::net::TcpListener;

@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::process::{Tie, find, stop, temp_dir};
+use crate::tls::ServerCertificate;
 use crate::{ATTEMPTS, Error, Result, free_port};
 
 /// How long a private PostgreSQL may take to accept connections after it was spawned.
@@ -47,6 +48,29 @@ impl PostgresServer {
     /// PostgreSQL not installed, or no `postgres` account while running as root (the message
     /// says what to do); `initdb` fails; or the server does not start on any of a few ports.
     pub fn start(settings: &[(&str, &str)], tie: Tie) -> Result<Self> {
+        Self::start_with(settings, None, tie)
+    }
+
+    /// [`start`](Self::start) a server that takes TCP connections over TLS only, presenting
+    /// `certificate` (its Unix socket stays open to everyone, for the superuser's tools). A
+    /// client that does not ask for TLS is refused (`no pg_hba.conf entry ... no
+    /// encryption`).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start), and the certificate cannot be written.
+    pub fn start_tls_only(
+        settings: &[(&str, &str)],
+        certificate: &ServerCertificate,
+        tie: Tie,
+    ) -> Result<Self> {
+        Self::start_with(settings, Some(certificate), tie)
+    }
+
+    fn start_with(
+        settings: &[(&str, &str)],
+        certificate: Option<&ServerCertificate>,
+        tie: Tie,
+    ) -> Result<Self> {
         let bin = bin_dir().ok_or_else(|| {
             Error::NotInstalled(
                 "PostgreSQL is not installed (no initdb on the PATH or in \
@@ -68,9 +92,16 @@ impl PostgresServer {
         };
         server.account = unprivileged_account(&server.dir)?;
         server.initdb(&bin)?;
+        let mut settings: Vec<(String, String)> = settings
+            .iter()
+            .map(|&(name, value)| (name.to_owned(), value.to_owned()))
+            .collect();
+        if let Some(certificate) = certificate {
+            settings.extend(server.tls_only(certificate)?);
+        }
         for _ in 0..ATTEMPTS {
             server.port = free_port();
-            server.args = server.arguments(settings);
+            server.args = server.arguments(&settings);
             server.spawn()?;
             if server.wait_until_ready() {
                 return Ok(server);
@@ -101,8 +132,22 @@ impl PostgresServer {
         Ok(())
     }
 
+    /// Write `certificate` beside the cluster and let TCP clients in over TLS only: the
+    /// settings that turn TLS on with it.
+    fn tls_only(&self, certificate: &ServerCertificate) -> Result<Vec<(String, String)>> {
+        let (cert, key) = certificate.write_to(&self.dir, self.account)?;
+        let rules = "local all all trust\nhostssl all all 127.0.0.1/32 trust\n";
+        std::fs::write(self.data.join("pg_hba.conf"), rules)
+            .map_err(crate::io("writing the private PostgreSQL's pg_hba.conf"))?;
+        Ok(vec![
+            ("ssl".to_owned(), "on".to_owned()),
+            ("ssl_cert_file".to_owned(), cert.display().to_string()),
+            ("ssl_key_file".to_owned(), key.display().to_string()),
+        ])
+    }
+
     /// `postgres`'s arguments: the data directory, this port, and `settings`.
-    fn arguments(&self, settings: &[(&str, &str)]) -> Vec<std::ffi::OsString> {
+    fn arguments(&self, settings: &[(String, String)]) -> Vec<std::ffi::OsString> {
         let mut args: Vec<std::ffi::OsString> = vec!["-D".into(), self.data.clone().into()];
         let usual = [
             format!("port={}", self.port),

@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::process::{Tie, find, reap, send_signal, temp_dir};
+use crate::tls::ServerCertificate;
 use crate::{ATTEMPTS, Error, Result, free_port};
 
 /// A private `redis-server` (no persistence) on a port of its own, killed by its pid when
@@ -24,6 +25,9 @@ pub struct RedisServer {
     binary: PathBuf,
     extra: Vec<String>,
     tie: Tie,
+    /// Started with [`start_tls`](Self::start_tls): its TLS port, and the directory that
+    /// holds its certificate (removed when dropped).
+    tls: Option<(u16, PathBuf)>,
 }
 
 impl RedisServer {
@@ -52,6 +56,43 @@ impl RedisServer {
         Self::try_start_with(&[], tie)
     }
 
+    /// Start one that also takes TLS connections on a port of its own
+    /// ([`tls_url`](Self::tls_url)), presenting `certificate`; clients need no certificate
+    /// of their own. Its plain port stays open, for the checks that it is up.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start), or the certificate cannot be written.
+    pub fn start_tls(certificate: &ServerCertificate) -> Self {
+        let started = temp_dir("redis-tls").and_then(|dir| {
+            let (cert, key) = certificate.write_to(&dir, None)?;
+            let mut last = None;
+            // A TLS port taken in between ends the server at once: try again on a new one.
+            for _ in 0..ATTEMPTS {
+                let tls_port = free_port();
+                let extra = [
+                    "--tls-port".to_owned(),
+                    tls_port.to_string(),
+                    "--tls-cert-file".to_owned(),
+                    cert.display().to_string(),
+                    "--tls-key-file".to_owned(),
+                    key.display().to_string(),
+                    "--tls-auth-clients".to_owned(),
+                    "no".to_owned(),
+                ];
+                match Self::try_start_with(&extra, Tie::Child) {
+                    Ok(mut server) => {
+                        server.tls = Some((tls_port, dir));
+                        return Ok(server);
+                    }
+                    Err(error) => last = Some(error),
+                }
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+            Err(last.expect("at least one attempt"))
+        });
+        started.unwrap_or_else(|e| panic!("{e}"))
+    }
+
     fn try_start_with(extra: &[String], tie: Tie) -> Result<Self> {
         let mut server = Self {
             child: None,
@@ -59,6 +100,7 @@ impl RedisServer {
             binary: binary()?,
             extra: extra.to_vec(),
             tie,
+            tls: None,
         };
         for _ in 0..ATTEMPTS {
             server.port = free_port();
@@ -83,6 +125,7 @@ impl RedisServer {
             binary: binary().unwrap_or_else(|e| panic!("{e}")),
             extra: Vec::new(),
             tie: Tie::Child,
+            tls: None,
         };
         server.restart_empty();
         server
@@ -107,6 +150,15 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `rediss://127.0.0.1:<its TLS port>`.
+    ///
+    /// # Panics
+    /// If it was not started with [`start_tls`](Self::start_tls).
+    pub fn tls_url(&self) -> String {
+        let (port, _) = self.tls.as_ref().expect("started with start_tls");
+        format!("rediss://127.0.0.1:{port}")
     }
 
     /// Send a signal (`-STOP`, `-CONT`, ...) to the server, by its pid.
@@ -154,6 +206,9 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         // SIGKILL ends the server even while a test has it stopped (SIGSTOP).
         self.kill();
+        if let Some((_, dir)) = &self.tls {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 

@@ -3,17 +3,21 @@
 //! - [`unique_prefix`]: a key prefix no other test or run uses, for tests on the shared Redis,
 //!   and [`PrefixCleanup`], which deletes what a test left under it.
 //! - [`TcpProxy`]: a TCP forwarder a test can cut, to partition one client from its server.
+//! - [`TestAuthority`]: a certificate authority of the test's own, for servers over TLS.
 //! - The private servers of the `servers` crate, re-exported for the tests that start their
 //!   own ([`RedisServer`], [`RedisCluster`], [`RedisSentinels`], [`ZooKeeperServer`],
 //!   [`ZooKeeperEnsemble`], [`EtcdServer`], [`EtcdCluster`]), and [`free_port`].
 
 pub mod proxy;
+pub mod tls;
 
 pub use proxy::TcpProxy;
 pub use servers::{
-    EtcdCluster, EtcdServer, RedisCluster, RedisSentinels, RedisServer, ZooKeeperEnsemble,
-    ZooKeeperServer, etcd, free_port, server_info_section, zookeeper,
+    EtcdCluster, EtcdServer, PostgresServer, RedisCluster, RedisSentinels, RedisServer,
+    ServerCertificate, Tie, ZooKeeperEnsemble, ZooKeeperServer, etcd, free_port,
+    server_info_section, zookeeper,
 };
+pub use tls::TestAuthority;
 
 /// A key prefix unique to one test run: `<label>:<random>:`.
 pub fn unique_prefix(label: &str) -> String {

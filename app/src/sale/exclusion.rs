@@ -15,7 +15,7 @@ use super::batch::Step;
 use super::fenced::probe_key;
 use crate::redact::redacted;
 use crate::redis_link::{self, RedisConn, RedisLink, RedisSource};
-use crate::settings::{LockSettings, LockStrategy, Settings};
+use crate::settings::{CaFile, LockSettings, LockStrategy, Settings};
 
 /// A desk leader's backoff between lock attempts when it polls (Redlock, pg-lock): short,
 /// since a hold lasts at most `HOLD_MS`. Under `redis` the leader waits for the release
@@ -67,7 +67,7 @@ impl Exclusion {
         let prefix = settings.redis.key_prefix.as_str();
         Ok(match lock.strategy {
             LockStrategy::Redis => connect_redis(lock, redis, source).await?,
-            LockStrategy::Redlock => connect_redlock(lock).await?,
+            LockStrategy::Redlock => connect_redlock(lock, settings.redis.ca_file.as_ref()).await?,
             LockStrategy::PgLock => {
                 connect_lock_table(lock, pool, settings.database.acquire_timeout).await?
             }
@@ -104,8 +104,8 @@ async fn connect_redis(
         .await
         .context("cannot lock on this Redis (REDIS_URL / REDIS_SENTINELS)")?;
     Ok(match source {
-        RedisSource::Url(url) => {
-            let client = redis::Client::open(url.as_str())?;
+        RedisSource::Url { url, ca } => {
+            let client = redis_link::client(url, ca.as_ref())?;
             let signals = ReleaseSignals::connect(&client)
                 .await
                 .context("cannot subscribe to lock releases (REDIS_URL)")?;
@@ -117,11 +117,12 @@ async fn connect_redis(
     })
 }
 
-/// `redlock`: the lock on a majority of the masters in `REDLOCK_URLS`.
-async fn connect_redlock(lock: &LockSettings) -> anyhow::Result<Exclusion> {
+/// `redlock`: the lock on a majority of the masters in `REDLOCK_URLS` (those reached over
+/// TLS checked against `ca`).
+async fn connect_redlock(lock: &LockSettings, ca: Option<&CaFile>) -> anyhow::Result<Exclusion> {
     let mut nodes = Vec::new();
     for url in &lock.redlock_urls {
-        nodes.push(connect_master(url).await?);
+        nodes.push(connect_master(url, ca).await?);
     }
     let redlock = Redlock::new(nodes).context("invalid REDLOCK_URLS")?;
     // `connect` checks every master runs Redis 7.0 or later, naming its version.
@@ -133,10 +134,13 @@ async fn connect_redlock(lock: &LockSettings) -> anyhow::Result<Exclusion> {
 }
 
 /// One Redlock master, named without its password when it cannot be reached.
-async fn connect_master(url: &SecretString) -> anyhow::Result<redis::aio::ConnectionManager> {
+async fn connect_master(
+    url: &SecretString,
+    ca: Option<&CaFile>,
+) -> anyhow::Result<redis::aio::ConnectionManager> {
     let url = url.expose_secret();
     let setting = format!("REDLOCK_URLS: {}", redacted(url));
-    redis_link::connect(url, redis_link::config())
+    redis_link::connect(url, ca, redis_link::config())
         .await
         .with_context(|| format!("cannot connect to Redis ({setting})"))
 }
@@ -213,7 +217,12 @@ fn granted_session_outlasts_two_leases(zk: &ZkLock, lock: &LockSettings) -> anyh
 /// request tells whether etcd is there).
 async fn connect_etcd(lock: &LockSettings, prefix: &str) -> anyhow::Result<Exclusion> {
     let endpoints = lock.etcd_endpoints.join(",");
-    let etcd = EtcdLock::connect(&lock.etcd_endpoints)
+    let mut builder = EtcdLock::builder(&lock.etcd_endpoints);
+    if let Some(ca) = &lock.etcd_ca_file {
+        builder = builder.ca_certificate(ca.pem.to_vec());
+    }
+    let etcd = builder
+        .connect()
         .await
         .with_context(|| format!("cannot connect to etcd at {endpoints} (ETCD_ENDPOINTS)"))?;
     let locker = Locker::new(etcd, lock_options(lock)?).context("invalid lock settings")?;

@@ -9,6 +9,7 @@ use secrecy::{ExposeSecret, SecretString};
 
 use super::LockStrategy;
 use super::range;
+use super::tls::{CaFile, ca_file};
 use crate::redis_link::RedisSource;
 
 /// PostgreSQL: where it is, the service's pools, and the bounds of its sessions.
@@ -133,6 +134,18 @@ pub struct RedisSettings {
     )]
     pub url: SecretString,
 
+    /// A PEM file of the certificate authorities a Redis reached over TLS (a `rediss://`
+    /// URL, in REDIS_URL or REDLOCK_URLS) must be signed by, instead of the system's. Not
+    /// used through REDIS_SENTINELS (not supported over TLS).
+    #[arg(
+        long = "redis-ca-file",
+        id = "redis_ca_file",
+        value_name = "REDIS_CA_FILE",
+        env = "REDIS_CA_FILE",
+        value_parser = ca_file,
+    )]
+    pub ca_file: Option<CaFile>,
+
     /// Redis Sentinels, comma-separated (`redis://host:26379` each). Set: Redis is the
     /// primary these Sentinels name for REDIS_SENTINEL_MASTER, for everything the service
     /// uses Redis for (the redis lock, restock messages, readiness), and REDIS_URL is not
@@ -252,8 +265,8 @@ pub struct LockSettings {
     )]
     pub zookeeper_session_timeout: Duration,
 
-    /// etcd endpoints for LOCK_STRATEGY=etcd, comma-separated (`http://host:2379` each).
-    /// Lock keys live under `distlock/`.
+    /// etcd endpoints for LOCK_STRATEGY=etcd, comma-separated (`http://host:2379` each, or
+    /// `https://host:2379` over TLS). Lock keys live under `distlock/`.
     #[arg(
         long = "etcd-endpoints",
         id = "etcd_endpoints",
@@ -263,6 +276,17 @@ pub struct LockSettings {
         default_value = "http://127.0.0.1:2379"
     )]
     pub etcd_endpoints: Vec<String>,
+
+    /// A PEM file of the certificate authorities that etcd's certificates (`https://`
+    /// ETCD_ENDPOINTS) must be signed by, instead of the system's.
+    #[arg(
+        long = "etcd-ca-file",
+        id = "etcd_ca_file",
+        value_name = "ETCD_CA_FILE",
+        env = "ETCD_CA_FILE",
+        value_parser = ca_file,
+    )]
+    pub etcd_ca_file: Option<CaFile>,
 }
 
 /// How one instance sells a product: its batches, holds, queue and limits.
@@ -370,7 +394,10 @@ impl RedisSettings {
     /// Where Redis is: the Sentinels when REDIS_SENTINELS is set, REDIS_URL otherwise.
     pub fn source(&self) -> RedisSource {
         if self.sentinels.is_empty() {
-            RedisSource::Url(self.url().to_owned())
+            RedisSource::Url {
+                url: self.url().to_owned(),
+                ca: self.ca_file.clone(),
+            }
         } else {
             RedisSource::Sentinels {
                 urls: self

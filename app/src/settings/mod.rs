@@ -4,7 +4,7 @@
 //! HTTP side ([`HttpSettings`]), PostgreSQL ([`DatabaseSettings`]), Redis
 //! ([`RedisSettings`]), the lock ([`LockSettings`]), the sale ([`SaleSettings`]), buyers'
 //! identity ([`IdentitySettings`]) and the limits on purchase attempts ([`LimitSettings`],
-//! both in `buyers.rs`). A
+//! both in `buyers.rs`). The authorities trusted over TLS are read by `tls.rs`. A
 //! duration is read once, as a whole number of milliseconds, into a [`Duration`]. Each
 //! numeric setting's accepted values are stated once, in `range.rs`: clap refuses the
 //! command line and the environment outside them, and [`Settings::check`] refuses settings
@@ -20,9 +20,11 @@ use secrecy::{ExposeSecret, SecretString};
 pub use buyers::{BuyerIdentity, IdentitySettings, JwtAlgorithm, LimitSettings};
 pub use groups::{DatabaseSettings, LockSettings, RedisSettings, SaleSettings};
 pub use http::HttpSettings;
+pub use tls::CaFile;
 
 use rules::{
-    buyers_have_a_key, etcd_has_endpoints, hold_is_below_half_the_wait, lock_names_hold_no_slash,
+    buyers_have_a_key, etcd_ca_has_only_tls_endpoints, etcd_has_endpoints,
+    hold_is_below_half_the_wait, lock_names_hold_no_slash, redis_ca_has_a_tls_link,
     redlock_has_masters, sentinels_name_their_primary, work_ends_before_a_waiting_batch_gives_up,
     work_ends_before_postgres_ends_the_transaction, zookeeper_has_an_ensemble,
     zookeeper_session_outlasts_two_leases,
@@ -33,6 +35,7 @@ mod groups;
 mod http;
 mod range;
 mod rules;
+mod tls;
 
 /// A flash-sale service: sells limited stock to a flood of buyers without overselling.
 #[derive(Debug, Clone, Parser)]
@@ -183,6 +186,8 @@ impl Settings {
         zookeeper_session_outlasts_two_leases(&self.lock)?;
         zookeeper_has_an_ensemble(&self.lock)?;
         etcd_has_endpoints(&self.lock)?;
+        redis_ca_has_a_tls_link(&self.redis, &self.lock)?;
+        etcd_ca_has_only_tls_endpoints(&self.lock)?;
         lock_names_hold_no_slash(&self.lock, &self.redis)?;
         buyers_have_a_key(&self.identity)
     }

@@ -159,3 +159,54 @@ pub(super) fn buyers_have_a_key(identity: &IdentitySettings) -> Result<(), Strin
     }
     Ok(())
 }
+
+/// A Redis CA that no link would use is a mistake that leaves Redis in plain text: at least
+/// one Redis URL the service uses must be `rediss://`, and Sentinels are not reached over TLS.
+pub(super) fn redis_ca_has_a_tls_link(
+    redis: &RedisSettings,
+    lock: &LockSettings,
+) -> Result<(), String> {
+    let Some(ca) = &redis.ca_file else {
+        return Ok(());
+    };
+    let shown = ca.path.display();
+    if !redis.sentinels.is_empty() {
+        return Err(format!(
+            "REDIS_CA_FILE ({shown}) with REDIS_SENTINELS: Redis through Sentinels is not reached over TLS by this service"
+        ));
+    }
+    let redlock = (lock.strategy == LockStrategy::Redlock).then_some(&lock.redlock_urls);
+    let mut urls = std::iter::once(redis.url()).chain(
+        redlock
+            .into_iter()
+            .flatten()
+            .map(ExposeSecret::expose_secret),
+    );
+    if !urls.any(|url| url.starts_with("rediss://")) {
+        return Err(format!(
+            "REDIS_CA_FILE ({shown}) is set, but no Redis URL is rediss://: Redis would be reached in plain text (use rediss:// in REDIS_URL or REDLOCK_URLS)"
+        ));
+    }
+    Ok(())
+}
+
+/// An etcd CA with a plain endpoint would leave that member in plain text.
+pub(super) fn etcd_ca_has_only_tls_endpoints(lock: &LockSettings) -> Result<(), String> {
+    let Some(ca) = &lock.etcd_ca_file else {
+        return Ok(());
+    };
+    if lock.strategy != LockStrategy::Etcd {
+        return Ok(());
+    }
+    match lock
+        .etcd_endpoints
+        .iter()
+        .find(|e| !e.starts_with("https://"))
+    {
+        Some(plain) => Err(format!(
+            "ETCD_CA_FILE ({}) is set, but ETCD_ENDPOINTS has {plain}, which is not https://: that member would be reached in plain text",
+            ca.path.display()
+        )),
+        None => Ok(()),
+    }
+}

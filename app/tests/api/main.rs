@@ -22,3 +22,4 @@ mod redis_faults;
 mod retries;
 mod sold_out;
 mod startup;
+mod tls;

@@ -139,6 +139,9 @@ impl std::fmt::Debug for EtcdLock {
 pub struct EtcdLockBuilder {
     endpoints: Vec<String>,
     request_timeout: Duration,
+    /// The authority `https://` endpoints are checked against; `None`: the system's.
+    #[cfg(feature = "etcd-tls")]
+    ca_pem: Option<Vec<u8>>,
 }
 
 impl EtcdLockBuilder {
@@ -154,7 +157,19 @@ impl EtcdLockBuilder {
         self
     }
 
-    /// A client for each endpoint, used one at a time (see [`EtcdLock::connect`]).
+    /// Check the certificates of `https://` endpoints against the authority in `pem` (one or
+    /// more PEM certificates) instead of the system's trusted authorities. Plain `http://`
+    /// endpoints ignore it.
+    #[cfg(feature = "etcd-tls")]
+    pub fn ca_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// A client for each endpoint, used one at a time (see [`EtcdLock::connect`]). An
+    /// `https://` endpoint is reached over TLS (the `etcd-tls` feature), its certificate
+    /// checked against [`ca_certificate`](Self::ca_certificate) or, without one, against
+    /// the system's trusted authorities.
     ///
     /// # Errors
     /// [`Error::InvalidOptions`] for a zero request timeout; [`Error::Backend`] for an
@@ -166,7 +181,16 @@ impl EtcdLockBuilder {
                 "the etcd request timeout is zero: no request could be answered".into(),
             ));
         }
-        let options = members::client_options(timeout);
+        #[cfg_attr(not(feature = "etcd-tls"), expect(unused_mut))]
+        let mut options = members::client_options(timeout);
+        #[cfg(feature = "etcd-tls")]
+        if self.endpoints.iter().any(|e| e.starts_with("https://")) {
+            let tls = etcd::TlsOptions::new();
+            options = options.with_tls(match self.ca_pem {
+                Some(pem) => tls.ca_certificate(etcd::Certificate::from_pem(pem)),
+                None => tls.with_native_roots(),
+            });
+        }
         let mut clients = Vec::new();
         for endpoint in &self.endpoints {
             // Connects lazily: a member that is down now is tried when a step needs it.
@@ -194,6 +218,8 @@ impl EtcdLock {
                 .map(|e| e.as_ref().to_owned())
                 .collect(),
             request_timeout: Self::DEFAULT_REQUEST_TIMEOUT,
+            #[cfg(feature = "etcd-tls")]
+            ca_pem: None,
         }
     }
 
