@@ -1,6 +1,8 @@
 # Multi-stage build: cargo-chef caches the dependency build in its own layer, so a change to
-# the project's code rebuilds only the project. The runtime image is Debian slim with the two
-# binaries, curl for health checks, and a non-root user.
+# the project's code rebuilds only the project. Two images come out of one build, each
+# Debian slim with one binary and a non-root user:
+# - `runtime` (the last stage, what `docker build .` makes): the service alone, `seckill`;
+# - `loadtest` (`docker build --target loadtest .`): the load tester of the demo stack.
 
 # The builder and the runtime are both Debian bookworm, so the binaries find the glibc they
 # were linked against.
@@ -20,12 +22,21 @@ RUN cargo chef cook --release --recipe-path recipe.json
 COPY . .
 RUN cargo build --release --locked -p seckill -p loadtest
 
-FROM debian:bookworm-slim AS runtime
+# The system's certificate authorities, for TLS links given no CA file of their own.
+FROM debian:bookworm-slim AS base
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates curl \
+ && apt-get install -y --no-install-recommends ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home seckill
-COPY --from=builder /src/target/release/seckill /src/target/release/loadtest /usr/local/bin/
+
+FROM base AS loadtest
+COPY --from=builder /src/target/release/loadtest /usr/local/bin/
+USER seckill
+CMD ["loadtest"]
+
+# No shell tools beyond Debian slim's own: health checks use bash (docker-compose.yml).
+FROM base AS runtime
+COPY --from=builder /src/target/release/seckill /usr/local/bin/
 USER seckill
 # Reachable from outside the container (`docker run -p 8080:8080 seckill:local`); the
 # binary's own default is 127.0.0.1:8080. The operators' listener (admin routes, /metrics,

@@ -10,6 +10,7 @@ use actix_web::http::header;
 use actix_web::middleware::DefaultHeaders;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context;
+use distlock::PgLockTable;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -71,7 +72,7 @@ impl Application {
     pub async fn build_with_pool(settings: Settings, pool: PgPool) -> anyhow::Result<Self> {
         settings.check().map_err(anyhow::Error::msg)?;
         choose_tls_cryptography();
-        prepare_database(&pool, &settings.database).await?;
+        prepare_database(&pool, &settings).await?;
         let (source, redis) = connect_redis(&settings).await?;
         let exclusion = Exclusion::connect(&settings, &pool, &redis, &source).await?;
         let deployment = repository::deployment_id(&pool)
@@ -141,14 +142,41 @@ impl Application {
     }
 }
 
-/// Migrations, then the session bounds on every connection of `pool`.
-async fn prepare_database(pool: &PgPool, database: &DatabaseSettings) -> anyhow::Result<()> {
+/// The schema (migrations, and under `pg-lock` the lock table), made by the role of
+/// `DATABASE_MIGRATION_URL` when it is set, else by `pool`'s; then the session bounds on
+/// every connection of `pool`.
+async fn prepare_database(pool: &PgPool, settings: &Settings) -> anyhow::Result<()> {
+    let owner = match settings.database.migration_url() {
+        Some(url) => Some(schema_owner(url, &settings.database).await?),
+        None => None,
+    };
+    let schema = owner.as_ref().unwrap_or(pool);
     MIGRATOR
-        .run(pool)
+        .run(schema)
         .await
         .context("cannot run database migrations")?;
-    bound_sessions(pool, database).await;
+    if settings.lock.strategy == LockStrategy::PgLock {
+        PgLockTable::new(schema.clone())
+            .install()
+            .await
+            .context("cannot create the lock table in PostgreSQL")?;
+    }
+    if let Some(owner) = owner {
+        owner.close().await;
+    }
+    bound_sessions(pool, &settings.database).await;
     Ok(())
+}
+
+/// One connection as the schema's owner (`DATABASE_MIGRATION_URL`), for the schema changes.
+async fn schema_owner(url: &str, database: &DatabaseSettings) -> anyhow::Result<PgPool> {
+    let options = PgConnectOptions::from_str(url).context("invalid DATABASE_MIGRATION_URL")?;
+    PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(database.acquire_timeout)
+        .connect_with(options)
+        .await
+        .context("cannot connect to PostgreSQL (DATABASE_MIGRATION_URL)")
 }
 
 /// Redis, where it is: connected now when the strategy sells with it, in the background

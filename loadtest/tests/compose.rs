@@ -79,7 +79,7 @@ fn as_flags(env: &serde_norway::Mapping) -> Vec<String> {
         let key = key.as_str().unwrap();
         let value = value
             .as_str()
-            .map(with_defaults)
+            .map(with_defaults_inside)
             .unwrap_or_else(|| serde_norway::to_string(value).unwrap().trim().to_owned());
         if let Some(arg) = command
             .get_arguments()
@@ -263,10 +263,20 @@ fn the_load_test_targets_every_app_and_uses_real_flags() {
     assert!(env.contains_key("ADMIN_TOKEN") && env.contains_key("DATABASE_URL"));
 }
 
+/// Each app's health check, run as the container runs it (bash, with the port moved to a
+/// real instance's operators' listener): it passes there, and fails where nothing answers.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
-async fn the_health_check_paths_answer_on_a_real_instance(pool: PgPool) {
+async fn the_health_checks_pass_on_a_real_instance_and_fail_without_one(pool: PgPool) {
     let compose = compose();
     let (port, _cleanup) = spawn_instance(pool, "compose").await;
+    let check = |script: String| async move {
+        tokio::process::Command::new("bash")
+            .args(["-c", &script])
+            .status()
+            .await
+            .unwrap()
+            .success()
+    };
 
     for (name, service) in app_services(&compose) {
         let test: Vec<&str> = service["healthcheck"]["test"]
@@ -275,20 +285,29 @@ async fn the_health_check_paths_answer_on_a_real_instance(pool: PgPool) {
             .iter()
             .map(|v| v.as_str().unwrap())
             .collect();
-        let url = test
-            .iter()
-            .find(|a| a.starts_with("http://"))
-            .expect("a URL in the check");
+        assert_eq!(
+            test[..3],
+            ["CMD", "bash", "-c"],
+            "{name}: the image has bash, not curl"
+        );
         // The operators' listener, where /readyz is.
         let ops = service["environment"]["OPS_BIND_ADDR"].as_str().unwrap();
-        let local = format!("http://127.0.0.1:{}", ops.rsplit(':').next().unwrap());
-        assert!(url.starts_with(&format!("{local}/")), "{name}: {url}");
-        let path = &url[local.len()..];
-        let status = reqwest::get(format!("http://127.0.0.1:{port}{path}"))
-            .await
-            .unwrap()
-            .status();
-        assert_eq!(status, 200, "{name}: health check {path}");
+        let at = format!("/dev/tcp/127.0.0.1/{}", ops.rsplit(':').next().unwrap());
+        assert!(
+            test[3].contains(&at) && test[3].contains("/readyz"),
+            "{name}: {}",
+            test[3]
+        );
+        let on = |port: u16| test[3].replace(&at, &format!("/dev/tcp/127.0.0.1/{port}"));
+
+        assert!(
+            check(on(port)).await,
+            "{name}: the check fails on a ready instance"
+        );
+        assert!(
+            !check(on(testkit::free_port())).await,
+            "{name}: the check passes on nothing"
+        );
     }
 }
 
@@ -463,33 +482,154 @@ fn the_etcd_profile_has_one_server_listening_where_the_apps_look_for_it() {
     }
 }
 
-/// The image holds every binary the stack runs, and runs as a user other than root.
-#[test]
-fn the_image_holds_every_binary_the_stack_runs_and_is_not_root() {
+/// The stages of the Dockerfile by name (`FROM ... AS <name>`), each with its text.
+fn dockerfile_stages() -> Vec<(String, String)> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Dockerfile");
     let dockerfile = std::fs::read_to_string(path).expect("a Dockerfile at the top of the repo");
-    let runtime = dockerfile.rsplit("\nFROM ").next().expect("a final stage");
+    dockerfile
+        .split("\nFROM ")
+        .skip(1)
+        .map(|stage| {
+            let first = stage.lines().next().unwrap();
+            let name = first.rsplit(" AS ").next().unwrap().trim().to_owned();
+            (name, stage.to_owned())
+        })
+        .collect()
+}
+
+/// Every service built from the Dockerfile names a stage that holds the one binary it runs
+/// and nothing else of the project's, and runs as a user other than root; `docker build .`
+/// (the last stage) makes the service's image.
+#[test]
+fn each_image_holds_only_the_binary_its_service_runs_and_is_not_root() {
+    let stages = dockerfile_stages();
     let compose = compose();
+    let mut built = Vec::new();
     for (name, service) in services(&compose) {
-        let image = service["image"].as_str().unwrap_or_default();
-        if image != "seckill:local" {
+        if service["build"].is_null() {
             continue;
         }
+        let target = service["build"]["target"].as_str().expect("a build target");
+        let (_, stage) = stages
+            .iter()
+            .find(|(stage, _)| stage == target)
+            .unwrap_or_else(|| panic!("{name:?}: no stage {target}"));
         let binary = service["command"][0].as_str().expect("a command");
-        assert!(
-            dockerfile.contains(&format!("-p {binary}")),
-            "{name:?}: the image does not build {binary}"
+        let copied: Vec<&str> = ["seckill", "loadtest"]
+            .into_iter()
+            .filter(|b| stage.contains(&format!("target/release/{b}")))
+            .collect();
+        assert_eq!(
+            copied,
+            [binary],
+            "{name:?}: stage {target} copies {copied:?}"
         );
         assert!(
-            runtime.contains(&format!("target/release/{binary}")),
-            "{name:?}: the runtime stage does not copy {binary}"
+            !stage.contains("curl"),
+            "{name:?}: stage {target} installs curl"
+        );
+        let user = stage
+            .lines()
+            .find_map(|line| line.strip_prefix("USER "))
+            .unwrap_or_else(|| panic!("{name:?}: no USER in stage {target}"));
+        assert_ne!(user.trim(), "root");
+        built.push(target.to_owned());
+    }
+    assert!(built.contains(&"runtime".to_owned()) && built.contains(&"loadtest".to_owned()));
+    assert_eq!(
+        stages.last().unwrap().0,
+        "runtime",
+        "docker build . makes the service"
+    );
+}
+
+/// The apps migrate as the owner role and sell as the app role, which the database's init
+/// script makes by running deploy/postgres/roles.sql (tested itself in the service's
+/// `privileges.rs`); the load test reads the books as the app role.
+#[test]
+fn the_apps_sell_as_the_app_role_and_migrate_as_the_owner() {
+    let compose = compose();
+    let user_of = |url: &str| -> String {
+        let url = with_defaults_inside(url);
+        let rest = url.strip_prefix("postgres://").unwrap();
+        rest.split(['@', ':']).next().unwrap().to_owned()
+    };
+    let init = std::fs::read_to_string(root().join("deploy/postgres/initdb/10-roles.sh")).unwrap();
+    let volumes: Vec<&str> = services(&compose)["postgres"]["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(volumes.contains(&"./deploy/postgres/initdb:/docker-entrypoint-initdb.d:ro"));
+    assert!(volumes.contains(&"./deploy/postgres/roles.sql:/seckill/roles.sql:ro"));
+    assert!(init.contains("-f /seckill/roles.sql"), "{init}");
+    for (name, service) in app_services(&compose) {
+        let env = &service["environment"];
+        let app = user_of(env["DATABASE_URL"].as_str().unwrap());
+        let owner = user_of(env["DATABASE_MIGRATION_URL"].as_str().unwrap());
+        assert!(init.contains(&format!("-v app={app} ")), "{name}: {app}");
+        assert!(
+            init.contains(&format!("-v owner={owner} ")),
+            "{name}: {owner}"
         );
     }
-    let user = runtime
-        .lines()
-        .find_map(|line| line.strip_prefix("USER "))
-        .expect("a USER in the runtime stage");
-    assert_ne!(user.trim(), "root");
+    let loadtest = services(&compose)["loadtest"]["environment"]["DATABASE_URL"]
+        .as_str()
+        .unwrap();
+    assert_eq!(user_of(loadtest), "seckill_app");
+}
+
+/// Grafana's admin password is the one given, or a random one written to its log: run as
+/// the container runs it, with Grafana itself replaced by a print of the password.
+#[test]
+fn grafana_never_keeps_its_default_admin_password() {
+    let compose = compose();
+    let grafana = &services(&compose)["grafana"];
+    assert_eq!(
+        grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD"].as_str(),
+        Some("${GRAFANA_ADMIN_PASSWORD:-}")
+    );
+    let entrypoint: Vec<&str> = grafana["entrypoint"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    // Compose turns `$$` into `$`; the image's own entrypoint is /run.sh.
+    let script = entrypoint[2].replace("$$", "$").replace(
+        "exec /run.sh",
+        r#"echo "started with $GF_SECURITY_ADMIN_PASSWORD""#,
+    );
+    let run = |given: &str| -> String {
+        let output = std::process::Command::new(entrypoint[0])
+            .args([entrypoint[1], &script])
+            .env("GF_SECURITY_ADMIN_PASSWORD", given)
+            .output()
+            .unwrap();
+        assert!(output.status.success());
+        String::from_utf8(output.stdout).unwrap()
+    };
+
+    let chosen = run("chosen-by-the-operator");
+    let (first, second) = (run(""), run(""));
+
+    assert_eq!(chosen.trim(), "started with chosen-by-the-operator");
+    let started = |out: &str| out.lines().last().unwrap().to_owned();
+    for out in [&first, &second] {
+        let password = started(out)
+            .strip_prefix("started with ")
+            .unwrap()
+            .to_owned();
+        assert!(password.len() >= 20 && password != "admin", "{out}");
+        assert!(
+            out.contains(&format!(
+                "grafana admin password (set GRAFANA_ADMIN_PASSWORD to choose it): {password}"
+            )),
+            "{out}"
+        );
+    }
+    assert_ne!(started(&first), started(&second), "random each start");
 }
 
 #[test]
@@ -510,12 +650,13 @@ fn no_service_can_pull_an_image_that_is_built_locally() {
     let compose = compose();
     assert_eq!(pullable_local_images(&compose), Vec::<String>::new());
 
-    // The check catches the mistake it is for: a service that only names the local tag.
+    // The check catches the mistake it is for: a service that only names the local tag
+    // (the other apps build it).
     let mut broken = compose.clone();
-    let loadtest = broken["services"]["loadtest"].as_mapping_mut().unwrap();
-    loadtest.remove("build");
-    loadtest.remove("pull_policy");
-    assert_eq!(pullable_local_images(&broken), vec!["loadtest".to_owned()]);
+    let app = broken["services"]["app1"].as_mapping_mut().unwrap();
+    app.remove("build");
+    app.remove("pull_policy");
+    assert_eq!(pullable_local_images(&broken), vec!["app1".to_owned()]);
 }
 
 #[test]

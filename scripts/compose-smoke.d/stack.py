@@ -532,7 +532,7 @@ def stack_image_names(compose, runs):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep-images", action="store_true",
-                        help="keep the images this run made (stand-ins and seckill:local)")
+                        help="keep the images this run made (stand-ins, seckill:local and seckill-loadtest:local)")
     parser.add_argument("--lock", metavar="FILE",
                         help="hold an flock on FILE during the heavy phases only (a shared machine)")
     parser.add_argument("--only", choices=[r[0] for r in RUNS], action="append",
@@ -594,7 +594,9 @@ def main():
             def remove_images():
                 # Only what this run made: an image another user built or loaded meanwhile
                 # under another name stays.
-                wanted = {n.split("/")[-1] for n in stack_image_names(load_compose(), runs)} | {"seckill:local"}
+                compose = load_compose()
+                built = {s["image"] for s in compose["services"].values() if s.get("build")}
+                wanted = {n.split("/")[-1] for n in stack_image_names(compose, runs)} | built
                 listed = image_names(stack)
                 made = sorted(i for i in image_ids(stack) - before if ours(listed.get(i, set()), wanted))
                 if made:

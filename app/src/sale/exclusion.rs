@@ -145,9 +145,9 @@ async fn connect_master(
         .with_context(|| format!("cannot connect to Redis ({setting})"))
 }
 
-/// `pg-lock`: the lock in a PostgreSQL table, on a pool of its own: the leaders' attempts and
-/// their watchdogs' renewals must not wait behind the batches for a connection (a late
-/// renewal costs the lease).
+/// `pg-lock`: the lock in a PostgreSQL table (made with the schema, at start-up), on a pool
+/// of its own: the leaders' attempts and their watchdogs' renewals must not wait behind the
+/// batches for a connection (a late renewal costs the lease).
 async fn connect_lock_table(
     lock: &LockSettings,
     pool: &PgPool,
@@ -157,13 +157,9 @@ async fn connect_lock_table(
         .max_connections(LOCK_TABLE_CONNECTIONS)
         .acquire_timeout(acquire_timeout)
         .connect_lazy_with(pool.connect_options().as_ref().clone());
-    let table = PgLockTable::new(locks);
-    table
-        .install()
-        .await
-        .context("cannot create the lock table in PostgreSQL")?;
     Ok(Exclusion::PgLock(
-        Locker::new(table, lock_options(lock)?).context("invalid lock settings")?,
+        Locker::new(PgLockTable::new(locks), lock_options(lock)?)
+            .context("invalid lock settings")?,
     ))
 }
 

@@ -41,6 +41,32 @@ pub struct DatabaseSettings {
     )]
     pub url_file: Option<SecretString>,
 
+    /// The PostgreSQL URL migrations run with: a role that owns the schema, so that the
+    /// service's own role (DATABASE_URL) needs no right to change it (deploy/postgres/
+    /// roles.sql makes both). The schema changes run on one connection, closed once they
+    /// are done. Unset: DATABASE_URL's role runs them. Kept out of logs and debug output.
+    #[arg(
+        long = "database-migration-url",
+        id = "database_migration_url",
+        value_name = "DATABASE_MIGRATION_URL",
+        env = "DATABASE_MIGRATION_URL",
+        hide_env_values = true,
+        value_parser = secret,
+        conflicts_with = "database_migration_url_file",
+    )]
+    pub migration_url: Option<SecretString>,
+
+    /// A file holding DATABASE_MIGRATION_URL (surrounding whitespace ignored), read at
+    /// start-up.
+    #[arg(
+        long = "database-migration-url-file",
+        id = "database_migration_url_file",
+        value_name = "DATABASE_MIGRATION_URL_FILE",
+        env = "DATABASE_MIGRATION_URL_FILE",
+        value_parser = secret_from_file,
+    )]
+    pub migration_url_file: Option<SecretString>,
+
     /// Size of the PostgreSQL connection pool. Lock holders' batches (the lock strategies)
     /// have a pool of their own of the same size, which opens a connection only when a
     /// holder needs one: about one per product being sold.
@@ -382,6 +408,15 @@ impl DatabaseSettings {
             .as_ref()
             .or(self.url_file.as_ref())
             .map_or("", ExposeSecret::expose_secret)
+    }
+
+    /// The URL migrations run with (DATABASE_MIGRATION_URL or its file), if another than
+    /// [`url`](Self::url)'s; never for logging.
+    pub fn migration_url(&self) -> Option<&str> {
+        self.migration_url
+            .as_ref()
+            .or(self.migration_url_file.as_ref())
+            .map(ExposeSecret::expose_secret)
     }
 }
 

@@ -323,6 +323,44 @@ mod tests {
     }
 
     #[test]
+    fn a_ca_file_that_no_link_would_use_is_refused_by_name() {
+        let ca = CaFile {
+            path: "ca.pem".into(),
+            pem: std::sync::Arc::from(b"-----BEGIN CERTIFICATE-----".as_slice()),
+        };
+        let mut redis = sample();
+        redis.redis.ca_file = Some(ca.clone());
+        let plain = redis.check().unwrap_err();
+        redis.lock.strategy = LockStrategy::Redlock;
+        redis.lock.redlock_urls = vec!["rediss://a".into(), "rediss://b".into()];
+        let redlock_over_tls = redis.check();
+        redis.redis.url = "rediss://r".into();
+        redis.lock.strategy = LockStrategy::Redis;
+        let over_tls = redis.check();
+        redis.redis.sentinels = vec!["redis://s:26379".into()];
+        let sentinels = redis.check().unwrap_err();
+        let mut etcd = sample();
+        etcd.lock.etcd_ca_file = Some(ca);
+        let unused = etcd.check();
+        etcd.lock.strategy = LockStrategy::Etcd;
+        etcd.lock.etcd_endpoints = vec!["https://e1:2379".into(), "http://e2:2379".into()];
+        let one_plain = etcd.check().unwrap_err();
+        etcd.lock.etcd_endpoints.pop();
+        let all_tls = etcd.check();
+
+        assert!(
+            plain.contains("REDIS_CA_FILE (ca.pem)") && plain.contains("rediss://"),
+            "{plain}"
+        );
+        assert_eq!(redlock_over_tls, Ok(()));
+        assert_eq!(over_tls, Ok(()));
+        assert!(sentinels.contains("REDIS_SENTINELS"), "{sentinels}");
+        assert_eq!(unused, Ok(()), "ignored unless LOCK_STRATEGY=etcd");
+        assert!(one_plain.contains("http://e2:2379"), "{one_plain}");
+        assert_eq!(all_tls, Ok(()));
+    }
+
+    #[test]
     fn limits_and_proxies_are_read_from_the_command_line() {
         let parsed = Settings::try_parse_from([
             "seckill",

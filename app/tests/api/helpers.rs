@@ -46,6 +46,18 @@ pub fn settings(redis_url: &str, prefix: &str) -> Settings {
     settings
 }
 
+/// The database URL of `connect`, which `#[sqlx::test]` made (trust authentication: no
+/// password).
+pub fn url_of(connect: &PgConnectOptions) -> String {
+    format!(
+        "postgres://{}@{}:{}/{}",
+        connect.get_username(),
+        connect.get_host(),
+        connect.get_port(),
+        connect.get_database().unwrap()
+    )
+}
+
 pub fn shared_redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }

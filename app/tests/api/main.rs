@@ -15,6 +15,7 @@ mod helpers;
 mod listeners;
 mod openapi;
 mod outcomes;
+mod privileges;
 mod products;
 mod purchase;
 mod reads;

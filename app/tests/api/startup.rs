@@ -7,7 +7,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 
-use crate::helpers::{settings, shared_redis_url};
+use crate::helpers::{settings, shared_redis_url, url_of};
 
 async fn build_error(settings: seckill::Settings, pool: Option<PgPool>) -> String {
     let built = match pool {
@@ -216,18 +216,6 @@ fn start_from_files(database_url_file: &Path, admin_token_file: &Path) -> FromFi
         address,
         said,
     }
-}
-
-/// The database URL of `connect`, which `#[sqlx::test]` made (trust authentication: no
-/// password).
-fn url_of(connect: &PgConnectOptions) -> String {
-    format!(
-        "postgres://{}@{}:{}/{}",
-        connect.get_username(),
-        connect.get_host(),
-        connect.get_port(),
-        connect.get_database().unwrap()
-    )
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]

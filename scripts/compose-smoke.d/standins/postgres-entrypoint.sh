@@ -1,7 +1,9 @@
 #!/bin/bash
 # The official image's start-up, as far as the stack uses it: on first start, initdb with
 # POSTGRES_PASSWORD for `postgres`, POSTGRES_HOST_AUTH_METHOD for connections over the network,
-# and POSTGRES_DB created; then the server, listening on every interface.
+# POSTGRES_DB created, and the scripts of /docker-entrypoint-initdb.d run in name order (an
+# executable .sh run, any other sourced, a .sql fed to psql); then the server, listening on
+# every interface.
 set -euo pipefail
 
 if [ "${1:-}" != postgres ]; then
@@ -33,6 +35,14 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
   if [ "$db" != postgres ]; then
     psql -v ON_ERROR_STOP=1 -U postgres -d postgres -qc "create database \"$db\""
   fi
+  export POSTGRES_USER=postgres POSTGRES_DB="$db"
+  for script in /docker-entrypoint-initdb.d/*; do
+    case "$script" in
+      *.sh) if [ -x "$script" ]; then "$script"; else . "$script"; fi ;;
+      *.sql) psql -v ON_ERROR_STOP=1 -U postgres -d "$db" -q -f "$script" ;;
+      *) [ -e "$script" ] && echo "ignoring $script" ;;
+    esac
+  done
   pg_ctl -D "$PGDATA" -m fast -w stop > /dev/null
   echo "initialised $PGDATA (database $db, host auth $auth)"
 fi
