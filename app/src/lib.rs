@@ -27,8 +27,10 @@
 //! # Layout
 //! - `settings/`: every setting, from flags or environment (`seckill --help`), in seven
 //!   groups (`groups.rs`, `http.rs`, `buyers.rs`), with their ranges (`range.rs`) and the rules between them (`rules.rs`).
-//! - `startup`: [`startup::Application`] builds pools, runs migrations, binds the two
+//! - `startup`: [`startup::Application`] builds pools, has the schema made, binds the two
 //!   listeners: the buyers' (`BIND_ADDR`) and the operators' (`OPS_BIND_ADDR`).
+//! - `schema`: who makes the database schema (`DATABASE_MIGRATION_URL`, `--migrate-only`),
+//!   and whether it is made.
 //! - `routes/`: one file per group of endpoints; parse input, call in, map errors.
 //!   `routes/mod.rs` says which routes each listener serves (`routes::Side`); `body`
 //!   reads a JSON body within a deadline.
@@ -61,6 +63,7 @@ pub mod redis_link;
 pub mod repository;
 mod routes;
 pub mod sale;
+pub mod schema;
 pub mod settings;
 pub mod startup;
 pub mod telemetry;
@@ -71,12 +74,18 @@ pub use startup::Application;
 /// The migrations in `../migrations`, embedded; shared by the service and its tests.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
-/// Run the service until it is asked to stop: what the `seckill` binary does.
+/// Run the service until it is asked to stop: what the `seckill` binary does. With
+/// `MIGRATE_ONLY`, make the database schema and return instead.
 ///
 /// # Errors
 /// Start-up failures (see [`Application::build`]) and server I/O errors.
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     telemetry::init(settings.log_format);
+    if settings.database.migrate_only {
+        schema::migrate_only(&settings).await?;
+        println!("the database schema is current");
+        return Ok(());
+    }
     let app = Application::build(settings).await?;
     // Plain lines for whoever started us with port 0 (the load test's instances).
     println!("listening on {}", app.address());

@@ -10,11 +10,9 @@ use actix_web::http::header;
 use actix_web::middleware::DefaultHeaders;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context;
-use distlock::PgLockTable;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use crate::MIGRATOR;
 use crate::identity::Identity;
 use crate::limits::Limits;
 use crate::metrics::Metrics;
@@ -72,7 +70,8 @@ impl Application {
     pub async fn build_with_pool(settings: Settings, pool: PgPool) -> anyhow::Result<Self> {
         settings.check().map_err(anyhow::Error::msg)?;
         choose_tls_cryptography();
-        prepare_database(&pool, &settings).await?;
+        crate::schema::prepare(&pool, &settings).await?;
+        bound_sessions(&pool, &settings.database).await;
         let (source, redis) = connect_redis(&settings).await?;
         let exclusion = Exclusion::connect(&settings, &pool, &redis, &source).await?;
         let deployment = repository::deployment_id(&pool)
@@ -140,43 +139,6 @@ impl Application {
             ended = self.operations => { public.stop(true).await; ended }
         }
     }
-}
-
-/// The schema (migrations, and under `pg-lock` the lock table), made by the role of
-/// `DATABASE_MIGRATION_URL` when it is set, else by `pool`'s; then the session bounds on
-/// every connection of `pool`.
-async fn prepare_database(pool: &PgPool, settings: &Settings) -> anyhow::Result<()> {
-    let owner = match settings.database.migration_url() {
-        Some(url) => Some(schema_owner(url, &settings.database).await?),
-        None => None,
-    };
-    let schema = owner.as_ref().unwrap_or(pool);
-    MIGRATOR
-        .run(schema)
-        .await
-        .context("cannot run database migrations")?;
-    if settings.lock.strategy == LockStrategy::PgLock {
-        PgLockTable::new(schema.clone())
-            .install()
-            .await
-            .context("cannot create the lock table in PostgreSQL")?;
-    }
-    if let Some(owner) = owner {
-        owner.close().await;
-    }
-    bound_sessions(pool, &settings.database).await;
-    Ok(())
-}
-
-/// One connection as the schema's owner (`DATABASE_MIGRATION_URL`), for the schema changes.
-async fn schema_owner(url: &str, database: &DatabaseSettings) -> anyhow::Result<PgPool> {
-    let options = PgConnectOptions::from_str(url).context("invalid DATABASE_MIGRATION_URL")?;
-    PgPoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(database.acquire_timeout)
-        .connect_with(options)
-        .await
-        .context("cannot connect to PostgreSQL (DATABASE_MIGRATION_URL)")
 }
 
 /// Redis, where it is: connected now when the strategy sells with it, in the background
@@ -457,8 +419,10 @@ fn batch_timeout(database: &DatabaseSettings, work: Duration) -> Duration {
 /// The cryptography of every TLS link (PostgreSQL, Redis, etcd): rustls with *ring*, chosen
 /// once for the process. sqlx and etcd's client name *ring* themselves; redis-rs asks
 /// rustls for the process's choice, which rustls cannot make by itself when a crate built
-/// alongside turns its other provider on (as the load tester's HTTP client does).
-fn choose_tls_cryptography() {
+/// alongside turns its other provider on (as the load tester's HTTP client does). Called by
+/// [`Application::build`]; a program that opens Redis links of its own before that (the
+/// load tester) calls it first.
+pub fn choose_tls_cryptography() {
     // Already chosen (a second build in one process, a test): nothing to do.
     let _ = rustls::crypto::ring::default_provider().install_default();
 }

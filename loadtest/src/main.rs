@@ -10,6 +10,8 @@ use loadtest::demo;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Before any Redis link of ours: a `rediss://` URL would otherwise find no TLS provider.
+    seckill::startup::choose_tls_cryptography();
     let cli = Cli::parse();
     let outcome = match cli.command {
         Some(Command::Serve(settings)) => seckill::run(*settings).await.map(|()| true),

@@ -22,8 +22,10 @@ use anyhow::Context;
 use reqwest::Url;
 use sqlx::{Connection, PgConnection};
 
-/// Where the demo looks when no URL is given.
-pub const DEFAULT_POSTGRES: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+/// Where the demo looks when no URL is given: without TLS, as the figures of
+/// docs/performance.md were measured (the service's TLS is for links across a network;
+/// sqlx's default, `prefer`, would encrypt on loopback wherever the server has `ssl=on`).
+pub const DEFAULT_POSTGRES: &str = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable";
 pub const DEFAULT_REDIS: &str = "redis://127.0.0.1:6379";
 /// Where the demo looks for ZooKeeper when no address is given (ZOOKEEPER_CONNECT's default).
 pub const DEFAULT_ZOOKEEPER: &str = "127.0.0.1:2181";

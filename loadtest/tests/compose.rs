@@ -536,6 +536,12 @@ fn each_image_holds_only_the_binary_its_service_runs_and_is_not_root() {
         built.push(target.to_owned());
     }
     assert!(built.contains(&"runtime".to_owned()) && built.contains(&"loadtest".to_owned()));
+    let installs_curl = stages.iter().find(|(_, stage)| stage.contains("curl"));
+    assert_eq!(
+        installs_curl.map(|(name, _)| name),
+        None,
+        "no stage installs curl"
+    );
     assert_eq!(
         stages.last().unwrap().0,
         "runtime",
@@ -601,10 +607,14 @@ fn grafana_never_keeps_its_default_admin_password() {
         "exec /run.sh",
         r#"echo "started with $GF_SECURITY_ADMIN_PASSWORD""#,
     );
+    // Grafana's data directory: empty at a first start, with its database at a restart.
+    let data = std::env::temp_dir().join(testkit::unique_prefix("grafana").replace(':', "-"));
+    std::fs::create_dir_all(&data).unwrap();
     let run = |given: &str| -> String {
         let output = std::process::Command::new(entrypoint[0])
             .args([entrypoint[1], &script])
             .env("GF_SECURITY_ADMIN_PASSWORD", given)
+            .env("GF_PATHS_DATA", &data)
             .output()
             .unwrap();
         assert!(output.status.success());
@@ -613,8 +623,15 @@ fn grafana_never_keeps_its_default_admin_password() {
 
     let chosen = run("chosen-by-the-operator");
     let (first, second) = (run(""), run(""));
+    std::fs::write(data.join("grafana.db"), "").unwrap();
+    let restarted = run("");
+    std::fs::remove_dir_all(&data).unwrap();
 
     assert_eq!(chosen.trim(), "started with chosen-by-the-operator");
+    assert!(
+        restarted.contains("unchanged") && restarted.trim_end().ends_with("started with"),
+        "a restart announces no new password: {restarted}"
+    );
     let started = |out: &str| out.lines().last().unwrap().to_owned();
     for out in [&first, &second] {
         let password = started(out)

@@ -1024,6 +1024,11 @@ async fn a_lock_over_tls_checks_the_members_certificate() {
     assert!(held.release().await.unwrap().was_held());
     let stranger = testkit::TestAuthority::new("another authority");
     let doubting = connect(stranger.ca_pem()).await;
+    // One list with a plain member and a member over TLS: each is reached its own way.
+    let mixed = EtcdLock::builder([server.endpoint(), server.tls_endpoint()])
+        .ca_certificate(authority.ca_pem())
+        .connect()
+        .await;
     // A read, which answers the backend's error (an acquire would retry until its wait ran
     // out, as it does while a member is down).
     let refused = doubting.inspect(KEY).await;
@@ -1032,6 +1037,20 @@ async fn a_lock_over_tls_checks_the_members_certificate() {
     assert!(
         doubting.acquire(KEY).await.is_err(),
         "no lock through a refused member"
+    );
+    let mixed = locker(
+        mixed.expect("plain and TLS endpoints in one list"),
+        options(TTL, TTL),
+    );
+    assert!(
+        mixed
+            .acquire(KEY)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap()
+            .was_held()
     );
     assert!(fence.get() > 0, "a fence from etcd: {fence:?}");
     let error = refused.expect_err("a member whose certificate the authority did not sign");

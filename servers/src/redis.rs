@@ -64,7 +64,9 @@ impl RedisServer {
     /// As [`start`](Self::start), or the certificate cannot be written.
     pub fn start_tls(certificate: &ServerCertificate) -> Self {
         let started = temp_dir("redis-tls").and_then(|dir| {
-            let (cert, key) = certificate.write_to(&dir, None)?;
+            let (cert, key) = certificate.write_to(&dir, None).inspect_err(|_| {
+                let _ = std::fs::remove_dir_all(&dir);
+            })?;
             let mut last = None;
             // A TLS port taken in between ends the server at once: try again on a new one.
             for _ in 0..ATTEMPTS {

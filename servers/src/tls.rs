@@ -1,6 +1,7 @@
 //! [`ServerCertificate`]: what a private server presents to its clients over TLS.
 
-use std::os::unix::fs::PermissionsExt;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::Result;
@@ -26,8 +27,13 @@ impl ServerCertificate {
         let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
         let what = "writing a private server's certificate";
         std::fs::write(&cert, &self.cert_pem).map_err(crate::io(what))?;
-        std::fs::write(&key, &self.key_pem).map_err(crate::io(what))?;
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))
+        // Made readable by its owner only, never for a moment by anyone else.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&key)
+            .and_then(|mut file| file.write_all(self.key_pem.as_bytes()))
             .map_err(crate::io(what))?;
         if let Some((uid, gid)) = account {
             for file in [&cert, &key] {

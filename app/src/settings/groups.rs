@@ -67,6 +67,19 @@ pub struct DatabaseSettings {
     )]
     pub migration_url_file: Option<SecretString>,
 
+    /// Make the database schema (as DATABASE_MIGRATION_URL's role when it is set, else as
+    /// DATABASE_URL's) and exit, starting nothing else: a deployment's migration job, so that
+    /// the instances need no right to change the schema and no owner's URL.
+    #[arg(
+        long = "migrate-only",
+        id = "migrate_only",
+        value_name = "MIGRATE_ONLY",
+        env = "MIGRATE_ONLY",
+        action = clap::ArgAction::Set,
+        default_value_t = false,
+    )]
+    pub migrate_only: bool,
+
     /// Size of the PostgreSQL connection pool. Lock holders' batches (the lock strategies)
     /// have a pool of their own of the same size, which opens a connection only when a
     /// holder needs one: about one per product being sold.

@@ -24,7 +24,7 @@ pub use tls::CaFile;
 
 use rules::{
     buyers_have_a_key, etcd_ca_has_only_tls_endpoints, etcd_has_endpoints,
-    hold_is_below_half_the_wait, lock_names_hold_no_slash, redis_ca_has_a_tls_link,
+    hold_is_below_half_the_wait, lock_names_hold_no_slash, redis_tls_is_all_or_nothing,
     redlock_has_masters, sentinels_name_their_primary, work_ends_before_a_waiting_batch_gives_up,
     work_ends_before_postgres_ends_the_transaction, zookeeper_has_an_ensemble,
     zookeeper_session_outlasts_two_leases,
@@ -186,7 +186,7 @@ impl Settings {
         zookeeper_session_outlasts_two_leases(&self.lock)?;
         zookeeper_has_an_ensemble(&self.lock)?;
         etcd_has_endpoints(&self.lock)?;
-        redis_ca_has_a_tls_link(&self.redis, &self.lock)?;
+        redis_tls_is_all_or_nothing(&self.redis, &self.lock)?;
         etcd_ca_has_only_tls_endpoints(&self.lock)?;
         lock_names_hold_no_slash(&self.lock, &self.redis)?;
         buyers_have_a_key(&self.identity)
@@ -323,7 +323,7 @@ mod tests {
     }
 
     #[test]
-    fn a_ca_file_that_no_link_would_use_is_refused_by_name() {
+    fn redis_and_etcd_over_tls_are_all_or_nothing() {
         let ca = CaFile {
             path: "ca.pem".into(),
             pem: std::sync::Arc::from(b"-----BEGIN CERTIFICATE-----".as_slice()),
@@ -332,30 +332,49 @@ mod tests {
         redis.redis.ca_file = Some(ca.clone());
         let plain = redis.check().unwrap_err();
         redis.lock.strategy = LockStrategy::Redlock;
-        redis.lock.redlock_urls = vec!["rediss://a".into(), "rediss://b".into()];
-        let redlock_over_tls = redis.check();
-        redis.redis.url = "rediss://r".into();
+        redis.lock.redlock_urls = vec!["rediss://a".into(), "REDISS://b".into()];
+        let redlock_over_tls_beside_a_plain_redis = redis.check().unwrap_err();
+        redis.redis.url = "valkeys://r".into();
+        let all_over_tls = redis.check();
+        redis.lock.redlock_urls.push("redis://:secret@c".into());
+        let one_master_plain = redis.check().unwrap_err();
         redis.lock.strategy = LockStrategy::Redis;
-        let over_tls = redis.check();
+        let redlock_unused = redis.check();
         redis.redis.sentinels = vec!["redis://s:26379".into()];
-        let sentinels = redis.check().unwrap_err();
+        let ca_with_sentinels = redis.check().unwrap_err();
+        let mut sentinels = sample();
+        sentinels.redis.sentinels = vec!["rediss://s:26379".into()];
+        let sentinels_over_tls = sentinels.check().unwrap_err();
         let mut etcd = sample();
         etcd.lock.etcd_ca_file = Some(ca);
-        let unused = etcd.check();
+        let unused = etcd.check().unwrap_err();
         etcd.lock.strategy = LockStrategy::Etcd;
-        etcd.lock.etcd_endpoints = vec!["https://e1:2379".into(), "http://e2:2379".into()];
+        etcd.lock.etcd_endpoints = vec!["HTTPS://e1:2379".into(), "http://e2:2379".into()];
         let one_plain = etcd.check().unwrap_err();
         etcd.lock.etcd_endpoints.pop();
         let all_tls = etcd.check();
 
         assert!(
-            plain.contains("REDIS_CA_FILE (ca.pem)") && plain.contains("rediss://"),
+            plain.contains("REDIS_CA_FILE (ca.pem)") && plain.contains("redis://r"),
             "{plain}"
         );
-        assert_eq!(redlock_over_tls, Ok(()));
-        assert_eq!(over_tls, Ok(()));
-        assert!(sentinels.contains("REDIS_SENTINELS"), "{sentinels}");
-        assert_eq!(unused, Ok(()), "ignored unless LOCK_STRATEGY=etcd");
+        assert!(redlock_over_tls_beside_a_plain_redis.contains("redis://r"));
+        assert_eq!(all_over_tls, Ok(()));
+        assert!(
+            one_master_plain.contains("redis://***@c"),
+            "{one_master_plain}"
+        );
+        assert!(!one_master_plain.contains("secret"), "{one_master_plain}");
+        assert_eq!(redlock_unused, Ok(()), "REDLOCK_URLS unused under redis");
+        assert!(
+            ca_with_sentinels.contains("REDIS_SENTINELS"),
+            "{ca_with_sentinels}"
+        );
+        assert!(
+            sentinels_over_tls.contains("not supported over TLS"),
+            "{sentinels_over_tls}"
+        );
+        assert!(unused.contains("LOCK_STRATEGY is redis"), "{unused}");
         assert!(one_plain.contains("http://e2:2379"), "{one_plain}");
         assert_eq!(all_tls, Ok(()));
     }

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use secrecy::ExposeSecret;
 
+use crate::redact::redacted;
+
 use super::{
     BuyerIdentity, DatabaseSettings, IdentitySettings, LockSettings, LockStrategy, RedisSettings,
     SaleSettings,
@@ -160,12 +162,29 @@ pub(super) fn buyers_have_a_key(identity: &IdentitySettings) -> Result<(), Strin
     Ok(())
 }
 
-/// A Redis CA that no link would use is a mistake that leaves Redis in plain text: at least
-/// one Redis URL the service uses must be `rediss://`, and Sentinels are not reached over TLS.
-pub(super) fn redis_ca_has_a_tls_link(
+/// Whether `url` names a Redis reached over TLS (`rediss://`, or redis-rs's `valkeys://`).
+fn is_tls_redis(url: &str) -> bool {
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys")
+}
+
+/// Redis over TLS is all or nothing: with a Redis CA every Redis URL the service uses must be
+/// `rediss://` (a plain one would stay plain text, and redis-rs refuses a CA for it), and the
+/// Sentinels' primary is never reached over TLS, so Sentinels over TLS would be a half.
+pub(super) fn redis_tls_is_all_or_nothing(
     redis: &RedisSettings,
     lock: &LockSettings,
 ) -> Result<(), String> {
+    if let Some(sentinel) = redis
+        .sentinels
+        .iter()
+        .find(|url| is_tls_redis(url.expose_secret()))
+    {
+        return Err(format!(
+            "REDIS_SENTINELS has a TLS URL ({}): the primary they name is reached in plain text by this service, so Sentinels are not supported over TLS",
+            redacted(sentinel.expose_secret())
+        ));
+    }
     let Some(ca) = &redis.ca_file else {
         return Ok(());
     };
@@ -176,36 +195,43 @@ pub(super) fn redis_ca_has_a_tls_link(
         ));
     }
     let redlock = (lock.strategy == LockStrategy::Redlock).then_some(&lock.redlock_urls);
-    let mut urls = std::iter::once(redis.url()).chain(
+    let urls = std::iter::once(redis.url()).chain(
         redlock
             .into_iter()
             .flatten()
             .map(ExposeSecret::expose_secret),
     );
-    if !urls.any(|url| url.starts_with("rediss://")) {
-        return Err(format!(
-            "REDIS_CA_FILE ({shown}) is set, but no Redis URL is rediss://: Redis would be reached in plain text (use rediss:// in REDIS_URL or REDLOCK_URLS)"
-        ));
+    for url in urls {
+        if !is_tls_redis(url) {
+            return Err(format!(
+                "REDIS_CA_FILE ({shown}) is set, but {} is not rediss://: every Redis URL the service uses (REDIS_URL, and REDLOCK_URLS under redlock) must be over TLS with it",
+                redacted(url)
+            ));
+        }
     }
     Ok(())
 }
 
-/// An etcd CA with a plain endpoint would leave that member in plain text.
+/// An etcd CA that no link would use (another strategy, or a plain endpoint) is a mistake
+/// that would leave etcd in plain text.
 pub(super) fn etcd_ca_has_only_tls_endpoints(lock: &LockSettings) -> Result<(), String> {
     let Some(ca) = &lock.etcd_ca_file else {
         return Ok(());
     };
+    let shown = ca.path.display();
     if lock.strategy != LockStrategy::Etcd {
-        return Ok(());
+        return Err(format!(
+            "ETCD_CA_FILE ({shown}) is set, but LOCK_STRATEGY is {}: only the etcd lock reaches etcd",
+            lock.strategy.name()
+        ));
     }
-    match lock
-        .etcd_endpoints
-        .iter()
-        .find(|e| !e.starts_with("https://"))
-    {
+    let is_tls = |e: &String| {
+        e.split_once("://")
+            .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("https"))
+    };
+    match lock.etcd_endpoints.iter().find(|e| !is_tls(e)) {
         Some(plain) => Err(format!(
-            "ETCD_CA_FILE ({}) is set, but ETCD_ENDPOINTS has {plain}, which is not https://: that member would be reached in plain text",
-            ca.path.display()
+            "ETCD_CA_FILE ({shown}) is set, but ETCD_ENDPOINTS has {plain}, which is not https://: that member would be reached in plain text"
         )),
         None => Ok(()),
     }

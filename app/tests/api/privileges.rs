@@ -1,6 +1,7 @@
 //! Least privilege in PostgreSQL: the service sells as a role that can read and write rows
-//! and nothing else, while another role owns the schema and runs the migrations
-//! (`DATABASE_MIGRATION_URL`); both made by the committed `deploy/postgres/roles.sql`.
+//! and nothing else, while another role owns the schema and makes it (`seckill
+//! --migrate-only` with `DATABASE_MIGRATION_URL`); both made by the committed
+//! `deploy/postgres/roles.sql`.
 
 use std::path::Path;
 use std::process::Command;
@@ -21,44 +22,43 @@ struct Roles {
 
 impl Roles {
     /// Run `deploy/postgres/roles.sql` with `psql`, as the superuser of `connect`.
+    ///
+    /// # Panics
+    /// If it fails (what it made is dropped first).
     fn make(connect: &PgConnectOptions) -> Self {
         let suffix = testkit::unique_prefix("r")
             .replace(':', "_")
             .trim_matches('_')
             .to_owned();
-        let roles = Self {
-            connect: connect.clone(),
-            owner: format!("seckill_owner_{suffix}"),
-            app: format!("seckill_app_{suffix}"),
-        };
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/postgres/roles.sql");
-        roles.psql(&[
-            "-v",
-            &format!("owner={}", roles.owner),
-            "-v",
-            "owner_password=unused-under-trust",
-            "-v",
-            &format!("app={}", roles.app),
-            "-v",
-            "app_password=unused-under-trust",
-            "-f",
-            script.to_str().unwrap(),
-        ]);
-        roles
-    }
-
-    fn psql(&self, args: &[&str]) {
-        let output = Command::new("psql")
-            .arg(url_of(&self.connect))
-            .args(["-X", "-q"])
-            .args(args)
-            .output()
-            .expect("psql (Debian: postgresql-client)");
-        assert!(
-            output.status.success(),
-            "psql {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
+        let (owner, app) = (
+            format!("seckill_owner_{suffix}"),
+            format!("seckill_app_{suffix}"),
         );
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/postgres/roles.sql");
+        let made = psql(
+            connect,
+            &[
+                "-v",
+                &format!("owner={owner}"),
+                "-v",
+                "owner_password=unused-under-trust",
+                "-v",
+                &format!("app={app}"),
+                "-v",
+                "app_password=unused-under-trust",
+                "-f",
+                script.to_str().unwrap(),
+            ],
+        );
+        if let Err(why) = made {
+            let _ = psql(connect, &["-c", &drop_roles(&owner, &app)]);
+            panic!("deploy/postgres/roles.sql failed: {why}");
+        }
+        Self {
+            connect: connect.clone(),
+            owner,
+            app,
+        }
     }
 
     /// The test database's URL, as `role`.
@@ -69,16 +69,41 @@ impl Roles {
 
 impl Drop for Roles {
     fn drop(&mut self) {
-        let (owner, app) = (&self.owner, &self.app);
-        self.psql(&[
-            "-c",
-            // One role at a time: both at once trips over the owner's default privileges,
-            // which name the app.
-            &format!(
-                "DROP OWNED BY {app} CASCADE; DROP OWNED BY {owner} CASCADE; \
-                 DROP ROLE {app}; DROP ROLE {owner}"
-            ),
-        ]);
+        // Never a panic here: one during a failed test's unwinding would end every test.
+        if let Err(why) = psql(&self.connect, &["-c", &drop_roles(&self.owner, &self.app)]) {
+            eprintln!(
+                "could not drop the roles {} and {}: {why}",
+                self.owner, self.app
+            );
+        }
+    }
+}
+
+/// What drops both roles, whichever of them exist. One role at a time: both at once trips
+/// over the owner's default privileges, which name the app.
+fn drop_roles(owner: &str, app: &str) -> String {
+    let mut sql = String::new();
+    for role in [app, owner] {
+        sql.push_str(&format!(
+            "DO $$ BEGIN IF EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN \
+             EXECUTE 'DROP OWNED BY {role} CASCADE'; END IF; END $$; "
+        ));
+    }
+    sql + &format!("DROP ROLE IF EXISTS {app}; DROP ROLE IF EXISTS {owner};")
+}
+
+/// `psql` on the database of `connect`, as its user; its error output when it fails.
+fn psql(connect: &PgConnectOptions, args: &[&str]) -> Result<(), String> {
+    let output = Command::new("psql")
+        .arg(url_of(connect))
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1"])
+        .args(args)
+        .output()
+        .map_err(|e| format!("psql (Debian: postgresql-client): {e}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).into_owned())
     }
 }
 
@@ -91,9 +116,23 @@ async fn as_role(pool: &PgPool, statement: &str) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
+/// `seckill --migrate-only`, the real binary, as a deployment's migration job would run it.
+fn migrate_only(roles: &Roles) -> (bool, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .env_clear()
+        .env("MIGRATE_ONLY", "true")
+        .env("DATABASE_URL", roles.url_as(&roles.app))
+        .env("DATABASE_MIGRATION_URL", roles.url_as(&roles.owner))
+        .env("LOCK_STRATEGY", "pg-lock")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stdout) + String::from_utf8_lossy(&output.stderr);
+    (output.status.success(), said.into_owned())
+}
+
 /// The service sells under `pg-lock` (whose table is schema too) as the app role, the
-/// schema made by the owner role; the app role alone cannot migrate, and cannot create,
-/// change, drop or empty a table.
+/// schema made by the owner role in a migration job; the app role alone cannot make it,
+/// and cannot create, change, drop or empty a table.
 #[sqlx::test(migrations = false)]
 async fn the_service_sells_as_a_role_that_cannot_change_the_schema(
     _pool_options: PgPoolOptions,
@@ -108,23 +147,25 @@ async fn the_service_sells_as_a_role_that_cannot_change_the_schema(
             .await
             .expect("the app role connects")
     };
-    let mut alone = settings(&shared_redis_url(), &testkit::unique_prefix("privileges"));
-    alone.lock.strategy = LockStrategy::PgLock;
-    let mut split = alone.clone();
-    split.database.migration_url = Some(roles.url_as(&roles.owner).into());
+    let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("privileges"));
+    settings.lock.strategy = LockStrategy::PgLock;
 
-    // Act: start as the app role alone (it must migrate), then with the owner migrating;
+    // Act: start as the app role on the empty database (it would have to make the schema);
+    // make the schema as the owner with --migrate-only; start as the app role again, and
     // sell; then try the schema as the app role.
-    let refused = match seckill::Application::build_with_pool(alone, as_app().await).await {
-        Ok(_) => panic!("the app role changed the schema"),
-        Err(error) => format!("{error:#}"),
-    };
-    let app = spawn_with(split, as_app().await).await;
+    let refused =
+        match seckill::Application::build_with_pool(settings.clone(), as_app().await).await {
+            Ok(_) => panic!("the app role made the schema"),
+            Err(error) => format!("{error:#}"),
+        };
+    let (migrated, said) = migrate_only(&roles);
+    let app = spawn_with(settings, as_app().await).await;
     let id = app.create_product("sold by the app role", 2).await;
     let sold = app.purchase(id, 1, 1).await.status();
     let pool = as_app().await;
     let attempts = [
         as_role(&pool, "CREATE TABLE intruder (id INT)").await,
+        as_role(&pool, "CREATE TEMPORARY TABLE intruder (id INT)").await,
         as_role(&pool, "ALTER TABLE products ADD COLUMN intruder INT").await,
         as_role(&pool, "TRUNCATE orders").await,
         as_role(&pool, "DROP TABLE distlock_locks").await,
@@ -141,14 +182,22 @@ async fn the_service_sells_as_a_role_that_cannot_change_the_schema(
     .await
     .unwrap();
 
-    // Assert: sold as the app role; every schema change refused; the owner owns every
-    // table, the lock table among them.
+    // Assert: refused at first, naming what to set; the job made the schema; sold as the
+    // app role; every schema change refused; the owner owns every table, the lock table
+    // among them.
     assert!(
-        refused.contains("cannot run database migrations") && refused.contains("permission denied"),
+        refused.contains("cannot run database migrations")
+            && refused.contains("permission denied")
+            && refused.contains("DATABASE_MIGRATION_URL"),
         "{refused}"
     );
+    assert!(
+        migrated && said.contains("the database schema is current"),
+        "{said}"
+    );
     assert_eq!(sold, 201);
-    for (attempt, statement) in attempts.iter().zip(["CREATE", "ALTER", "TRUNCATE", "DROP"]) {
+    let statements = ["CREATE", "CREATE TEMPORARY", "ALTER", "TRUNCATE", "DROP"];
+    for (attempt, statement) in attempts.iter().zip(statements) {
         let why = attempt.as_ref().expect_err(statement);
         assert!(
             why.contains("permission denied") || why.contains("must be owner"),

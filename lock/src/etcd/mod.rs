@@ -168,7 +168,7 @@ impl EtcdLockBuilder {
 
     /// A client for each endpoint, used one at a time (see [`EtcdLock::connect`]). An
     /// `https://` endpoint is reached over TLS (the `etcd-tls` feature), its certificate
-    /// checked against [`ca_certificate`](Self::ca_certificate) or, without one, against
+    /// checked against `ca_certificate` or, without one, against
     /// the system's trusted authorities.
     ///
     /// # Errors
@@ -181,20 +181,24 @@ impl EtcdLockBuilder {
                 "the etcd request timeout is zero: no request could be answered".into(),
             ));
         }
-        #[cfg_attr(not(feature = "etcd-tls"), expect(unused_mut))]
-        let mut options = members::client_options(timeout);
-        #[cfg(feature = "etcd-tls")]
-        if self.endpoints.iter().any(|e| e.starts_with("https://")) {
-            let tls = etcd::TlsOptions::new();
-            options = options.with_tls(match self.ca_pem {
-                Some(pem) => tls.ca_certificate(etcd::Certificate::from_pem(pem)),
-                None => tls.with_native_roots(),
-            });
-        }
+        let options = members::client_options(timeout);
         let mut clients = Vec::new();
         for endpoint in &self.endpoints {
+            #[cfg_attr(not(feature = "etcd-tls"), expect(unused_mut))]
+            let mut options = options.clone();
+            #[cfg(feature = "etcd-tls")]
+            if endpoint
+                .split_once("://")
+                .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("https"))
+            {
+                let tls = etcd::TlsOptions::new();
+                options = options.with_tls(match &self.ca_pem {
+                    Some(pem) => tls.ca_certificate(etcd::Certificate::from_pem(pem)),
+                    None => tls.with_native_roots(),
+                });
+            }
             // Connects lazily: a member that is down now is tried when a step needs it.
-            clients.push(etcd::Client::connect([endpoint], Some(options.clone())).await?);
+            clients.push(etcd::Client::connect([endpoint], Some(options)).await?);
         }
         if clients.is_empty() {
             return Err(etcd::Error::InvalidArgs("no etcd endpoint".into()).into());

@@ -1,0 +1,131 @@
+//! The database schema: who makes it, and whether it is made.
+//!
+//! The schema is the migrations (`migrations/`, [`MIGRATOR`]) and, under `pg-lock`, the lock
+//! table. It is made by the role of `DATABASE_MIGRATION_URL` when that is set, on one
+//! connection closed once it is done; otherwise by the service's own role
+//! (`DATABASE_URL`), unless the schema is already current, which a role that may not change
+//! it can tell by reading. So a deployment can make the schema once with
+//! `seckill --migrate-only` (a job holding the owner's URL) and run its instances with a
+//! role that reads and writes rows and nothing else (`deploy/postgres/roles.sql`).
+
+use std::str::FromStr;
+
+use anyhow::Context;
+use distlock::PgLockTable;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::MIGRATOR;
+use crate::settings::{DatabaseSettings, LockStrategy, Settings};
+
+/// Make the schema, or find it made: as the owner when `DATABASE_MIGRATION_URL` is set,
+/// else as `pool`'s role when the schema is not current yet; on a connection of its own
+/// either way, closed once it is done.
+///
+/// # Errors
+/// The owner cannot connect, or the schema cannot be made (the message says which role to
+/// give it to when the service's own may not).
+pub async fn prepare(pool: &PgPool, settings: &Settings) -> anyhow::Result<()> {
+    let strategy = settings.lock.strategy;
+    match settings.database.migration_url() {
+        Some(url) => {
+            let owner = one_connection(url, "DATABASE_MIGRATION_URL", &settings.database).await?;
+            let made = make(&owner, strategy).await;
+            owner.close().await;
+            made
+        }
+        None if is_current(pool, strategy).await? => Ok(()),
+        None => {
+            let own = PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(settings.database.acquire_timeout)
+                .connect_with(pool.connect_options().as_ref().clone())
+                .await
+                .context("cannot connect to PostgreSQL (DATABASE_URL)")?;
+            let made = make(&own, strategy).await;
+            own.close().await;
+            made.context(
+                "as DATABASE_URL's role; a role that may not change the schema needs \
+                 DATABASE_MIGRATION_URL, or a run of `seckill --migrate-only` with it first",
+            )
+        }
+    }
+}
+
+/// `seckill --migrate-only`: make the schema as `DATABASE_MIGRATION_URL`'s role, or when it
+/// is unset `DATABASE_URL`'s, and return, starting nothing else (no other setting matters).
+///
+/// # Errors
+/// An invalid or unreachable URL, or the schema cannot be made.
+pub async fn migrate_only(settings: &Settings) -> anyhow::Result<()> {
+    let database = &settings.database;
+    let (url, setting) = match database.migration_url() {
+        Some(url) => (url, "DATABASE_MIGRATION_URL"),
+        None => (database.url(), "DATABASE_URL"),
+    };
+    let pool = one_connection(url, setting, database).await?;
+    let made = make(&pool, settings.lock.strategy).await;
+    pool.close().await;
+    made
+}
+
+/// The migrations, then under `pg-lock` the lock table, as `pool`'s role. `pool` is one
+/// connection, closed by the caller once this returns: the migrator holds an advisory lock
+/// for the whole session, and keeps it when it fails, which would hold up every later
+/// attempt (another instance's, a migration job's) while the session lived.
+async fn make(pool: &PgPool, strategy: LockStrategy) -> anyhow::Result<()> {
+    MIGRATOR
+        .run(pool)
+        .await
+        .context("cannot run database migrations")?;
+    if strategy == LockStrategy::PgLock {
+        PgLockTable::new(pool.clone())
+            .install()
+            .await
+            .context("cannot create the lock table in PostgreSQL")?;
+    }
+    Ok(())
+}
+
+/// Whether every migration of this build was applied (with the same checksum) and, under
+/// `pg-lock`, the lock tables exist: by reading only, which the service's role may.
+async fn is_current(pool: &PgPool, strategy: LockStrategy) -> anyhow::Result<bool> {
+    let read = async {
+        let tables: (bool, bool) = sqlx::query_as(
+            "SELECT to_regclass('_sqlx_migrations') IS NOT NULL, \
+                    to_regclass('distlock_locks') IS NOT NULL \
+                    AND to_regclass('distlock_fences') IS NOT NULL",
+        )
+        .fetch_one(pool)
+        .await?;
+        if !tables.0 {
+            return Ok::<_, sqlx::Error>(false);
+        }
+        let applied: Vec<(i64, Vec<u8>)> =
+            sqlx::query_as("SELECT version, checksum FROM _sqlx_migrations WHERE success")
+                .fetch_all(pool)
+                .await?;
+        let migrated = MIGRATOR
+            .iter()
+            .filter(|m| !m.migration_type.is_down_migration())
+            .all(|m| applied.contains(&(m.version, m.checksum.to_vec())));
+        Ok(migrated && (strategy != LockStrategy::PgLock || tables.1))
+    };
+    read.await
+        .context("cannot read whether the database schema is current")
+}
+
+/// One connection to `url`, the value of `setting` (named in messages).
+async fn one_connection(
+    url: &str,
+    setting: &str,
+    database: &DatabaseSettings,
+) -> anyhow::Result<PgPool> {
+    let options = PgConnectOptions::from_str(url).with_context(|| format!("invalid {setting}"))?;
+    PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(database.acquire_timeout)
+        .connect_with(options)
+        .await
+        .with_context(|| format!("cannot connect to PostgreSQL ({setting})"))
+}
