@@ -183,6 +183,13 @@ const ADMIN_CONNECTIONS: u32 = 2;
 /// a time, so a few serve a sale's opening of many products.
 const LOOKUP_CONNECTIONS: u32 = 2;
 
+/// How long a connection of the occasional pools (admin writes, first look-ups, restock
+/// reads) stays open unused: they serve moments (an operator's write, a sale's opening, a
+/// restock), and five connections per instance held between them would crowd PostgreSQL's
+/// `max_connections` (the bench's nine instances went past 100). The next moment opens
+/// them again, one connection's set-up each.
+const OCCASIONAL_IDLE: Duration = Duration::from_secs(10);
+
 /// The sale, with its pools beside `pool`: the public reads', the admin writes', the first
 /// look-ups', the restock reads' and the lock holders'. Called after [`bound_sessions`], so their connections carry the session bounds too.
 fn open_sale(
@@ -203,16 +210,19 @@ fn open_sale(
     // 503 busy), and each of their statements is bounded like every session's.
     let admin_pool = PgPoolOptions::new()
         .max_connections(ADMIN_CONNECTIONS)
+        .idle_timeout(OCCASIONAL_IDLE)
         .acquire_timeout(database.acquire_timeout)
         .test_before_acquire(false)
         .connect_lazy_with(pool.connect_options().as_ref().clone());
     let lookups_pool = PgPoolOptions::new()
         .max_connections(LOOKUP_CONNECTIONS)
+        .idle_timeout(OCCASIONAL_IDLE)
         .acquire_timeout(database.acquire_timeout)
         .test_before_acquire(false)
         .connect_lazy_with(pool.connect_options().as_ref().clone());
     let restock_reads_pool = PgPoolOptions::new()
         .max_connections(1)
+        .idle_timeout(OCCASIONAL_IDLE)
         .acquire_timeout(database.acquire_timeout)
         .test_before_acquire(false)
         .connect_lazy_with(pool.connect_options().as_ref().clone());
