@@ -1,8 +1,9 @@
 //! The fault soak (`loadtest chaos`), short: a minute with a fixed seed, every kind of fault
-//! injected at least once, and no violation. That the checker catches violations (a 201
-//! without its order, an oversell, a lost update, a wrong sold_out, ...) is shown on
-//! fabricated histories by the unit tests of `loadtest/src/chaos/checker/`, each rule's on
-//! its own.
+//! injected at least once, and no violation; and the negative control, a soak under the
+//! unsafe `none` strategy, which must find the lost updates it makes. That the checker
+//! catches each kind of violation (a 201 without its order, an oversell, a lost update, a
+//! wrong sold_out, ...) is shown on fabricated histories by the unit tests of
+//! `loadtest/src/chaos/checker/`, each rule's on its own.
 
 mod support;
 
@@ -75,6 +76,77 @@ fn a_one_minute_soak_with_every_kind_of_fault_finds_no_violation() {
         stdout.contains(&format!("seed {SEED}")),
         "the seed is printed: {stdout}"
     );
+}
+
+/// A soak's summary (`--summary`), its exit code and its output.
+fn soak(args: &[&str]) -> (Option<i32>, Value, String) {
+    let summary = std::env::temp_dir().join(format!(
+        "seckill-chaos-summary-{}-{:08x}.json",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    let output = Command::new(LOADTEST)
+        .arg("chaos")
+        .args(args)
+        .arg("--summary")
+        .arg(&summary)
+        .stdin(Stdio::null())
+        .output()
+        .expect("loadtest runs");
+    let said = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    let report = std::fs::read_to_string(&summary);
+    let _ = std::fs::remove_file(&summary);
+    let report = report.unwrap_or_else(|e| panic!("no summary ({e}):\n{said}"));
+    (
+        output.status.code(),
+        serde_json::from_str(&report).unwrap(),
+        said,
+    )
+}
+
+/// The negative control: without a lock, three instances selling one product at once lose
+/// updates, and the soak must say so (exit 1, violations of the lost-update or oversell
+/// rule), with no fault needed. A checker that passed this would pass anything.
+#[test]
+fn a_soak_without_a_lock_finds_the_lost_updates_it_makes() {
+    // Act: 15 s under `none`, the first fault not due before the end.
+    let (code, report, said) = soak(&[
+        "--strategy",
+        "none",
+        "--minutes",
+        "0.25",
+        "--seed",
+        SEED,
+        "--fault-every-ms",
+        "600000",
+        "--restock-units",
+        "100",
+    ]);
+
+    // Assert: it failed for the race, not for anything else.
+    assert_eq!(code, Some(1), "the verdict FAIL, not an error:\n{said}");
+    assert_eq!(report["passed"], false, "{said}");
+    let broken: Vec<&str> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| !c["violations"].as_array().unwrap().is_empty())
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        broken.contains(&"no lost update") || broken.contains(&"no oversell"),
+        "the race's own rules: {broken:?}\n{said}"
+    );
+    assert_eq!(
+        report["fault_log"].as_array().unwrap().len(),
+        0,
+        "no fault was needed"
+    );
+    // Honest counts: fence-back rewrites the Redis lock's keys, which `none` has not.
+    let counted: Vec<&String> = report["faults"].as_object().unwrap().keys().collect();
+    assert!(!counted.iter().any(|k| *k == "fence-back"), "{counted:?}");
+    assert_eq!(counted.len(), KINDS.len() - 1, "{counted:?}");
 }
 
 #[test]

@@ -2,6 +2,11 @@
 //! at a random instance, with at most `concurrency` requests open at once; and restocks
 //! through the admin API now and then. Every answer is recorded ([`super::history`]).
 //!
+//! Every choice of instance (and every pause before a retry) is drawn from the seed: each
+//! buyer and each restock has a generator of its own ([`choices`]), so a seed replays which
+//! instance a buyer's n-th attempt goes to, however the tasks interleave. (When each attempt
+//! is sent, and what the faults make of it, is the machine's.)
+//!
 //! - **A buyer** tries up to [`ATTEMPTS`] times, each at a random instance, until an answer
 //!   is final (a 2xx or a 4xx); a 5xx or a lost answer is tried again after a short pause,
 //!   as a client would, without looking the order up first (so a retry after a lost commit
@@ -13,7 +18,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rand::Rng;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
@@ -39,7 +45,7 @@ pub struct LoadConfig {
     pub concurrency: usize,
     pub restock_every: Duration,
     pub restock_units: i64,
-    /// Makes the restocks' keys unique to the run.
+    /// Makes the restocks' keys unique to the run, and draws every choice of instance.
     pub seed: u64,
 }
 
@@ -131,10 +137,23 @@ async fn arrivals(shared: &Arc<Shared>) -> i64 {
     next_user
 }
 
+/// The generator of one buyer's choices (`stream`: the buyer's id), or with
+/// [`RESTOCK_STREAMS`] set, one restock's: stream `stream` of the seed. The fault schedule
+/// is stream 0.
+pub fn choices(seed: u64, stream: u64) -> ChaCha8Rng {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(stream);
+    rng
+}
+
+/// The streams of the restocks' choices: this bit and the restock's number.
+const RESTOCK_STREAMS: u64 = 1 << 63;
+
 /// One buyer's attempts.
 async fn buyer(shared: &Shared, user: i64) {
+    let mut rng = choices(shared.config.seed, user.unsigned_abs());
     for attempt in 0..ATTEMPTS {
-        let (instance, endpoints) = pick(&shared.urls);
+        let (instance, endpoints) = pick(&shared.urls, &mut rng);
         let url = endpoints.public;
         let sent_us = now_us();
         let answer = send(
@@ -160,15 +179,15 @@ async fn buyer(shared: &Shared, user: i64) {
         if last {
             return;
         }
-        let pause = rand::rng().random_range(100..300);
+        let pause = rng.random_range(100..300);
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
 }
 
-/// A random instance: its slot and its address now.
-fn pick(urls: &Urls) -> (usize, Endpoints) {
+/// An instance drawn by `rng`: its slot and its address now.
+fn pick(urls: &Urls, rng: &mut ChaCha8Rng) -> (usize, Endpoints) {
     let urls = urls.read().unwrap();
-    let slot = rand::rng().random_range(0..urls.len());
+    let slot = rng.random_range(0..urls.len());
     (slot, urls[slot].clone())
 }
 
@@ -221,20 +240,25 @@ async fn restock_loop(shared: Arc<Shared>) -> Vec<Restock> {
             units: shared.config.restock_units,
             attempts: Vec::new(),
         };
-        try_restock(&shared, &mut restock, RESTOCK_TRIES_FOR).await;
+        let number = restocks.len() + 1;
+        try_restock(&shared, &mut restock, number, RESTOCK_TRIES_FOR).await;
         restocks.push(restock);
     }
     restocks
 }
 
 /// Try `restock` (again) until an answer resolves it or `within` runs out.
-async fn try_restock(shared: &Shared, restock: &mut Restock, within: Duration) {
+///
+/// `number` is the restock's place among the run's restocks, from 1: its attempt `n` goes
+/// where stream `RESTOCK_STREAMS | number << 16 | n` of the seed says, whenever it is made.
+async fn try_restock(shared: &Shared, restock: &mut Restock, number: usize, within: Duration) {
     let deadline = Instant::now() + within;
     while !restock.resolved() && Instant::now() < deadline {
         if !restock.attempts.is_empty() {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        let (instance, endpoints) = pick(&shared.urls);
+        let stream = RESTOCK_STREAMS | (number as u64) << 16 | restock.attempts.len() as u64;
+        let (instance, endpoints) = pick(&shared.urls, &mut choices(shared.config.seed, stream));
         let url = endpoints.ops;
         let sent_us = now_us();
         let answer = send(
@@ -261,7 +285,44 @@ async fn try_restock(shared: &Shared, restock: &mut Restock, within: Duration) {
 /// After the load: try every restock whose outcome is still open again, with its key, for
 /// up to a minute each (every fault is healed by now).
 async fn resolve(shared: &Shared, restocks: &mut [Restock]) {
-    for restock in restocks.iter_mut().filter(|r| !r.resolved()) {
-        try_restock(shared, restock, Duration::from_secs(60)).await;
+    for (i, restock) in restocks.iter_mut().enumerate() {
+        if !restock.resolved() {
+            try_restock(shared, restock, i + 1, Duration::from_secs(60)).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The instances a generator picks among three, `n` times.
+    fn slots(mut rng: ChaCha8Rng, n: usize) -> Vec<usize> {
+        (0..n).map(|_| rng.random_range(0..3)).collect()
+    }
+
+    #[test]
+    fn a_seed_replays_each_buyers_choices_and_another_seed_or_buyer_draws_others() {
+        let buyer_7 = slots(choices(42, 7), 20);
+
+        assert_eq!(
+            slots(choices(42, 7), 20),
+            buyer_7,
+            "the same seed and buyer"
+        );
+        assert_ne!(slots(choices(43, 7), 20), buyer_7, "another seed");
+        assert_ne!(slots(choices(42, 8), 20), buyer_7, "another buyer");
+        assert_ne!(
+            slots(choices(42, RESTOCK_STREAMS | 7), 20),
+            buyer_7,
+            "a restock is not a buyer"
+        );
+        let mut schedule = ChaCha8Rng::seed_from_u64(42);
+        let schedule: Vec<usize> = (0..20).map(|_| schedule.random_range(0..3)).collect();
+        assert_ne!(
+            schedule,
+            slots(choices(42, 1), 20),
+            "buyer 1 is not the schedule"
+        );
     }
 }

@@ -41,7 +41,7 @@ use crate::attack::{self, Cancel};
 use crate::cli::ChaosArgs;
 use cluster::{ADMIN_TOKEN, Cluster, ClusterConfig};
 use history::now_us;
-use schedule::Schedule;
+use schedule::{FaultKind, Schedule};
 
 /// Run the soak; `Ok(true)` when it ran to its end with no violation.
 ///
@@ -65,7 +65,9 @@ pub async fn run(args: ChaosArgs, cancel: Cancel) -> anyhow::Result<bool> {
         args.lock_ttl_ms,
         args.sold_out_recheck_ms,
     );
-    println!("chaos: seed {seed} (the same --seed replays the same faults)");
+    println!(
+        "chaos: seed {seed} (the same --seed replays the same faults, and each buyer's choice of instance)"
+    );
     println!("chaos: {settings}");
     let mut cluster = Cluster::start(ClusterConfig {
         instances: usize::from(args.instances),
@@ -186,7 +188,8 @@ async fn load_under_faults(
         product_id,
         started_us,
     };
-    let schedule = Schedule::new(seed, cluster.instances());
+    let kinds = FaultKind::applicable(args.strategy);
+    let schedule = Schedule::new(seed, cluster.instances(), &kinds);
     let faults = nemesis::run(cluster, schedule, &plan, cancel).await;
     // Every fault is healed by now (or the nemesis failed): stop the load either way.
     let ended_us = now_us();
@@ -215,6 +218,7 @@ fn write_report(
         started_us: soaked.started_us,
         ended_us: soaked.ended_us,
         sold_out_recheck_us: (args.sold_out_recheck_ms * 1000) as i64,
+        kinds: FaultKind::applicable(args.strategy),
     };
     let report = report::Report {
         header: &header,

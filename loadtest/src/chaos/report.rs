@@ -22,6 +22,8 @@ pub struct Header {
     pub ended_us: Micros,
     /// The instances' `SOLD_OUT_RECHECK_MS`, in µs.
     pub sold_out_recheck_us: Micros,
+    /// The kinds of fault the soak's strategy draws: the only ones the report counts.
+    pub kinds: Vec<FaultKind>,
 }
 
 /// Everything the table shows.
@@ -53,7 +55,9 @@ impl Report<'_> {
             .map(|a| (a.sent_us, a.answered_us))
             .collect();
         created.sort_unstable();
-        let mut by_kind: BTreeMap<FaultKind, Recovery> = FaultKind::ALL
+        let mut by_kind: BTreeMap<FaultKind, Recovery> = self
+            .header
+            .kinds
             .iter()
             .map(|k| (*k, Recovery::default()))
             .collect();

@@ -2,8 +2,9 @@
 //! else, so that a seed replays the same faults in the same order with the same parameters
 //! however long each one takes to inject and heal.
 //!
-//! The first faults are every kind once, in an order shuffled by the seed: a soak that lasts
-//! long enough for that many faults has run every kind. After them each kind is drawn at
+//! Only the kinds that apply to the soak's strategy are drawn ([`FaultKind::applicable`]):
+//! the first faults are each of them once, in an order shuffled by the seed, so a soak that
+//! lasts long enough for that many faults has run every one. After them each is drawn at
 //! random.
 
 use std::time::Duration;
@@ -11,6 +12,7 @@ use std::time::Duration;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use seckill::LockStrategy;
 
 /// What the nemesis does to the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -46,6 +48,17 @@ impl FaultKind {
         FaultKind::DelayNetwork,
         FaultKind::CutNetwork,
     ];
+
+    /// The kinds that do something under `strategy`, in [`ALL`](Self::ALL)'s order. Every
+    /// kind but one hits what every strategy uses (the instances, PostgreSQL, and Redis,
+    /// which carries restock news under all of them); `fence-back` rewrites the Redis lock's
+    /// keys, which only the `redis` lock has.
+    pub fn applicable(strategy: LockStrategy) -> Vec<FaultKind> {
+        Self::ALL
+            .into_iter()
+            .filter(|kind| *kind != FaultKind::FenceBack || strategy == LockStrategy::Redis)
+            .collect()
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -124,23 +137,33 @@ pub const LASTS_MS: std::ops::RangeInclusive<u64> = 1_000..=3_000;
 pub struct Schedule {
     rng: ChaCha8Rng,
     instances: usize,
+    /// The kinds drawn.
+    kinds: Vec<FaultKind>,
     /// The kinds still to come in the first round (every kind once), last first.
     first_round: Vec<FaultKind>,
     drawn: usize,
 }
 
 impl Schedule {
-    /// The schedule of `seed` for a cluster of `instances` (at least 1).
-    pub fn new(seed: u64, instances: usize) -> Self {
+    /// The schedule of `seed` for a cluster of `instances` (at least 1), drawing from `kinds`
+    /// (at least one; [`FaultKind::applicable`]). With every kind, a seed gives the schedule
+    /// it gave before kinds could be left out.
+    ///
+    /// # Panics
+    /// If `kinds` is empty.
+    pub fn new(seed: u64, instances: usize, kinds: &[FaultKind]) -> Self {
+        assert!(!kinds.is_empty(), "a schedule draws from at least one kind");
         // ChaCha8 is specified, unlike `StdRng`, whose algorithm may change between rand
-        // releases: a seed keeps its schedule across versions of this tool.
+        // releases: a seed keeps its schedule across versions of this tool. The schedule
+        // is stream 0 of the seed; the buyers' choices are other streams (`load.rs`).
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut first_round = FaultKind::ALL.to_vec();
+        let mut first_round = kinds.to_vec();
         first_round.shuffle(&mut rng);
         first_round.reverse();
         Self {
             rng,
             instances: instances.max(1),
+            kinds: kinds.to_vec(),
             first_round,
             drawn: 0,
         }
@@ -151,7 +174,7 @@ impl Iterator for Schedule {
     type Item = Fault;
 
     fn next(&mut self) -> Option<Fault> {
-        let drawn_kind = FaultKind::ALL[self.rng.random_range(0..FaultKind::ALL.len())];
+        let drawn_kind = self.kinds[self.rng.random_range(0..self.kinds.len())];
         let kind = self.first_round.pop().unwrap_or(drawn_kind);
         let instance = self.rng.random_range(0..self.instances);
         let links = [Links::Postgres, Links::Redis, Links::Both][self.rng.random_range(0..3)];
@@ -177,9 +200,9 @@ mod tests {
 
     #[test]
     fn the_same_seed_gives_the_same_faults_and_another_seed_others() {
-        let a: Vec<Fault> = Schedule::new(42, 3).take(50).collect();
-        let b: Vec<Fault> = Schedule::new(42, 3).take(50).collect();
-        let c: Vec<Fault> = Schedule::new(43, 3).take(50).collect();
+        let a: Vec<Fault> = Schedule::new(42, 3, &FaultKind::ALL).take(50).collect();
+        let b: Vec<Fault> = Schedule::new(42, 3, &FaultKind::ALL).take(50).collect();
+        let c: Vec<Fault> = Schedule::new(43, 3, &FaultKind::ALL).take(50).collect();
         assert_eq!(a, b);
         assert_ne!(a, c);
     }
@@ -187,15 +210,17 @@ mod tests {
     #[test]
     fn the_first_faults_are_every_kind_once() {
         for seed in 0..100 {
-            let first: BTreeSet<FaultKind> =
-                Schedule::new(seed, 3).take(8).map(|f| f.kind).collect();
+            let first: BTreeSet<FaultKind> = Schedule::new(seed, 3, &FaultKind::ALL)
+                .take(8)
+                .map(|f| f.kind)
+                .collect();
             assert_eq!(first.len(), FaultKind::ALL.len(), "seed {seed}");
         }
     }
 
     #[test]
     fn parameters_stay_in_their_ranges_and_every_instance_is_hit() {
-        let faults: Vec<Fault> = Schedule::new(7, 3).take(300).collect();
+        let faults: Vec<Fault> = Schedule::new(7, 3, &FaultKind::ALL).take(300).collect();
         assert!(faults.iter().all(|f| f.instance < 3
             && DELAY_MS.contains(&(f.delay.as_millis() as u64))
             && LASTS_MS.contains(&(f.lasts.as_millis() as u64))));
@@ -211,5 +236,25 @@ mod tests {
             faults.iter().map(|f| f.index).collect::<Vec<_>>(),
             (1..=300).collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn a_fault_that_cannot_apply_to_the_strategy_is_never_drawn() {
+        let under_pg_atomic = FaultKind::applicable(LockStrategy::PgAtomic);
+        let faults: Vec<Fault> = Schedule::new(7, 3, &under_pg_atomic).take(300).collect();
+        let drawn: BTreeSet<FaultKind> = faults.iter().map(|f| f.kind).collect();
+        let first: BTreeSet<FaultKind> = faults[..7].iter().map(|f| f.kind).collect();
+
+        assert!(!drawn.contains(&FaultKind::FenceBack));
+        assert_eq!(drawn.len(), 7, "every other kind is drawn");
+        assert_eq!(first.len(), 7, "each once in the first round");
+        assert_eq!(FaultKind::applicable(LockStrategy::Redis), FaultKind::ALL);
+        for strategy in [
+            LockStrategy::PgLock,
+            LockStrategy::PgRow,
+            LockStrategy::None,
+        ] {
+            assert!(!FaultKind::applicable(strategy).contains(&FaultKind::FenceBack));
+        }
     }
 }
