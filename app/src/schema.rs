@@ -26,15 +26,15 @@ use crate::settings::{DatabaseSettings, LockStrategy, Settings};
 /// The owner cannot connect, or the schema cannot be made (the message says which role to
 /// give it to when the service's own may not).
 pub async fn prepare(pool: &PgPool, settings: &Settings) -> anyhow::Result<()> {
-    let strategy = settings.lock.strategy;
+    let lock_table = settings.lock.strategy == LockStrategy::PgLock;
     match settings.database.migration_url() {
         Some(url) => {
             let owner = one_connection(url, "DATABASE_MIGRATION_URL", &settings.database).await?;
-            let made = make(&owner, strategy).await;
+            let made = make(&owner, lock_table).await;
             owner.close().await;
             made
         }
-        None if is_current(pool, strategy).await? => Ok(()),
+        None if is_current(pool, lock_table).await? => Ok(()),
         None => {
             let own = PgPoolOptions::new()
                 .max_connections(1)
@@ -42,43 +42,60 @@ pub async fn prepare(pool: &PgPool, settings: &Settings) -> anyhow::Result<()> {
                 .connect_with(pool.connect_options().as_ref().clone())
                 .await
                 .context("cannot connect to PostgreSQL (DATABASE_URL)")?;
-            let made = make(&own, strategy).await;
+            let made = make(&own, lock_table).await;
             own.close().await;
-            made.context(
-                "as DATABASE_URL's role; a role that may not change the schema needs \
-                 DATABASE_MIGRATION_URL, or a run of `seckill --migrate-only` with it first",
-            )
+            match made {
+                Ok(()) => Ok(()),
+                // Made meanwhile by someone who may (a migration job this instance waited
+                // behind, on the migrator's lock): nothing left to do.
+                Err(_) if is_current(pool, lock_table).await? => Ok(()),
+                Err(error) => Err(error.context(
+                    "as DATABASE_URL's role; a role that may not change the schema needs \
+                     DATABASE_MIGRATION_URL, or a run of `seckill --migrate-only` with it first",
+                )),
+            }
         }
     }
 }
 
 /// `seckill --migrate-only`: make the schema as `DATABASE_MIGRATION_URL`'s role, or when it
-/// is unset `DATABASE_URL`'s, and return, starting nothing else (no other setting matters).
+/// is unset `DATABASE_URL`'s, and return, starting nothing else. The lock table is made
+/// whatever `LOCK_STRATEGY` says, so that the instances may run `pg-lock` (now or after a
+/// switch) without the right to make it; no other setting matters.
 ///
 /// # Errors
-/// An invalid or unreachable URL, or the schema cannot be made.
+/// No URL, an invalid or unreachable one, or the schema cannot be made.
 pub async fn migrate_only(settings: &Settings) -> anyhow::Result<()> {
     let database = &settings.database;
     let (url, setting) = match database.migration_url() {
         Some(url) => (url, "DATABASE_MIGRATION_URL"),
+        None if database.url().is_empty() => {
+            anyhow::bail!("set DATABASE_MIGRATION_URL, DATABASE_URL or DATABASE_URL_FILE")
+        }
         None => (database.url(), "DATABASE_URL"),
     };
     let pool = one_connection(url, setting, database).await?;
-    let made = make(&pool, settings.lock.strategy).await;
+    let made = make(&pool, true).await;
     pool.close().await;
     made
 }
 
-/// The migrations, then under `pg-lock` the lock table, as `pool`'s role. `pool` is one
-/// connection, closed by the caller once this returns: the migrator holds an advisory lock
-/// for the whole session, and keeps it when it fails, which would hold up every later
-/// attempt (another instance's, a migration job's) while the session lived.
-async fn make(pool: &PgPool, strategy: LockStrategy) -> anyhow::Result<()> {
+/// The migrations, then (`lock_table`) the `pg-lock` table, as `pool`'s role, unless the
+/// schema is current already: a schema with migrations newer than this build's counts as
+/// current (a build rolled back starts on it, with or without the owner's URL; the
+/// migrator would refuse it). `pool` is one connection, closed by the caller once this
+/// returns: the migrator holds an advisory lock for the whole session, and keeps it when
+/// it fails, which would hold up every later attempt (another instance's, a migration
+/// job's) while the session lived.
+async fn make(pool: &PgPool, lock_table: bool) -> anyhow::Result<()> {
+    if is_current(pool, lock_table).await? {
+        return Ok(());
+    }
     MIGRATOR
         .run(pool)
         .await
         .context("cannot run database migrations")?;
-    if strategy == LockStrategy::PgLock {
+    if lock_table {
         PgLockTable::new(pool.clone())
             .install()
             .await
@@ -87,9 +104,10 @@ async fn make(pool: &PgPool, strategy: LockStrategy) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Whether every migration of this build was applied (with the same checksum) and, under
-/// `pg-lock`, the lock tables exist: by reading only, which the service's role may.
-async fn is_current(pool: &PgPool, strategy: LockStrategy) -> anyhow::Result<bool> {
+/// Whether every migration of this build was applied (with the same checksum; newer ones
+/// may be there too) and, with `lock_table`, the lock tables exist: by reading only, which
+/// the service's role may.
+async fn is_current(pool: &PgPool, lock_table: bool) -> anyhow::Result<bool> {
     let read = async {
         let tables: (bool, bool) = sqlx::query_as(
             "SELECT to_regclass('_sqlx_migrations') IS NOT NULL, \
@@ -109,7 +127,7 @@ async fn is_current(pool: &PgPool, strategy: LockStrategy) -> anyhow::Result<boo
             .iter()
             .filter(|m| !m.migration_type.is_down_migration())
             .all(|m| applied.contains(&(m.version, m.checksum.to_vec())));
-        Ok(migrated && (strategy != LockStrategy::PgLock || tables.1))
+        Ok(migrated && (!lock_table || tables.1))
     };
     read.await
         .context("cannot read whether the database schema is current")

@@ -16,6 +16,10 @@ use support::LOADTEST;
 /// Every kind of fault comes in the first eight of any seed's schedule.
 const SEED: &str = "20261203";
 
+/// One soak at a time: each starts a PostgreSQL, a Redis and three instances, and their
+/// timing rules (the sold_out bound, 503s only) assume the machine is theirs.
+static ONE_SOAK_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 const KINDS: [&str; 8] = [
     "kill-instance",
     "pause-instance",
@@ -29,6 +33,7 @@ const KINDS: [&str; 8] = [
 
 #[test]
 fn a_one_minute_soak_with_every_kind_of_fault_finds_no_violation() {
+    let _alone = ONE_SOAK_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // Arrange: a summary file of the test's own.
     let summary = std::env::temp_dir().join(format!(
         "seckill-chaos-summary-{}-{:08x}.json",
@@ -110,6 +115,7 @@ fn soak(args: &[&str]) -> (Option<i32>, Value, String) {
 /// rule), with no fault needed. A checker that passed this would pass anything.
 #[test]
 fn a_soak_without_a_lock_finds_the_lost_updates_it_makes() {
+    let _alone = ONE_SOAK_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // Act: 15 s under `none`, the first fault not due before the end.
     let (code, report, said) = soak(&[
         "--strategy",

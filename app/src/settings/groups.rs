@@ -16,8 +16,10 @@ use crate::redis_link::RedisSource;
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Database")]
 pub struct DatabaseSettings {
-    /// PostgreSQL URL. Migrations run at start-up, so an empty database works. Kept out of
-    /// logs and debug output (it may hold a password). This or DATABASE_URL_FILE is required.
+    /// PostgreSQL URL. The schema is made at start-up when it is not current, so an empty
+    /// database works for a role that may create tables (or with DATABASE_MIGRATION_URL).
+    /// Kept out of logs and debug output (it may hold a password). This or
+    /// DATABASE_URL_FILE is required.
     #[arg(
         long = "database-url",
         id = "database_url",
@@ -44,7 +46,8 @@ pub struct DatabaseSettings {
     /// The PostgreSQL URL migrations run with: a role that owns the schema, so that the
     /// service's own role (DATABASE_URL) needs no right to change it (deploy/postgres/
     /// roles.sql makes both). The schema changes run on one connection, closed once they
-    /// are done. Unset: DATABASE_URL's role runs them. Kept out of logs and debug output.
+    /// are done. Unset: DATABASE_URL's role runs them, unless the schema is current already
+    /// (read, not changed). Kept out of logs and debug output.
     #[arg(
         long = "database-migration-url",
         id = "database_migration_url",
@@ -68,14 +71,17 @@ pub struct DatabaseSettings {
     pub migration_url_file: Option<SecretString>,
 
     /// Make the database schema (as DATABASE_MIGRATION_URL's role when it is set, else as
-    /// DATABASE_URL's) and exit, starting nothing else: a deployment's migration job, so that
-    /// the instances need no right to change the schema and no owner's URL.
+    /// DATABASE_URL's), the pg-lock table included whatever LOCK_STRATEGY says, and exit,
+    /// starting nothing else: a deployment's migration job, so that the instances need no
+    /// right to change the schema and no owner's URL. `--migrate-only` alone means true.
     #[arg(
         long = "migrate-only",
         id = "migrate_only",
         value_name = "MIGRATE_ONLY",
         env = "MIGRATE_ONLY",
         action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
         default_value_t = false,
     )]
     pub migrate_only: bool,

@@ -323,6 +323,21 @@ mod tests {
     }
 
     #[test]
+    fn migrate_only_is_a_flag_that_may_also_take_a_value() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["seckill", "--database-url", "x"];
+            args.extend(extra);
+            Settings::try_parse_from(args).map(|s| s.database.migrate_only)
+        };
+
+        assert!(matches!(parse(&[]), Ok(false)));
+        assert!(matches!(parse(&["--migrate-only"]), Ok(true)));
+        assert!(matches!(parse(&["--migrate-only", "true"]), Ok(true)));
+        assert!(matches!(parse(&["--migrate-only=false"]), Ok(false)));
+        assert!(parse(&["--migrate-only", "soon"]).is_err());
+    }
+
+    #[test]
     fn redis_and_etcd_over_tls_are_all_or_nothing() {
         let ca = CaFile {
             path: "ca.pem".into(),

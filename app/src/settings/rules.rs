@@ -231,7 +231,8 @@ pub(super) fn etcd_ca_has_only_tls_endpoints(lock: &LockSettings) -> Result<(), 
     };
     match lock.etcd_endpoints.iter().find(|e| !is_tls(e)) {
         Some(plain) => Err(format!(
-            "ETCD_CA_FILE ({shown}) is set, but ETCD_ENDPOINTS has {plain}, which is not https://: that member would be reached in plain text"
+            "ETCD_CA_FILE ({shown}) is set, but ETCD_ENDPOINTS has {}, which is not https://: that member would be reached in plain text",
+            redacted(plain)
         )),
         None => Ok(()),
     }

@@ -154,8 +154,9 @@ impl Schedule {
     pub fn new(seed: u64, instances: usize, kinds: &[FaultKind]) -> Self {
         assert!(!kinds.is_empty(), "a schedule draws from at least one kind");
         // ChaCha8 is specified, unlike `StdRng`, whose algorithm may change between rand
-        // releases: a seed keeps its schedule across versions of this tool. The schedule
-        // is stream 0 of the seed; the buyers' choices are other streams (`load.rs`).
+        // releases: a seed keeps its schedule across versions of this tool for the same
+        // kinds (a strategy that lost a kind draws another schedule). The schedule is
+        // stream 0 of the seed; the buyers' choices are other streams (`load.rs`).
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut first_round = kinds.to_vec();
         first_round.shuffle(&mut rng);
