@@ -38,8 +38,8 @@ pub struct Application {
 }
 
 impl Application {
-    /// Connect to PostgreSQL (and Redis, when the strategy sells with it), run migrations,
-    /// bind `BIND_ADDR` and `OPS_BIND_ADDR`.
+    /// Connect to PostgreSQL (and Redis, when the strategy sells with it), have the schema
+    /// made unless it is current (`schema.rs`), bind `BIND_ADDR` and `OPS_BIND_ADDR`.
     ///
     /// # Errors
     /// A message naming what failed: an invalid setting, an unreachable PostgreSQL or Redis,
