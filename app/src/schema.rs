@@ -29,19 +29,16 @@ pub async fn prepare(pool: &PgPool, settings: &Settings) -> anyhow::Result<()> {
     let lock_table = settings.lock.strategy == LockStrategy::PgLock;
     match settings.database.migration_url() {
         Some(url) => {
-            let owner = one_connection(url, "DATABASE_MIGRATION_URL", &settings.database).await?;
+            let owner = parse(url, "DATABASE_MIGRATION_URL")?;
+            let owner = one_connection(owner, "DATABASE_MIGRATION_URL", &settings.database).await?;
             let made = make(&owner, lock_table).await;
             owner.close().await;
             made
         }
         None if is_current(pool, lock_table).await? => Ok(()),
         None => {
-            let own = PgPoolOptions::new()
-                .max_connections(1)
-                .acquire_timeout(settings.database.acquire_timeout)
-                .connect_with(pool.connect_options().as_ref().clone())
-                .await
-                .context("cannot connect to PostgreSQL (DATABASE_URL)")?;
+            let own = pool.connect_options().as_ref().clone();
+            let own = one_connection(own, "DATABASE_URL", &settings.database).await?;
             let made = make(&own, lock_table).await;
             own.close().await;
             match made {
@@ -74,7 +71,7 @@ pub async fn migrate_only(settings: &Settings) -> anyhow::Result<()> {
         }
         None => (database.url(), "DATABASE_URL"),
     };
-    let pool = one_connection(url, setting, database).await?;
+    let pool = one_connection(parse(url, setting)?, setting, database).await?;
     let made = make(&pool, true).await;
     pool.close().await;
     made
@@ -133,13 +130,17 @@ async fn is_current(pool: &PgPool, lock_table: bool) -> anyhow::Result<bool> {
         .context("cannot read whether the database schema is current")
 }
 
-/// One connection to `url`, the value of `setting` (named in messages).
+/// `url`, the value of `setting` (named in messages), as connection options.
+fn parse(url: &str, setting: &str) -> anyhow::Result<PgConnectOptions> {
+    PgConnectOptions::from_str(url).with_context(|| format!("invalid {setting}"))
+}
+
+/// One connection with `options`, those of `setting` (named in messages).
 async fn one_connection(
-    url: &str,
+    options: PgConnectOptions,
     setting: &str,
     database: &DatabaseSettings,
 ) -> anyhow::Result<PgPool> {
-    let options = PgConnectOptions::from_str(url).with_context(|| format!("invalid {setting}"))?;
     PgPoolOptions::new()
         .max_connections(1)
         .acquire_timeout(database.acquire_timeout)

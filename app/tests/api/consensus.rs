@@ -15,7 +15,9 @@ use tokio::task::spawn_blocking;
 use tokio::time::Instant;
 
 use crate::concurrency::flood_with;
-use crate::helpers::{TestApp, books, error_code, settings, shared_redis_url, spawn_with};
+use crate::helpers::{
+    TestApp, books, build_error, error_code, settings, shared_redis_url, spawn_with,
+};
 
 /// A fence as Redis hands them out: the Redis host's clock in microseconds, far above any
 /// zxid or revision a young server has reached.
@@ -43,13 +45,6 @@ fn on_etcd(endpoint: String, label: &str) -> Settings {
     settings.lock.strategy = LockStrategy::Etcd;
     settings.lock.etcd_endpoints = vec![endpoint];
     settings
-}
-
-async fn build_error(settings: Settings, pool: PgPool) -> String {
-    match seckill::Application::build_with_pool(settings, pool).await {
-        Ok(_) => panic!("the app started with a lock service it cannot use"),
-        Err(error) => format!("{error:#}"),
-    }
 }
 
 /// Ask `/readyz` until its status is `want`, for up to `within`; the last answer.
@@ -194,14 +189,14 @@ async fn an_unreachable_zookeeper_stops_start_up_naming_zookeeper_connect(pool: 
     let mut settings = on_zookeeper(format!("127.0.0.1:{}", testkit::free_port()), "no-zk");
     settings.lock.zookeeper_session_timeout = Duration::from_millis(2_000);
     settings.lock.ttl = Duration::from_millis(1_000);
-    let message = build_error(settings, pool).await;
+    let message = build_error(settings, Some(pool)).await;
     assert!(message.contains("ZOOKEEPER_CONNECT"), "{message}");
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn an_unreachable_etcd_stops_start_up_naming_etcd_endpoints(pool: PgPool) {
     let endpoint = format!("http://127.0.0.1:{}", testkit::free_port());
-    let message = build_error(on_etcd(endpoint, "no-etcd"), pool).await;
+    let message = build_error(on_etcd(endpoint, "no-etcd"), Some(pool)).await;
     assert!(message.contains("ETCD_ENDPOINTS"), "{message}");
 }
 
@@ -219,7 +214,7 @@ async fn granted_zookeeper_session_too_short_for_the_ttl_stops_start_up(pool: Pg
     settings.lock.ttl = Duration::from_millis(5_000);
 
     // Act
-    let message = build_error(settings, pool).await;
+    let message = build_error(settings, Some(pool)).await;
 
     // Assert: both numbers, and what to change.
     assert!(

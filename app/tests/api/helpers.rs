@@ -46,6 +46,22 @@ pub fn settings(redis_url: &str, prefix: &str) -> Settings {
     settings
 }
 
+/// Why the service would not start with `settings` (on `pool` when given, else connecting
+/// itself): the error with all its causes.
+///
+/// # Panics
+/// If it started.
+pub async fn build_error(settings: Settings, pool: Option<PgPool>) -> String {
+    let built = match pool {
+        Some(pool) => Application::build_with_pool(settings, pool).await,
+        None => Application::build(settings).await,
+    };
+    match built {
+        Ok(_) => panic!("the app started with settings it should have refused"),
+        Err(error) => format!("{error:#}"),
+    }
+}
+
 /// The database URL of `connect`, which `#[sqlx::test]` made (trust authentication: no
 /// password).
 pub fn url_of(connect: &PgConnectOptions) -> String {

@@ -7,18 +7,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 
-use crate::helpers::{settings, shared_redis_url, url_of};
-
-async fn build_error(settings: seckill::Settings, pool: Option<PgPool>) -> String {
-    let built = match pool {
-        Some(pool) => seckill::Application::build_with_pool(settings, pool).await,
-        None => seckill::Application::build(settings).await,
-    };
-    match built {
-        Ok(_) => panic!("the app started with bad settings"),
-        Err(error) => format!("{error:#}"),
-    }
-}
+use crate::helpers::{build_error, settings, shared_redis_url, url_of};
 
 #[tokio::test]
 async fn an_unreachable_postgres_stops_start_up_with_a_clear_message() {

@@ -8,14 +8,14 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use seckill::LockStrategy;
 use seckill::settings::CaFile;
-use seckill::{Application, LockStrategy, Settings};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use testkit::{EtcdServer, PostgresServer, RedisServer, ServerCertificate, TestAuthority, Tie};
 use tokio::task::spawn_blocking;
 
-use crate::helpers::{TestApp, settings, shared_redis_url, spawn_with};
+use crate::helpers::{TestApp, build_error, settings, shared_redis_url, spawn_with};
 
 /// An authority's certificate in a file of its own, removed when dropped.
 struct CaOnDisk {
@@ -67,14 +67,6 @@ async fn sells(app: &TestApp) {
     }
 }
 
-/// `Application::build`'s error, all of its causes.
-async fn refused(settings: Settings) -> String {
-    match Application::build(settings).await {
-        Ok(_) => panic!("the service started over a link its authority did not sign"),
-        Err(error) => format!("{error:#}"),
-    }
-}
-
 /// `postgres://...?sslmode=verify-full&sslrootcert=<ca>` for `server`.
 fn verified_url(server: &PostgresServer, ca: &CaOnDisk) -> String {
     format!(
@@ -119,7 +111,7 @@ async fn postgres_over_tls_is_checked_against_the_url_s_root_certificate() {
     let plain = PgPool::connect(&plain).await.map(|_| ()).unwrap_err();
     let mut untrusting = settings(&shared_redis_url(), &prefix);
     untrusting.database.url = Some(verified_url(&server, &other_ca).into());
-    let why = refused(untrusting).await;
+    let why = build_error(untrusting, None).await;
 
     // Assert: every session of the service's database is encrypted; the others were refused.
     let (sessions, encrypted): (i64, i64) = sqlx::query_as(
@@ -164,10 +156,7 @@ async fn redis_over_tls_is_checked_against_redis_ca_file(pool: PgPool) {
     // authority.
     let app = spawn_with(trusting, pool.clone()).await;
     sells(&app).await;
-    let why = match Application::build_with_pool(untrusting, pool).await {
-        Ok(_) => panic!("the service started over a Redis its authority did not sign"),
-        Err(error) => format!("{error:#}"),
-    };
+    let why = build_error(untrusting, Some(pool)).await;
 
     // Assert: the lock's fence came from the Redis over TLS; the other was refused.
     let mut conn = redis::Client::open(server.url())
@@ -213,10 +202,7 @@ async fn etcd_over_tls_is_checked_against_etcd_ca_file(pool: PgPool) {
     // authority.
     let app = spawn_with(trusting, pool.clone()).await;
     sells(&app).await;
-    let why = match Application::build_with_pool(untrusting, pool).await {
-        Ok(_) => panic!("the service started over an etcd its authority did not sign"),
-        Err(error) => format!("{error:#}"),
-    };
+    let why = build_error(untrusting, Some(pool)).await;
 
     // Assert: the other was refused, naming the setting and why.
     assert!(why.contains("ETCD_ENDPOINTS"), "names the setting: {why}");
