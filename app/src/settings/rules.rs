@@ -164,8 +164,13 @@ pub(super) fn buyers_have_a_key(identity: &IdentitySettings) -> Result<(), Strin
 
 /// Whether `url` names a Redis reached over TLS (`rediss://`, or redis-rs's `valkeys://`).
 fn is_tls_redis(url: &str) -> bool {
+    scheme_is(url, &["rediss", "valkeys"])
+}
+
+/// Whether `url`'s scheme is one of `schemes`, in any case.
+fn scheme_is(url: &str, schemes: &[&str]) -> bool {
     let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
-    scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys")
+    schemes.iter().any(|s| scheme.eq_ignore_ascii_case(s))
 }
 
 /// Redis over TLS is all or nothing: with a Redis CA every Redis URL the service uses must be
@@ -225,11 +230,11 @@ pub(super) fn etcd_ca_has_only_tls_endpoints(lock: &LockSettings) -> Result<(), 
             lock.strategy.name()
         ));
     }
-    let is_tls = |e: &String| {
-        e.split_once("://")
-            .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("https"))
-    };
-    match lock.etcd_endpoints.iter().find(|e| !is_tls(e)) {
+    match lock
+        .etcd_endpoints
+        .iter()
+        .find(|e| !scheme_is(e, &["https"]))
+    {
         Some(plain) => Err(format!(
             "ETCD_CA_FILE ({shown}) is set, but ETCD_ENDPOINTS has {}, which is not https://: that member would be reached in plain text",
             redacted(plain)
