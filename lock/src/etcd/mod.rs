@@ -42,8 +42,8 @@
 //!   the key just before ours);
 //! - `line`: the line's keys, the reads of it, and the step that joins it;
 //! - `leases`: grant, keep alive, move and revoke leases, and the ids remembered for unlock;
-//! - `members`: one client per member, the failover from one to the next, and which
-//!   errors mean "ask another member".
+//! - `members`: one client per member (made by [`EtcdLockBuilder`]), the failover from one
+//!   to the next, and which errors mean "ask another member".
 //!
 //! Each module depends only on those after it (and on the handle here).
 
@@ -62,6 +62,7 @@ use crate::token::Token;
 
 use leases::Granted;
 use line::{fence_of, first_kv};
+pub use members::EtcdLockBuilder;
 use wait::{Step, Waiter};
 
 mod leases;
@@ -133,80 +134,6 @@ impl std::fmt::Debug for EtcdLock {
     }
 }
 
-/// Settings for [`EtcdLock`]: the cluster's endpoints and how long one request may take.
-#[derive(Debug, Clone)]
-#[must_use = "a builder does nothing until `connect` is called"]
-pub struct EtcdLockBuilder {
-    endpoints: Vec<String>,
-    request_timeout: Duration,
-    /// The authority `https://` endpoints are checked against; `None`: the system's.
-    #[cfg(feature = "etcd-tls")]
-    ca_pem: Option<Vec<u8>>,
-}
-
-impl EtcdLockBuilder {
-    /// How long one request may take at one member (connecting included) before it is
-    /// given up there and sent to the next member. Default
-    /// [`EtcdLock::DEFAULT_REQUEST_TIMEOUT`], 1 s: etcd answers a durable write in
-    /// milliseconds, so a member that has not answered in a second is taken as hung.
-    ///
-    /// With more than one member, [`Locker::new`](crate::Locker::new) refuses a ttl that
-    /// leaves a renewal less than two of these (see [`EtcdLock::connect`]).
-    pub fn request_timeout(mut self, timeout: Duration) -> Self {
-        self.request_timeout = timeout;
-        self
-    }
-
-    /// Check the certificates of `https://` endpoints against the authority in `pem` (one or
-    /// more PEM certificates) instead of the system's trusted authorities. Plain `http://`
-    /// endpoints ignore it.
-    #[cfg(feature = "etcd-tls")]
-    pub fn ca_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.ca_pem = Some(pem.into());
-        self
-    }
-
-    /// A client for each endpoint, used one at a time (see [`EtcdLock::connect`]). An
-    /// `https://` endpoint is reached over TLS (the `etcd-tls` feature), its certificate
-    /// checked against `ca_certificate` or, without one, against
-    /// the system's trusted authorities.
-    ///
-    /// # Errors
-    /// [`Error::InvalidOptions`] for a zero request timeout; [`Error::Backend`] for an
-    /// endpoint that is not a URL, or none at all.
-    pub async fn connect(self) -> Result<EtcdLock> {
-        let timeout = self.request_timeout;
-        if timeout.is_zero() {
-            return Err(Error::InvalidOptions(
-                "the etcd request timeout is zero: no request could be answered".into(),
-            ));
-        }
-        let options = members::client_options(timeout);
-        let mut clients = Vec::new();
-        for endpoint in &self.endpoints {
-            #[cfg_attr(not(feature = "etcd-tls"), expect(unused_mut))]
-            let mut options = options.clone();
-            #[cfg(feature = "etcd-tls")]
-            if endpoint
-                .split_once("://")
-                .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("https"))
-            {
-                let tls = etcd::TlsOptions::new();
-                options = options.with_tls(match &self.ca_pem {
-                    Some(pem) => tls.ca_certificate(etcd::Certificate::from_pem(pem)),
-                    None => tls.with_native_roots(),
-                });
-            }
-            // Connects lazily: a member that is down now is tried when a step needs it.
-            clients.push(etcd::Client::connect([endpoint], Some(options)).await?);
-        }
-        if clients.is_empty() {
-            return Err(etcd::Error::InvalidArgs("no etcd endpoint".into()).into());
-        }
-        Ok(EtcdLock::with_clients(clients, timeout))
-    }
-}
-
 impl EtcdLock {
     /// How long one request may take at one member unless
     /// [`EtcdLockBuilder::request_timeout`] says otherwise.
@@ -215,16 +142,13 @@ impl EtcdLock {
     /// Settings for locks on the cluster at `endpoints` (`http://host:port`): set the
     /// request timeout, then [`connect`](EtcdLockBuilder::connect).
     pub fn builder<E: AsRef<str>, S: AsRef<[E]>>(endpoints: S) -> EtcdLockBuilder {
-        EtcdLockBuilder {
-            endpoints: endpoints
+        EtcdLockBuilder::new(
+            endpoints
                 .as_ref()
                 .iter()
                 .map(|e| e.as_ref().to_owned())
                 .collect(),
-            request_timeout: Self::DEFAULT_REQUEST_TIMEOUT,
-            #[cfg(feature = "etcd-tls")]
-            ca_pem: None,
-        }
+        )
     }
 
     /// Connect to the cluster at `endpoints` (`http://host:port`) with the default request
