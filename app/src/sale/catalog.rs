@@ -17,6 +17,9 @@
 //!   clock, laid over this instance's own clock from the moment the read was sent (so the
 //!   estimate errs early, never late). An opening not yet reached is read again at most every
 //!   [`OPENING_RECHECK`]; the database's own check at the write decides (see the migration).
+//!   An opening this instance does not know (never read, or forgotten, while another
+//!   purchase's read of it is under way or after that read failed) refuses nobody: such a
+//!   purchase goes on, and the database decides.
 //! - **The backstop.** A mark is trusted for `SOLD_OUT_RECHECK_MS` only; then one batch asks
 //!   PostgreSQL again. A restock whose message was lost (Redis down) therefore reaches every
 //!   instance within that bound.
@@ -108,6 +111,18 @@ pub(crate) struct Known {
     /// Restock news asked for the generation to be read: [`IDLE`], [`READING`] or
     /// [`READ_AGAIN`] (news came during the read).
     restock_read: AtomicU8,
+}
+
+/// What an instance knows of a product's opening ([`Known::opening`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Opening {
+    /// Reached, by the estimate from the last read.
+    Open,
+    /// Not reached yet, by that estimate (which errs early, never late).
+    NotYet,
+    /// Never read, or forgotten since (an admin moved it): only a read, or the database's
+    /// check at the write, can tell.
+    Unknown,
 }
 
 /// No read of the restock generation under way.
@@ -324,9 +339,16 @@ impl Known {
         }
     }
 
-    /// Whether the product's sale has opened, as this instance estimates it.
-    pub(crate) fn is_open(&self) -> bool {
-        nanos(self.since_learned()) >= self.opens_at.load(Ordering::Acquire)
+    /// What this instance knows of the product's opening.
+    pub(crate) fn opening(&self) -> Opening {
+        let opens_at = self.opens_at.load(Ordering::Acquire);
+        if opens_at == u64::MAX {
+            Opening::Unknown
+        } else if nanos(self.since_learned()) >= opens_at {
+            Opening::Open
+        } else {
+            Opening::NotYet
+        }
     }
 
     /// Whether this purchase should read the opening again before it is refused for it: the
@@ -516,27 +538,37 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_opening_is_reached_on_time_and_read_again_while_not_reached() {
         let (_catalog, known) = catalog_with_product(Duration::from_secs(60));
-        assert!(!known.is_open(), "unread: closed");
+        assert_eq!(known.opening(), Opening::Unknown, "unread");
         let generation = known.claim_opening_read().expect("unread: to be read");
         assert_eq!(known.claim_opening_read(), None, "one read at a time");
+        assert_eq!(
+            known.opening(),
+            Opening::Unknown,
+            "a claimed read is not an estimate: purchases meanwhile must not be refused"
+        );
         known.set_opening(Instant::now(), 2_000_000, generation);
-        assert!(!known.is_open() && known.claim_opening_read().is_none());
+        assert_eq!(known.opening(), Opening::NotYet);
+        assert!(known.claim_opening_read().is_none());
         tokio::time::advance(Duration::from_millis(1_999)).await;
-        assert!(!known.is_open());
+        assert_eq!(known.opening(), Opening::NotYet);
         let again = known.claim_opening_read();
         assert!(
             again.is_some(),
             "a closed product's opening is read again each second"
         );
         tokio::time::advance(Duration::from_millis(2)).await;
-        assert!(known.is_open());
+        assert_eq!(known.opening(), Opening::Open);
         // An admin moved it: a read that began before is dropped; a new one is taken.
         known.forget_opening();
         known.set_opening(Instant::now(), -5, again.unwrap());
-        assert!(!known.is_open(), "a read from before the change was stored");
+        assert_eq!(
+            known.opening(),
+            Opening::Unknown,
+            "a read from before the change was stored"
+        );
         let fresh = known.claim_opening_read().expect("forgotten: to be read");
         known.set_opening(Instant::now(), -5, fresh);
-        assert!(known.is_open());
+        assert_eq!(known.opening(), Opening::Open);
     }
 
     #[tokio::test(start_paused = true)]

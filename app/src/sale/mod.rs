@@ -40,7 +40,7 @@ use crate::domain::{ProductId, Quantity, UserId};
 use crate::metrics::{Metrics, PurchaseCounters};
 use crate::repository::{self, SessionBounds, StockSeen};
 use crate::settings::LockStrategy;
-use catalog::{Catalog, ForPurchase, Known};
+use catalog::{Catalog, ForPurchase, Known, Opening};
 use desk::{Desk, DeskShared};
 pub use exclusion::Exclusion;
 use restocks::Restocks;
@@ -302,7 +302,7 @@ impl Sale {
             Some(ForPurchase::Open(product)) => product,
             None => self.look_up(request.product_id).await?,
         };
-        self.check_open(request.product_id, &product).await?;
+        let opening = self.check_open(request.product_id, &product).await?;
         let deadline = Instant::now() + self.wait;
         let answer = match product.desk.submit(
             request,
@@ -339,9 +339,12 @@ impl Sale {
         if let Some(seen) = seen.filter(|seen| seen.stock == 0) {
             product.mark_sold_out(seen.restock_gen);
         }
-        if let Err(PurchaseError::NotOpen) = outcome {
+        if let Err(PurchaseError::NotOpen) = outcome
+            && opening == Opening::Open
+        {
             // The database refused what this instance thought open (an admin moved the
-            // opening later): read it again before the next purchase goes to the desk.
+            // opening later): read it again before the next purchase goes to the desk. (A
+            // purchase that went on with the opening unknown leaves it to the read under way.)
             product.forget_opening();
         }
         outcome
@@ -351,10 +354,13 @@ impl Sale {
     /// without a queue, a lock or a key; an opening not read for [`catalog::OPENING_RECHECK`]
     /// is read again first. The database decides at the write: this instance's estimate errs
     /// early by at most the round trip of the read it came from, never late, so no purchase
-    /// after the opening is refused here.
-    async fn check_open(&self, id: ProductId, product: &Known) -> Result<(), PurchaseError> {
-        if product.is_open() {
-            return Ok(());
+    /// after the opening is refused here. Nor is one while the opening is unknown here (another
+    /// purchase's read of it is under way, or failed): it goes on, and the database decides.
+    ///
+    /// Returns what the purchase went on by: [`Opening::Open`] or [`Opening::Unknown`].
+    async fn check_open(&self, id: ProductId, product: &Known) -> Result<Opening, PurchaseError> {
+        if product.opening() == Opening::Open {
+            return Ok(Opening::Open);
         }
         if let Some(generation) = product.claim_opening_read() {
             // A read of its own: one already running may be from before the change that
@@ -364,16 +370,17 @@ impl Sale {
                 return Err(PurchaseError::NotFound);
             };
             product.set_opening(read_at, found.opens_in_us, generation);
-            // This purchase goes by its own read, stored or not (news of a change that
-            // arrived while it ran, this instance's own included, keeps it from being kept).
+            // A read that found it open lets this purchase go on, stored or not. One that
+            // found it closed refuses only if it was stored: news of a change that came while
+            // it ran (this instance's own included) keeps it from being stored, and leaves
+            // the opening unknown.
             if found.opens_in_us <= 0 {
-                return Ok(());
+                return Ok(Opening::Open);
             }
         }
-        if product.is_open() {
-            Ok(())
-        } else {
-            Err(PurchaseError::NotOpen)
+        match product.opening() {
+            Opening::NotYet => Err(PurchaseError::NotOpen),
+            known => Ok(known),
         }
     }
 

@@ -421,6 +421,95 @@ async fn the_database_refuses_orders_before_the_opening_whatever_an_instance_thi
 }
 
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_purchase_while_another_reads_the_opening_is_not_refused_for_it(pool: PgPool) {
+    // Arrange: an open product the instance knows; the admin moves its opening (still past),
+    // so the next purchase reads it again, and that read waits behind a lock on the table.
+    let app = spawn_with(
+        settings(&shared_redis_url(), &testkit::unique_prefix("unknown")),
+        pool.clone(),
+    )
+    .await;
+    let id = app.create_product("Phone", 10).await;
+    assert_eq!(app.purchase(id, 1, 1).await.status(), 201);
+    let moved = app
+        .client
+        .put(app.ops_url(&format!("/api/products/{id}/opening")))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"on_sale_at": "2020-01-01T00:00:00Z"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(moved.status(), 200);
+    // TIMING: the instance hears its own news of the move (and forgets the opening once
+    // more) within milliseconds; after it, the read below is the only one under way.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut held = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE products IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    let reading = buy_in_task(&app, id, 2);
+    wait_for_sessions_waiting(&pool, 1).await;
+
+    // Act: another buyer comes while that read waits, and is answered or waits in turn.
+    let second = buy_in_task(&app, id, 3);
+    // TIMING: a refusal from memory comes in milliseconds, a purchase that went on waits on
+    // the table within seconds; 30 s is far beyond either on a busy machine.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !second.is_finished() && waiting_sessions(&pool).await < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "neither answered nor waiting"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held.rollback().await.unwrap();
+
+    // Assert: both bought; neither was refused for an opening the instance did not know.
+    for (user, response) in [(2, reading.await.unwrap()), (3, second.await.unwrap())] {
+        assert_eq!(
+            response.status(),
+            201,
+            "user {user}: {:?}",
+            error_code(response).await
+        );
+    }
+}
+
+/// A purchase of one unit by `user`, sent in a task of its own.
+fn buy_in_task(app: &TestApp, id: i64, user: i64) -> tokio::task::JoinHandle<Response> {
+    let request = app
+        .client
+        .post(app.url(&format!("/api/products/{id}/purchase")))
+        .bearer_auth(buyer_token(user))
+        .json(&json!({"user_id": user, "quantity": 1}));
+    tokio::spawn(async move { request.send().await.unwrap() })
+}
+
+/// Sessions of this test's database waiting on a lock.
+async fn waiting_sessions(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Wait (up to 30 s) until `n` sessions of this test's database wait on a lock.
+async fn wait_for_sessions_waiting(pool: &PgPool, n: i64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while waiting_sessions(pool).await < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no session waits on the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn an_opening_brought_forward_on_one_instance_opens_the_others_at_once(
     pool_options: sqlx::postgres::PgPoolOptions,
     connect: sqlx::postgres::PgConnectOptions,
