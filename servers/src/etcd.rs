@@ -189,6 +189,15 @@ impl EtcdCluster {
         Self::try_start_on(n, Tie::Child, None, pick).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Start `n` members tied as `tie` says, for a program (the fault soak) that reports an
+    /// error rather than panics.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start) panics.
+    pub fn try_start(n: usize, tie: Tie) -> Result<Self> {
+        Self::try_start_on(n, tie, None, distinct_free_ports)
+    }
+
     /// Start `n` members tied as `tie` says, on the ports `pick(2 * n)` gives for each try
     /// (`pick(3 * n)` with a `certificate`: each member's TLS port third).
     fn try_start_on(
@@ -358,23 +367,35 @@ impl EtcdCluster {
     /// # Panics
     /// If they are not, within a minute (say, another process took one of its ports).
     pub fn restart(&mut self, i: usize) {
+        self.try_restart(i).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// [`restart`](Self::restart).
+    ///
+    /// # Errors
+    /// As [`restart`](Self::restart) panics.
+    pub fn try_restart(&mut self, i: usize) -> Result<()> {
         self.kill(i);
         for _ in 0..ATTEMPTS {
-            self.members[i].child = Some(self.spawn(i).unwrap_or_else(|e| panic!("{e}")));
+            self.members[i].child = Some(self.spawn(i)?);
             match self.wait_until_ready(READY_WITHIN) {
-                Ok(()) => return,
+                Ok(()) => return Ok(()),
                 Err(NotReady::PortTaken) => {
                     // Its peer URL is in every member's configuration: it can only wait.
                     self.kill(i);
                     std::thread::sleep(Duration::from_millis(500));
                 }
-                Err(NotReady::Failed(why)) => panic!("etcd member {i} did not restart: {why}"),
+                Err(NotReady::Failed(why)) => {
+                    return Err(Error::NotServing(format!(
+                        "etcd member {i} did not restart: {why}"
+                    )));
+                }
             }
         }
-        panic!(
+        Err(Error::NotServing(format!(
             "etcd member {i} did not restart: its ports are taken\n{}",
             self.logs()
-        );
+        )))
     }
 
     /// Whether member `i` answers `GET /health` with `{"health":"true"...}` now.

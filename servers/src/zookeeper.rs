@@ -217,6 +217,15 @@ impl ZooKeeperEnsemble {
         Self::try_start_on(n, profile, Tie::Child, pick).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Start `n` members tuned as `profile` says and tied as `tie` says, for a program (the
+    /// fault soak) that reports an error rather than panics.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start) panics.
+    pub fn try_start(n: usize, profile: Profile, tie: Tie) -> Result<Self> {
+        Self::try_start_on(n, profile, tie, distinct_free_ports)
+    }
+
     /// Start `n` members tuned as `profile` says, on the ports `pick(3 * n)` gives for each
     /// try.
     fn try_start_on(
@@ -311,25 +320,36 @@ impl ZooKeeperEnsemble {
     /// # Panics
     /// If it does not, within a minute (say, another process took one of its ports).
     pub fn restart(&mut self, i: usize) {
+        self.try_restart(i).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// [`restart`](Self::restart).
+    ///
+    /// # Errors
+    /// As [`restart`](Self::restart) panics.
+    pub fn try_restart(&mut self, i: usize) -> Result<()> {
         self.kill(i);
         for _ in 0..ATTEMPTS {
             let member = &self.members[i];
-            let child = member.spawn(self.profile, self.tie);
-            self.members[i].child = Some(child.unwrap_or_else(|e| panic!("{e}")));
+            self.members[i].child = Some(member.spawn(self.profile, self.tie)?);
             match self.wait_until_ready(READY_WITHIN) {
-                Ok(()) => return,
+                Ok(()) => return Ok(()),
                 Err(NotReady::PortTaken) => {
                     // Its ports are in every member's configuration: it can only wait for them.
                     self.kill(i);
                     std::thread::sleep(Duration::from_millis(500));
                 }
-                Err(NotReady::Failed(why)) => panic!("ZooKeeper member {i} did not restart: {why}"),
+                Err(NotReady::Failed(why)) => {
+                    return Err(Error::NotServing(format!(
+                        "ZooKeeper member {i} did not restart: {why}"
+                    )));
+                }
             }
         }
-        panic!(
+        Err(Error::NotServing(format!(
             "ZooKeeper member {i} did not restart: its ports are taken\n{}",
             self.logs()
-        );
+        )))
     }
 
     /// What `srvr` says member `i`'s `Mode` is (`leader`, `follower`, `standalone`), `None`

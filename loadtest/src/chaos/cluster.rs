@@ -1,7 +1,8 @@
-//! The soak's cluster: a private PostgreSQL and a private Redis, and N seckill instances,
-//! each reaching both servers through proxies of its own ([`super::proxy`]). Everything is
-//! stopped when the cluster is dropped: the instances (by pid), the proxies, the servers
-//! (and the PostgreSQL data directory).
+//! The soak's cluster: a private PostgreSQL and a private Redis, the lock's own ensemble
+//! under `zookeeper` and `etcd` ([`super::members`]), and N seckill instances, each reaching
+//! every server through proxies of its own ([`super::proxy`]). Everything is stopped when the
+//! cluster is dropped: the instances (by pid), the proxies, the servers (and their data
+//! directories).
 //!
 //! The private PostgreSQL keeps commit timestamps (`track_commit_timestamp`), so that the
 //! checker can rebuild the stock's history from the rows themselves.
@@ -16,6 +17,7 @@ use reqwest::Url;
 use sqlx::{Connection, PgConnection};
 use tokio::time::Instant;
 
+use super::members::Members;
 use super::proxy::{Mode, Proxy};
 use super::schedule::Links;
 use crate::instances::{Instance, InstanceConfig};
@@ -73,6 +75,8 @@ pub struct Cluster {
     database: String,
     redis_url: String,
     loadtest: PathBuf,
+    /// The lock's ensemble, under `zookeeper` and `etcd`.
+    members: Option<Members>,
     redis: Server,
     postgres: Server,
 }
@@ -81,6 +85,8 @@ struct Slot {
     name: String,
     postgres: Proxy,
     redis: Proxy,
+    /// One proxy per member of the lock's ensemble, in member order (none without one).
+    members: Vec<Proxy>,
     instance: Instance,
     /// How many times it was started (its logs are named after it).
     starts: u32,
@@ -97,6 +103,7 @@ impl Cluster {
             .await
             .context("starting the soak's own PostgreSQL")?;
         let redis = servers::start_redis().context("starting the soak's own Redis")?;
+        let members = tokio::task::block_in_place(|| Members::start(config.strategy))?;
         let admin_url = postgres.url.clone();
         let database = "seckill_chaos".to_owned();
         let database_url = ThrowawayDatabase::create(&admin_url, database.clone())
@@ -115,19 +122,28 @@ impl Cluster {
             database,
             redis_url: redis.url.clone(),
             loadtest,
+            members,
             redis,
             postgres,
         };
+        let member_ports = cluster.members.as_ref().map(Members::ports);
         for i in 0..config.instances {
             let postgres = Proxy::start(postgres_at).await?;
             let redis = Proxy::start(redis_at).await?;
+            let mut members = Vec::new();
+            for port in member_ports.iter().flatten() {
+                members.push(Proxy::start(SocketAddr::from(([127, 0, 0, 1], *port))).await?);
+            }
             let name = format!("chaos-{i}-start1");
-            let instance = cluster.start_instance(&postgres, &redis, &name).await?;
+            let instance = cluster
+                .start_instance(&postgres, &redis, &members, &name)
+                .await?;
             cluster.urls.write().unwrap().push(Endpoints::of(&instance));
             cluster.slots.push(Slot {
                 name: format!("chaos-{i}"),
                 postgres,
                 redis,
+                members,
                 instance,
                 starts: 1,
             });
@@ -139,6 +155,7 @@ impl Cluster {
         &self,
         postgres: &Proxy,
         redis: &Proxy,
+        members: &[Proxy],
         name: &str,
     ) -> anyhow::Result<Instance> {
         let mut database_url = Url::parse(&self.database_url)?;
@@ -146,6 +163,13 @@ impl Cluster {
             .set_port(Some(postgres.port()))
             .map_err(|()| anyhow::anyhow!("cannot set the port of {database_url}"))?;
         let redis_url = format!("redis://127.0.0.1:{}", redis.port());
+        let lock_ttl = Duration::from_millis(self.config.lock_ttl_ms);
+        let ports: Vec<u16> = members.iter().map(Proxy::port).collect();
+        let lock_servers = self
+            .members
+            .as_ref()
+            .map(|m| m.settings(&ports, lock_ttl))
+            .unwrap_or_default();
         let config = InstanceConfig {
             database_url: database_url.as_str(),
             redis_url: &redis_url,
@@ -162,7 +186,10 @@ impl Cluster {
                     self.config.sold_out_recheck_ms.to_string(),
                 ),
                 ("DATABASE_MAX_CONNECTIONS", "10".into()),
-            ],
+            ]
+            .into_iter()
+            .chain(lock_servers)
+            .collect(),
         };
         Instance::start(&self.loadtest, &config, name).await
     }
@@ -194,7 +221,8 @@ impl Cluster {
         let name = format!("{}-start{starts}", self.slots[slot].name);
         let instance = {
             let s = &self.slots[slot];
-            self.start_instance(&s.postgres, &s.redis, &name).await?
+            self.start_instance(&s.postgres, &s.redis, &s.members, &name)
+                .await?
         };
         self.urls.write().unwrap()[slot] = Endpoints::of(&instance);
         let old = std::mem::replace(&mut self.slots[slot].instance, instance);
@@ -221,6 +249,21 @@ impl Cluster {
         if links.redis() {
             s.redis.set(mode);
         }
+        if links.members() {
+            for member in &s.members {
+                member.set(mode);
+            }
+        }
+    }
+
+    /// The lock's ensemble, under `zookeeper` and `etcd`.
+    pub fn members(&self) -> Option<&Members> {
+        self.members.as_ref()
+    }
+
+    /// [`members`](Self::members), to kill and restart one.
+    pub fn members_mut(&mut self) -> Option<&mut Members> {
+        self.members.as_mut()
     }
 
     /// Restart Redis empty, on the same port.

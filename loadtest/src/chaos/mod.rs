@@ -6,7 +6,8 @@
 //!
 //! - `schedule`: the seeded fault sequence (pure).
 //! - `history`: what was recorded: attempts, restocks, faults.
-//! - `proxy`: the TCP proxy in front of each instance's PostgreSQL and Redis links.
+//! - `proxy`: the TCP proxy in front of each of an instance's links.
+//! - `members`: the lock's own ensemble, under `zookeeper` and `etcd`.
 //! - `cluster`: the private servers, the proxies and the instances.
 //! - `nemesis`: injects and heals each fault.
 //! - `load`: the buyers and the restocks.
@@ -16,8 +17,8 @@
 //!
 //! Dependencies point one way, with no cycle: `schedule` and `history` are the vocabulary;
 //! `checker` knows only `history`; `report` knows `history`, `schedule` and the checker's
-//! verdict; `proxy` knows nothing of the soak; `cluster` uses `proxy` (and the crate's
-//! `servers` and `instances`); `nemesis` uses `cluster`; `load` and `evidence` use the
+//! verdict; `proxy` and `members` know nothing of the soak; `cluster` uses them (and the
+//! crate's `servers` and `instances`); `nemesis` uses `cluster`; `load` and `evidence` use the
 //! cluster's addresses; only this module uses them all.
 
 pub mod checker;
@@ -25,6 +26,7 @@ pub mod cluster;
 pub mod evidence;
 pub mod history;
 pub mod load;
+pub mod members;
 pub mod nemesis;
 pub mod proxy;
 pub mod report;
@@ -50,6 +52,13 @@ use schedule::{FaultKind, Schedule};
 /// start again), or PostgreSQL cannot be read at the end. Everything started is removed
 /// before this returns, whatever happened.
 pub async fn run(args: ChaosArgs, cancel: Cancel) -> anyhow::Result<bool> {
+    let lock_ttl = Duration::from_millis(args.lock_ttl_ms);
+    if args.strategy == seckill::LockStrategy::Etcd && lock_ttl < members::ETCD_MIN_LOCK_TTL {
+        anyhow::bail!(
+            "--strategy etcd needs --lock-ttl-ms of at least {} (the etcd lock renews a third of the way into its lease, and the renewal must have time for two request timeouts of 1 s with three members)",
+            members::ETCD_MIN_LOCK_TTL.as_millis()
+        );
+    }
     let seed = args.seed.unwrap_or_else(rand::random);
     let settings = format!(
         "--minutes {} --seed {seed} --instances {} --strategy {} --fault-every-ms {} --stock {} --restock-every-ms {} --restock-units {} --buyers-per-sec {} --concurrency {} --lock-ttl-ms {} --sold-out-recheck-ms {}",
@@ -76,8 +85,11 @@ pub async fn run(args: ChaosArgs, cancel: Cancel) -> anyhow::Result<bool> {
         sold_out_recheck_ms: args.sold_out_recheck_ms,
     })
     .await?;
+    let ensemble = cluster.members().map_or(String::new(), |members| {
+        format!(", {} {} members", members::MEMBERS, members.name())
+    });
     println!(
-        "chaos: a private PostgreSQL and Redis, {} instances: {}",
+        "chaos: a private PostgreSQL and Redis{ensemble}, {} instances: {}",
         cluster.instances(),
         cluster
             .urls()
@@ -181,15 +193,20 @@ async fn load_under_faults(
         cluster.urls(),
         stopped,
     ));
+    let lock_ttl = Duration::from_millis(args.lock_ttl_ms);
     let plan = nemesis::Plan {
         until: Instant::now() + Duration::from_secs_f64(args.minutes * 60.0),
         fault_every: Duration::from_millis(args.fault_every_ms),
-        lock_ttl: Duration::from_millis(args.lock_ttl_ms),
+        lock_ttl,
+        claim: cluster
+            .members()
+            .map_or(lock_ttl, |members| members.claim(lock_ttl)),
         product_id,
         started_us,
     };
     let kinds = FaultKind::applicable(args.strategy);
-    let schedule = Schedule::new(seed, cluster.instances(), &kinds);
+    let members = cluster.members().map_or(0, |_| members::MEMBERS);
+    let schedule = Schedule::new(seed, cluster.instances(), members, &kinds);
     let faults = nemesis::run(cluster, schedule, &plan, cancel).await;
     // Every fault is healed by now (or the nemesis failed): stop the load either way.
     let ended_us = now_us();

@@ -3,16 +3,21 @@
 //!
 //! How long each kind lasts, from the fault's drawn `lasts` (1 to 3 s):
 //!
+//! `claim` below is how long the lock keeps a silent holder's claim ([`Plan::claim`]):
+//! `LOCK_TTL_MS`, or the ZooKeeper session, or the etcd lease.
+//!
 //! | kind | what is done | healed when |
 //! |---|---|---|
 //! | kill-instance | SIGKILL, down for `lasts / 4` | started again and ready |
-//! | pause-instance | SIGSTOP for `LOCK_TTL_MS + lasts / 2` (past its lease) | SIGCONT |
+//! | pause-instance | SIGSTOP for `claim + lasts / 2` (past its lease) | SIGCONT |
 //! | restart-redis | stopped and started empty on the same port | it accepts connections |
 //! | fence-back | the lock's keys read, and written back `lasts` later | written back |
 //! | terminate-backends | the app's sessions ended every 100 ms for `lasts / 2` | the last round |
 //! | restart-postgres | fast shutdown, then started on the same data | it accepts sessions |
 //! | delay-network | `delay` added each way to the instance's links for `lasts` | passing again |
-//! | cut-network | the instance's links dropped and refused for `lasts` | passing again |
+//! | cut-network | the instance's links dropped and refused for `lasts`; its links to the lock's ensemble for `claim + lasts / 2` (past its session or lease) | passing again |
+//! | kill-member | SIGKILL the ensemble's leader or another member, down for `lasts / 2` | started again, every member serving with one leader |
+//! | pause-member | SIGSTOP the leader or another member for `claim + lasts / 2` | SIGCONT |
 
 use std::time::Duration;
 
@@ -21,8 +26,9 @@ use tokio::time::Instant;
 
 use super::cluster::{Cluster, KEY_PREFIX};
 use super::history::{FaultRecord, Micros, now_us};
+use super::members::Members;
 use super::proxy::Mode;
-use super::schedule::{Fault, FaultKind, Schedule};
+use super::schedule::{Fault, FaultKind, MemberPick, Schedule};
 use crate::attack::Cancel;
 
 /// What the nemesis needs to know besides the cluster.
@@ -32,8 +38,12 @@ pub struct Plan {
     pub until: Instant,
     /// The quiet spell before each fault.
     pub fault_every: Duration,
-    /// The instances' lease: a pause outlasts it.
+    /// The instances' `LOCK_TTL_MS`, for the record.
     pub lock_ttl: Duration,
+    /// How long the lock keeps the claim of a holder it does not hear from: `LOCK_TTL_MS`
+    /// for the Redis and PostgreSQL locks, the session under ZooKeeper, the lease under
+    /// etcd. A pause, and a cut from the ensemble, outlast it.
+    pub claim: Duration,
     /// The product on sale (its lock's keys are set back).
     pub product_id: i64,
     /// When the soak started, for the times printed.
@@ -123,16 +133,93 @@ async fn inject(
             )
         }
         FaultKind::CutNetwork => {
+            // Cut off from the ensemble past its session or lease: another instance may
+            // take the lock while this one still thinks it holds it.
+            let lasts = if fault.links.members() {
+                plan.claim + fault.lasts / 2
+            } else {
+                fault.lasts
+            };
             cluster.set_links(slot, fault.links, Mode::Cut);
-            hold(fault.lasts, cancel).await;
+            hold(lasts, cancel).await;
             cluster.set_links(slot, fault.links, Mode::Pass);
             format!(
                 "instance {slot}'s {} link(s) cut for {} ms",
                 fault.links.name(),
-                fault.lasts.as_millis()
+                lasts.as_millis()
             )
         }
+        FaultKind::KillMember => kill_member(cluster, fault, cancel).await?,
+        FaultKind::PauseMember => pause_member(cluster, fault, plan, cancel).await?,
     })
+}
+
+/// The member `fault` picks, and how to name it: the leader as it is now (or member 0 if
+/// the members agree on none), or the one it names.
+fn pick_member(members: &Members, pick: MemberPick) -> (usize, String) {
+    match pick {
+        MemberPick::Leader => match members.leader() {
+            Some(i) => (i, format!("{} member {i} (the leader)", members.name())),
+            None => (0, format!("{} member 0 (no leader agreed)", members.name())),
+        },
+        MemberPick::Index(i) => {
+            let role = if members.leader() == Some(i) {
+                " (the leader)"
+            } else {
+                ""
+            };
+            (i, format!("{} member {i}{role}", members.name()))
+        }
+    }
+}
+
+/// SIGKILL a member of the lock's ensemble, keep it down half the fault, start it again and
+/// wait until every member serves with one leader.
+async fn kill_member(
+    cluster: &mut Cluster,
+    fault: &Fault,
+    cancel: &Cancel,
+) -> anyhow::Result<String> {
+    let members = cluster
+        .members_mut()
+        .context("kill-member drawn without an ensemble")?;
+    let (i, named) = pick_member(members, fault.member);
+    let pid = members.pid(i);
+    let down = fault.lasts / 2;
+    members.kill(i);
+    hold(down, cancel).await;
+    let started = Instant::now();
+    // Blocks until the ensemble serves again; the load goes on on the other worker.
+    tokio::task::block_in_place(|| members.restart(i))?;
+    Ok(format!(
+        "{named} (pid {pid}) SIGKILLed, down {} ms, serving with a leader {} ms after its start",
+        down.as_millis(),
+        started.elapsed().as_millis()
+    ))
+}
+
+/// SIGSTOP a member of the lock's ensemble past a session or lease, then SIGCONT it.
+async fn pause_member(
+    cluster: &Cluster,
+    fault: &Fault,
+    plan: &Plan,
+    cancel: &Cancel,
+) -> anyhow::Result<String> {
+    let members = cluster
+        .members()
+        .context("pause-member drawn without an ensemble")?;
+    let (i, named) = pick_member(members, fault.member);
+    let paused = plan.claim + fault.lasts / 2;
+    members.signal(i, "-STOP");
+    // TIMING: the pause outlasts a session or lease by at least 500 ms: the clients
+    // connected to it move to another member, or lose what they held.
+    hold(paused, cancel).await;
+    members.signal(i, "-CONT");
+    Ok(format!(
+        "{named} (pid {}) SIGSTOPped for {} ms",
+        members.pid(i),
+        paused.as_millis()
+    ))
 }
 
 /// SIGKILL instance `slot`, keep it down a quarter of the fault, start it again.
@@ -163,16 +250,18 @@ async fn pause_instance(
     plan: &Plan,
     cancel: &Cancel,
 ) -> String {
-    let paused = plan.lock_ttl + fault.lasts / 2;
+    let paused = plan.claim + fault.lasts / 2;
     cluster.signal(slot, libc::SIGSTOP);
-    // TIMING: the pause outlasts the lease (LOCK_TTL_MS) by at least 500 ms, so
-    // another instance can take the lock while this one still thinks it holds it.
+    // TIMING: the pause outlasts the lock's claim (LOCK_TTL_MS, the session or the lease)
+    // by at least 500 ms, so another instance can take the lock while this one still
+    // thinks it holds it.
     hold(paused, cancel).await;
     cluster.signal(slot, libc::SIGCONT);
     format!(
-        "instance {slot} (pid {}) SIGSTOPped for {} ms (LOCK_TTL_MS {})",
+        "instance {slot} (pid {}) SIGSTOPped for {} ms (the lock's claim: {} ms; LOCK_TTL_MS {})",
         cluster.pid(slot),
         paused.as_millis(),
+        plan.claim.as_millis(),
         plan.lock_ttl.as_millis()
     )
 }

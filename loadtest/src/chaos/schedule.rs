@@ -35,10 +35,16 @@ pub enum FaultKind {
     DelayNetwork,
     /// Drop one instance's connections to PostgreSQL and/or Redis, and refuse new ones.
     CutNetwork,
+    /// SIGKILL a member of the lock's ensemble (ZooKeeper, etcd), the leader or another,
+    /// then start it again on its data.
+    KillMember,
+    /// SIGSTOP a member of the lock's ensemble for longer than a session or lease, then
+    /// SIGCONT.
+    PauseMember,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 8] = [
+    pub const ALL: [FaultKind; 10] = [
         FaultKind::KillInstance,
         FaultKind::PauseInstance,
         FaultKind::RestartRedis,
@@ -47,16 +53,24 @@ impl FaultKind {
         FaultKind::RestartPostgres,
         FaultKind::DelayNetwork,
         FaultKind::CutNetwork,
+        FaultKind::KillMember,
+        FaultKind::PauseMember,
     ];
 
-    /// The kinds that do something under `strategy`, in [`ALL`](Self::ALL)'s order. Every
-    /// kind but one hits what every strategy uses (the instances, PostgreSQL, and Redis,
-    /// which carries restock news under all of them); `fence-back` rewrites the Redis lock's
-    /// keys, which only the `redis` lock has.
+    /// The kinds that do something under `strategy`, in [`ALL`](Self::ALL)'s order. Most
+    /// hit what every strategy uses (the instances, PostgreSQL, and Redis, which carries
+    /// restock news under all of them); `fence-back` rewrites the Redis lock's keys, which
+    /// only the `redis` lock has; the member kinds hit the ensemble that only `zookeeper`
+    /// and `etcd` lock in.
     pub fn applicable(strategy: LockStrategy) -> Vec<FaultKind> {
+        let has_members = has_members(strategy);
         Self::ALL
             .into_iter()
-            .filter(|kind| *kind != FaultKind::FenceBack || strategy == LockStrategy::Redis)
+            .filter(|kind| match kind {
+                FaultKind::FenceBack => strategy == LockStrategy::Redis,
+                FaultKind::KillMember | FaultKind::PauseMember => has_members,
+                _ => true,
+            })
             .collect()
     }
 
@@ -70,6 +84,8 @@ impl FaultKind {
             FaultKind::RestartPostgres => "restart-postgres",
             FaultKind::DelayNetwork => "delay-network",
             FaultKind::CutNetwork => "cut-network",
+            FaultKind::KillMember => "kill-member",
+            FaultKind::PauseMember => "pause-member",
         }
     }
 
@@ -85,12 +101,21 @@ impl FaultKind {
     }
 }
 
+/// Whether `strategy` locks in an ensemble of its own (ZooKeeper, etcd), which the soak
+/// starts and the member kinds fault.
+pub fn has_members(strategy: LockStrategy) -> bool {
+    matches!(strategy, LockStrategy::ZooKeeper | LockStrategy::Etcd)
+}
+
 /// Which of an instance's links a network fault hits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Links {
     Postgres,
     Redis,
+    /// PostgreSQL and Redis.
     Both,
+    /// Its links to every member of the lock's ensemble (drawn only when there is one).
+    Members,
 }
 
 impl Links {
@@ -102,13 +127,27 @@ impl Links {
         matches!(self, Links::Redis | Links::Both)
     }
 
+    pub fn members(self) -> bool {
+        self == Links::Members
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Links::Postgres => "PostgreSQL",
             Links::Redis => "Redis",
             Links::Both => "PostgreSQL and Redis",
+            Links::Members => "lock servers'",
         }
     }
+}
+
+/// Which member of the lock's ensemble a member fault hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberPick {
+    /// The one that leads when the fault starts.
+    Leader,
+    /// This one, whatever its role.
+    Index(usize),
 }
 
 /// One fault and its parameters. Every parameter is drawn for every fault, whatever its
@@ -122,6 +161,8 @@ pub struct Fault {
     pub instance: usize,
     /// The links a network fault hits.
     pub links: Links,
+    /// The member a member fault hits (member kinds only).
+    pub member: MemberPick,
     /// Latency added each way by `DelayNetwork`.
     pub delay: Duration,
     /// How long the fault lasts before it is healed (each kind scales it: see the nemesis).
@@ -137,6 +178,8 @@ pub const LASTS_MS: std::ops::RangeInclusive<u64> = 1_000..=3_000;
 pub struct Schedule {
     rng: ChaCha8Rng,
     instances: usize,
+    /// Members of the lock's ensemble (0: none).
+    members: usize,
     /// The kinds drawn.
     kinds: Vec<FaultKind>,
     /// The kinds still to come in the first round (every kind once), last first.
@@ -145,13 +188,14 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// The schedule of `seed` for a cluster of `instances` (at least 1), drawing from `kinds`
-    /// (at least one; [`FaultKind::applicable`]). With every kind, a seed gives the schedule
-    /// it gave before kinds could be left out.
+    /// The schedule of `seed` for a cluster of `instances` (at least 1) and a lock ensemble
+    /// of `members` (0 for none), drawing from `kinds` (at least one;
+    /// [`FaultKind::applicable`]). Without members, a seed gives the schedule it gave
+    /// before ensembles were faulted, for the same kinds.
     ///
     /// # Panics
     /// If `kinds` is empty.
-    pub fn new(seed: u64, instances: usize, kinds: &[FaultKind]) -> Self {
+    pub fn new(seed: u64, instances: usize, members: usize, kinds: &[FaultKind]) -> Self {
         assert!(!kinds.is_empty(), "a schedule draws from at least one kind");
         // ChaCha8 is specified, unlike `StdRng`, whose algorithm may change between rand
         // releases: a seed keeps its schedule across versions of this tool for the same
@@ -164,6 +208,7 @@ impl Schedule {
         Self {
             rng,
             instances: instances.max(1),
+            members,
             kinds: kinds.to_vec(),
             first_round,
             drawn: 0,
@@ -178,15 +223,30 @@ impl Iterator for Schedule {
         let drawn_kind = self.kinds[self.rng.random_range(0..self.kinds.len())];
         let kind = self.first_round.pop().unwrap_or(drawn_kind);
         let instance = self.rng.random_range(0..self.instances);
-        let links = [Links::Postgres, Links::Redis, Links::Both][self.rng.random_range(0..3)];
+        let links = if self.members == 0 {
+            [Links::Postgres, Links::Redis, Links::Both][self.rng.random_range(0..3)]
+        } else {
+            [Links::Postgres, Links::Redis, Links::Both, Links::Members]
+                [self.rng.random_range(0..4)]
+        };
         let delay = Duration::from_millis(self.rng.random_range(DELAY_MS));
         let lasts = Duration::from_millis(self.rng.random_range(LASTS_MS));
+        // Drawn only with an ensemble, so that a schedule without one stays as it was: the
+        // leader as often as each other member.
+        let member = match self.members {
+            0 => MemberPick::Leader,
+            n => match self.rng.random_range(0..=n) {
+                i if i == n => MemberPick::Leader,
+                i => MemberPick::Index(i),
+            },
+        };
         self.drawn += 1;
         Some(Fault {
             index: self.drawn,
             kind,
             instance,
             links,
+            member,
             delay,
             lasts,
         })
@@ -201,9 +261,9 @@ mod tests {
 
     #[test]
     fn the_same_seed_gives_the_same_faults_and_another_seed_others() {
-        let a: Vec<Fault> = Schedule::new(42, 3, &FaultKind::ALL).take(50).collect();
-        let b: Vec<Fault> = Schedule::new(42, 3, &FaultKind::ALL).take(50).collect();
-        let c: Vec<Fault> = Schedule::new(43, 3, &FaultKind::ALL).take(50).collect();
+        let a: Vec<Fault> = Schedule::new(42, 3, 0, &FaultKind::ALL).take(50).collect();
+        let b: Vec<Fault> = Schedule::new(42, 3, 0, &FaultKind::ALL).take(50).collect();
+        let c: Vec<Fault> = Schedule::new(43, 3, 0, &FaultKind::ALL).take(50).collect();
         assert_eq!(a, b);
         assert_ne!(a, c);
     }
@@ -211,8 +271,8 @@ mod tests {
     #[test]
     fn the_first_faults_are_every_kind_once() {
         for seed in 0..100 {
-            let first: BTreeSet<FaultKind> = Schedule::new(seed, 3, &FaultKind::ALL)
-                .take(8)
+            let first: BTreeSet<FaultKind> = Schedule::new(seed, 3, 3, &FaultKind::ALL)
+                .take(FaultKind::ALL.len())
                 .map(|f| f.kind)
                 .collect();
             assert_eq!(first.len(), FaultKind::ALL.len(), "seed {seed}");
@@ -221,16 +281,19 @@ mod tests {
 
     #[test]
     fn parameters_stay_in_their_ranges_and_every_instance_is_hit() {
-        let faults: Vec<Fault> = Schedule::new(7, 3, &FaultKind::ALL).take(300).collect();
+        let faults: Vec<Fault> = Schedule::new(7, 3, 0, &FaultKind::ALL).take(300).collect();
         assert!(faults.iter().all(|f| f.instance < 3
             && DELAY_MS.contains(&(f.delay.as_millis() as u64))
             && LASTS_MS.contains(&(f.lasts.as_millis() as u64))));
         let instances: BTreeSet<usize> = faults.iter().map(|f| f.instance).collect();
         assert_eq!(instances.len(), 3);
-        let kinds: BTreeSet<FaultKind> = faults[8..].iter().map(|f| f.kind).collect();
+        let kinds: BTreeSet<FaultKind> = faults[FaultKind::ALL.len()..]
+            .iter()
+            .map(|f| f.kind)
+            .collect();
         assert_eq!(
             kinds.len(),
-            8,
+            FaultKind::ALL.len(),
             "after the first round, every kind is still drawn"
         );
         assert_eq!(
@@ -242,20 +305,49 @@ mod tests {
     #[test]
     fn a_fault_that_cannot_apply_to_the_strategy_is_never_drawn() {
         let under_pg_atomic = FaultKind::applicable(LockStrategy::PgAtomic);
-        let faults: Vec<Fault> = Schedule::new(7, 3, &under_pg_atomic).take(300).collect();
+        let faults: Vec<Fault> = Schedule::new(7, 3, 0, &under_pg_atomic).take(300).collect();
         let drawn: BTreeSet<FaultKind> = faults.iter().map(|f| f.kind).collect();
         let first: BTreeSet<FaultKind> = faults[..7].iter().map(|f| f.kind).collect();
 
         assert!(!drawn.contains(&FaultKind::FenceBack));
+        assert!(
+            !drawn.contains(&FaultKind::KillMember) && !drawn.contains(&FaultKind::PauseMember)
+        );
         assert_eq!(drawn.len(), 7, "every other kind is drawn");
         assert_eq!(first.len(), 7, "each once in the first round");
-        assert_eq!(FaultKind::applicable(LockStrategy::Redis), FaultKind::ALL);
+        let member_kinds = [FaultKind::KillMember, FaultKind::PauseMember];
+        let under_redis = FaultKind::applicable(LockStrategy::Redis);
+        assert!(under_redis.contains(&FaultKind::FenceBack));
+        assert!(!member_kinds.iter().any(|k| under_redis.contains(k)));
+        assert_eq!(under_redis.len(), 8);
         for strategy in [
             LockStrategy::PgLock,
             LockStrategy::PgRow,
             LockStrategy::None,
+            LockStrategy::ZooKeeper,
+            LockStrategy::Etcd,
         ] {
-            assert!(!FaultKind::applicable(strategy).contains(&FaultKind::FenceBack));
+            let kinds = FaultKind::applicable(strategy);
+            assert!(!kinds.contains(&FaultKind::FenceBack), "{strategy:?}");
+            assert_eq!(
+                member_kinds.iter().all(|k| kinds.contains(k)),
+                has_members(strategy),
+                "{strategy:?}"
+            );
         }
+    }
+
+    #[test]
+    fn with_an_ensemble_every_member_the_leader_and_the_members_links_are_drawn() {
+        let kinds = FaultKind::applicable(LockStrategy::Etcd);
+        let faults: Vec<Fault> = Schedule::new(7, 3, 3, &kinds).take(300).collect();
+        let picks: BTreeSet<String> = faults.iter().map(|f| format!("{:?}", f.member)).collect();
+        assert_eq!(
+            picks,
+            BTreeSet::from(["Index(0)", "Index(1)", "Index(2)", "Leader"].map(String::from))
+        );
+        assert!(faults.iter().any(|f| f.links == Links::Members));
+        let without: Vec<Fault> = Schedule::new(7, 3, 0, &kinds).take(300).collect();
+        assert!(without.iter().all(|f| f.links != Links::Members));
     }
 }
