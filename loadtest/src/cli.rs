@@ -281,8 +281,8 @@ pub struct ChaosArgs {
     pub concurrency: u64,
 
     /// LOCK_TTL_MS of the instances: the lease a paused instance outlives (under zookeeper
-    /// their session is twice this; under etcd, whose lock renews a third of the way in with
-    /// time for two 1 s request timeouts, it must be at least 3000).
+    /// their session is twice this, so at most 30000; under etcd, whose lock renews a third
+    /// of the way in with time for two 1 s request timeouts, it must be at least 3000).
     #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(500..=60_000))]
     pub lock_ttl_ms: u64,
 

@@ -431,10 +431,24 @@ impl EtcdCluster {
     /// # Panics
     /// If they are not within `within`; the message carries every member's log.
     pub fn wait_until_healthy(&mut self, within: Duration) {
+        self.try_wait_until_healthy(within)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// [`wait_until_healthy`](Self::wait_until_healthy).
+    ///
+    /// # Errors
+    /// As [`wait_until_healthy`](Self::wait_until_healthy) panics.
+    pub fn try_wait_until_healthy(&mut self, within: Duration) -> Result<()> {
         match self.wait_until_ready(within) {
-            Ok(()) => {}
-            Err(NotReady::Failed(why)) => panic!("etcd not healthy: {why}"),
-            Err(NotReady::PortTaken) => panic!("an etcd member lost a port\n{}", self.logs()),
+            Ok(()) => Ok(()),
+            Err(NotReady::Failed(why)) => {
+                Err(Error::NotServing(format!("etcd not healthy: {why}")))
+            }
+            Err(NotReady::PortTaken) => Err(Error::NotServing(format!(
+                "an etcd member lost a port\n{}",
+                self.logs()
+            ))),
         }
     }
 

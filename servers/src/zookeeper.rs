@@ -386,10 +386,24 @@ impl ZooKeeperEnsemble {
     /// # Panics
     /// If they do not within `within`; the message carries every member's log.
     pub fn wait_for_quorum(&mut self, within: Duration) {
+        self.try_wait_for_quorum(within)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// [`wait_for_quorum`](Self::wait_for_quorum).
+    ///
+    /// # Errors
+    /// As [`wait_for_quorum`](Self::wait_for_quorum) panics.
+    pub fn try_wait_for_quorum(&mut self, within: Duration) -> Result<()> {
         match self.wait_until_ready(within) {
-            Ok(()) => {}
-            Err(NotReady::Failed(why)) => panic!("no ZooKeeper quorum: {why}"),
-            Err(NotReady::PortTaken) => panic!("a ZooKeeper member lost a port\n{}", self.logs()),
+            Ok(()) => Ok(()),
+            Err(NotReady::Failed(why)) => {
+                Err(Error::NotServing(format!("no ZooKeeper quorum: {why}")))
+            }
+            Err(NotReady::PortTaken) => Err(Error::NotServing(format!(
+                "a ZooKeeper member lost a port\n{}",
+                self.logs()
+            ))),
         }
     }
 

@@ -354,14 +354,13 @@ impl Known {
     /// Whether this purchase should read the opening again before it is refused for it: the
     /// opening was never read, forgotten, or read [`OPENING_RECHECK`] ago. One purchase at a
     /// time wins the claim (the flood before an opening makes one read per product per
-    /// second, not one per purchase); the others answer from what is known. Returns the
-    /// generation to hand to [`Self::set_opening`].
+    /// second, not one per purchase); the others go by what is known ([`Self::opening`]).
+    /// Returns the generation to hand to [`Self::set_opening`].
     pub(crate) fn claim_opening_read(&self) -> Option<u64> {
         let read = self.opening_read.load(Ordering::Acquire);
         let now = self.since_learned();
         let stale =
             read == 0 || now.saturating_sub(Duration::from_nanos(read - 1)) >= OPENING_RECHECK;
-        let generation = self.opening_gen.load(Ordering::Acquire);
         let claimed = stale
             && self
                 .opening_read
@@ -372,7 +371,11 @@ impl Known {
                     Ordering::Acquire,
                 )
                 .is_ok();
-        claimed.then_some(generation)
+        // The generation is read after the claim: a forget that came before this point came
+        // before the read this claim starts, so that read may be stored. (Read before the
+        // claim, a forget in between would have the read dropped and the claim held for a
+        // recheck's length, with the opening unknown.)
+        claimed.then(|| self.opening_gen.load(Ordering::Acquire))
     }
 
     /// A read sent at `read_at` found the opening `opens_in_us` microseconds after the

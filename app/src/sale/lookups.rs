@@ -79,14 +79,10 @@ impl Lookups {
 
     /// Product `id` read now, not shared with a look-up that may have started before
     /// something changed (an opening moved: the caller's claim says the read must be newer).
-    pub(crate) async fn read_now(&self, id: ProductId) -> Found {
-        let started = Instant::now();
-        (
-            started,
-            repository::find_product(&self.pool, id)
-                .await
-                .map_err(Arc::new),
-        )
+    /// Owns what it needs, so the caller can run it in a task of its own.
+    pub(crate) fn read_now(&self, id: ProductId) -> impl Future<Output = Found> + 'static {
+        let pool = self.pool.clone();
+        async move { read(&pool, id).await }
     }
 
     /// The look-ups running now (for tests).

@@ -358,18 +358,35 @@ impl Sale {
     /// purchase's read of it is under way, or failed): it goes on, and the database decides.
     ///
     /// Returns what the purchase went on by: [`Opening::Open`] or [`Opening::Unknown`].
-    async fn check_open(&self, id: ProductId, product: &Known) -> Result<Opening, PurchaseError> {
+    async fn check_open(
+        &self,
+        id: ProductId,
+        product: &Arc<Known>,
+    ) -> Result<Opening, PurchaseError> {
         if product.opening() == Opening::Open {
             return Ok(Opening::Open);
         }
         if let Some(generation) = product.claim_opening_read() {
             // A read of its own: one already running may be from before the change that
             // made this claim (one claim per generation: one read at a time per product).
-            let (read_at, found) = self.lookups.read_now(id).await;
+            // It runs and is stored in a task of its own: a buyer who goes away (a
+            // disconnect drops this future) leaves the read to finish, not a claim held
+            // with the opening unknown.
+            let read = self.lookups.read_now(id);
+            let known = Arc::clone(product);
+            let found = tokio::spawn(async move {
+                let (read_at, found) = read.await;
+                if let Ok(Some(found)) = &found {
+                    known.set_opening(read_at, found.opens_in_us, generation);
+                }
+                found
+            })
+            .await
+            // The task panicked, or the runtime is shutting down.
+            .unwrap_or_else(|_| Err(Arc::new(sqlx::Error::WorkerCrashed)));
             let Some(found) = found.map_err(PurchaseError::Database)? else {
                 return Err(PurchaseError::NotFound);
             };
-            product.set_opening(read_at, found.opens_in_us, generation);
             // A read that found it open lets this purchase go on, stored or not. One that
             // found it closed refuses only if it was stored: news of a change that came while
             // it ran (this instance's own included) keeps it from being stored, and leaves

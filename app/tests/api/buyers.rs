@@ -423,12 +423,12 @@ async fn the_database_refuses_orders_before_the_opening_whatever_an_instance_thi
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn a_purchase_while_another_reads_the_opening_is_not_refused_for_it(pool: PgPool) {
     // Arrange: an open product the instance knows; the admin moves its opening (still past),
-    // so the next purchase reads it again, and that read waits behind a lock on the table.
-    let app = spawn_with(
-        settings(&shared_redis_url(), &testkit::unique_prefix("unknown")),
-        pool.clone(),
-    )
-    .await;
+    // so the next purchase reads it again, and that read waits behind a lock on the table
+    // (for as long as the test holds it: the sessions' time-outs are far longer).
+    let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("unknown"));
+    settings.database.lock_timeout = Duration::from_secs(60);
+    settings.database.statement_timeout = Duration::from_secs(60);
+    let app = spawn_with(settings, pool.clone()).await;
     let id = app.create_product("Phone", 10).await;
     assert_eq!(app.purchase(id, 1, 1).await.status(), 201);
     let moved = app
@@ -476,6 +476,64 @@ async fn a_purchase_while_another_reads_the_opening_is_not_refused_for_it(pool: 
     }
 }
 
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_read_of_the_opening_outlives_the_buyer_who_went_away(pool: PgPool) {
+    // Arrange: a product opening in an hour, which the instance has read; the admin moves
+    // the opening (still in the future), so the next purchase reads it again; that read
+    // waits behind a lock on the table.
+    let mut settings = settings(&shared_redis_url(), &testkit::unique_prefix("gone"));
+    settings.database.lock_timeout = Duration::from_secs(60);
+    settings.database.statement_timeout = Duration::from_secs(60);
+    let app = spawn_with(settings, pool.clone()).await;
+    let id = product_opening_in(&app, &pool, Duration::from_secs(3_600)).await;
+    assert_eq!(error_code(app.purchase(id, 1, 1).await).await.1, "not_open");
+    let moved = app
+        .client
+        .put(app.ops_url(&format!("/api/products/{id}/opening")))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"on_sale_at": "2099-01-01T00:00:00Z"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(moved.status(), 200);
+    // TIMING: the instance hears its own news of the move within milliseconds.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut held = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE products IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *held)
+        .await
+        .unwrap();
+
+    // Act: a buyer whose read waits gives up and goes away; then the table is let go.
+    let gone = app
+        .client
+        .post(app.url(&format!("/api/products/{id}/purchase")))
+        .bearer_auth(buyer_token(2))
+        .timeout(Duration::from_millis(300))
+        .json(&json!({"user_id": 2, "quantity": 1}))
+        .send()
+        .await;
+    assert!(gone.is_err(), "answered while the table was held: {gone:?}");
+    // Time for the server to notice the client left and drop its handler.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    held.rollback().await.unwrap();
+    wait_until_no_session_waits(&pool).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let locks_before = app.metric("seckill_lock_acquisitions_total").await;
+    let next = app.purchase(id, 3, 1).await;
+
+    // Assert: the read the first buyer started was finished and kept, so the next buyer,
+    // well within a second of it, is refused from it, without the lock (with the read
+    // dropped, the opening would stay unknown for that second, and purchases would go on
+    // to the lock and the database).
+    assert_eq!(error_code(next).await, (409, "not_open".to_owned()));
+    assert_eq!(
+        app.metric("seckill_lock_acquisitions_total").await,
+        locks_before,
+        "the next purchase went on to the lock: the read was dropped with its buyer"
+    );
+}
+
 /// A purchase of one unit by `user`, sent in a task of its own.
 fn buy_in_task(app: &TestApp, id: i64, user: i64) -> tokio::task::JoinHandle<Response> {
     let request = app
@@ -497,7 +555,19 @@ async fn waiting_sessions(pool: &PgPool) -> i64 {
     .unwrap()
 }
 
-/// Wait (up to 30 s) until `n` sessions of this test's database wait on a lock.
+/// Wait (up to 30 s) until no session of this test's database waits on a lock.
+async fn wait_until_no_session_waits(pool: &PgPool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while waiting_sessions(pool).await > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a session still waits"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Wait (up to 30 s) until at least `n` sessions of this test's database wait on a lock.
 async fn wait_for_sessions_waiting(pool: &PgPool, n: i64) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while waiting_sessions(pool).await < n {

@@ -20,6 +20,12 @@ pub const MEMBERS: usize = 3;
 /// and it renews a third of the way into the lease (`distlock::etcd`).
 pub const ETCD_MIN_LOCK_TTL: Duration = Duration::from_secs(3);
 
+/// The longest `LOCK_TTL_MS` the soak takes under ZooKeeper: the instances ask for sessions
+/// of twice it, and its servers grant at most [`DEFAULT_MAX_SESSION_TIMEOUT`].
+pub fn zookeeper_max_lock_ttl() -> Duration {
+    DEFAULT_MAX_SESSION_TIMEOUT / 2
+}
+
 /// The running ensemble, of either kind.
 pub enum Members {
     ZooKeeper(ZooKeeperEnsemble),
@@ -141,6 +147,20 @@ impl Members {
             Self::ZooKeeper(ensemble) => ensemble.kill(i),
             Self::Etcd(cluster) => cluster.kill(i),
         }
+    }
+
+    /// Wait until every running member serves, with one leader (after a pause, the
+    /// election it may have caused). Blocks.
+    ///
+    /// # Errors
+    /// When they do not, within a minute.
+    pub fn wait_until_serving(&mut self) -> anyhow::Result<()> {
+        let within = Duration::from_secs(60);
+        match self {
+            Self::ZooKeeper(ensemble) => ensemble.try_wait_for_quorum(within)?,
+            Self::Etcd(cluster) => cluster.try_wait_until_healthy(within)?,
+        }
+        Ok(())
     }
 
     /// Start member `i` again on its data, and wait until every member serves with one

@@ -59,6 +59,15 @@ pub async fn run(args: ChaosArgs, cancel: Cancel) -> anyhow::Result<bool> {
             members::ETCD_MIN_LOCK_TTL.as_millis()
         );
     }
+    if args.strategy == seckill::LockStrategy::ZooKeeper
+        && lock_ttl > members::zookeeper_max_lock_ttl()
+    {
+        anyhow::bail!(
+            "--strategy zookeeper takes --lock-ttl-ms of at most {} (the instances' sessions are twice it, and the soak's ZooKeeper grants at most {} ms)",
+            members::zookeeper_max_lock_ttl().as_millis(),
+            2 * members::zookeeper_max_lock_ttl().as_millis()
+        );
+    }
     let seed = args.seed.unwrap_or_else(rand::random);
     let settings = format!(
         "--minutes {} --seed {seed} --instances {} --strategy {} --fault-every-ms {} --stock {} --restock-every-ms {} --restock-units {} --buyers-per-sec {} --concurrency {} --lock-ttl-ms {} --sold-out-recheck-ms {}",

@@ -17,7 +17,7 @@
 //! | delay-network | `delay` added each way to the instance's links for `lasts` | passing again |
 //! | cut-network | the instance's links dropped and refused for `lasts`; its links to the lock's ensemble for `claim + lasts / 2` (past its session or lease) | passing again |
 //! | kill-member | SIGKILL the ensemble's leader or another member, down for `lasts / 2` | started again, every member serving with one leader |
-//! | pause-member | SIGSTOP the leader or another member for `claim + lasts / 2` | SIGCONT |
+//! | pause-member | SIGSTOP the leader or another member for `claim + lasts / 2` | SIGCONT, and every member serving with one leader |
 
 use std::time::Duration;
 
@@ -198,15 +198,16 @@ async fn kill_member(
     ))
 }
 
-/// SIGSTOP a member of the lock's ensemble past a session or lease, then SIGCONT it.
+/// SIGSTOP a member of the lock's ensemble past a session or lease, then SIGCONT it and
+/// wait until every member serves with one leader (a paused leader may have been voted out).
 async fn pause_member(
-    cluster: &Cluster,
+    cluster: &mut Cluster,
     fault: &Fault,
     plan: &Plan,
     cancel: &Cancel,
 ) -> anyhow::Result<String> {
     let members = cluster
-        .members()
+        .members_mut()
         .context("pause-member drawn without an ensemble")?;
     let (i, named) = pick_member(members, fault.member);
     let paused = plan.claim + fault.lasts / 2;
@@ -215,10 +216,13 @@ async fn pause_member(
     // connected to it move to another member, or lose what they held.
     hold(paused, cancel).await;
     members.signal(i, "-CONT");
+    let continued = Instant::now();
+    tokio::task::block_in_place(|| members.wait_until_serving())?;
     Ok(format!(
-        "{named} (pid {}) SIGSTOPped for {} ms",
+        "{named} (pid {}) SIGSTOPped for {} ms, every member serving with a leader {} ms after",
         members.pid(i),
-        paused.as_millis()
+        paused.as_millis(),
+        continued.elapsed().as_millis()
     ))
 }
 

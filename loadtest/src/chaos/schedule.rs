@@ -144,7 +144,8 @@ impl Links {
 /// Which member of the lock's ensemble a member fault hits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemberPick {
-    /// The one that leads when the fault starts.
+    /// The one that leads when the fault starts (so a seed replays "the leader", whichever
+    /// member that is then).
     Leader,
     /// This one, whatever its role.
     Index(usize),
@@ -231,8 +232,10 @@ impl Iterator for Schedule {
         };
         let delay = Duration::from_millis(self.rng.random_range(DELAY_MS));
         let lasts = Duration::from_millis(self.rng.random_range(LASTS_MS));
-        // Drawn only with an ensemble, so that a schedule without one stays as it was: the
-        // leader as often as each other member.
+        // Drawn only with an ensemble, so that a schedule without one stays as it was. "The
+        // leader" is one draw in n + 1 and is whichever member leads when the fault starts
+        // (a seed replays "the leader", not a member number); each member by number is
+        // another draw (and may be leading then too).
         let member = match self.members {
             0 => MemberPick::Leader,
             n => match self.rng.random_range(0..=n) {
@@ -335,6 +338,44 @@ mod tests {
                 "{strategy:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_seed_replays_the_schedule_it_drew_before_ensembles_were_faulted() {
+        // As a run of seed 20261203 under `redis` printed them before the member kinds
+        // existed (CI's one-minute soak, 2026-12-05).
+        let kinds = FaultKind::applicable(LockStrategy::Redis);
+        let faults: Vec<Fault> = Schedule::new(20261203, 3, 0, &kinds).take(8).collect();
+        let names: Vec<&str> = faults.iter().map(|f| f.kind.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "cut-network",
+                "delay-network",
+                "restart-redis",
+                "terminate-backends",
+                "pause-instance",
+                "kill-instance",
+                "fence-back",
+                "restart-postgres"
+            ]
+        );
+        let ms = Duration::from_millis;
+        assert_eq!(
+            (faults[0].instance, faults[0].links, faults[0].lasts),
+            (2, Links::Redis, ms(2781))
+        );
+        assert_eq!(
+            (
+                faults[1].instance,
+                faults[1].links,
+                faults[1].delay,
+                faults[1].lasts
+            ),
+            (2, Links::Postgres, ms(286), ms(1088))
+        );
+        assert_eq!((faults[4].instance, faults[5].instance), (0, 0));
+        assert_eq!(faults[6].lasts, ms(1527));
     }
 
     #[test]
