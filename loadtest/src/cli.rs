@@ -44,7 +44,7 @@ pub enum Command {
     /// A fault soak: a sale with restocks on instances of its own while a nemesis injects
     /// faults drawn from a seed (kills, pauses past the lease, Redis and PostgreSQL
     /// restarts, fence counters set back, terminated sessions, slow and cut links, and
-    /// under zookeeper and etcd the ensemble's members killed and paused); then every
+    /// under zookeeper, etcd and redlock the lock's own servers killed and paused); then every
     /// answer is checked against PostgreSQL. Exits 0 only with no violation.
     Chaos(ChaosArgs),
     /// Run one seckill instance (what `demo` starts, as a child process).
@@ -228,7 +228,7 @@ pub struct BenchArgs {
 }
 
 /// How `chaos` runs. It starts everything it uses itself (a private PostgreSQL and Redis on
-/// free ports, a ZooKeeper or etcd ensemble under those strategies, the instances, a proxy
+/// free ports, a ZooKeeper or etcd ensemble or Redlock's masters under those strategies, the instances, a proxy
 /// per instance and server) and removes it all when it
 /// ends, whether it passed, failed, hit an error or was stopped by Ctrl-C.
 #[derive(Debug, Clone, Args)]
@@ -248,9 +248,9 @@ pub struct ChaosArgs {
     pub instances: u16,
 
     /// The lock strategy of the instances: redis, pg-lock, pg-row, pg-optimistic, pg-atomic,
-    /// zookeeper, etcd or none (not redlock: chaos runs one Redis). Under zookeeper and etcd
-    /// it starts a three-member ensemble and kills and pauses its members too. `none` is the
-    /// negative control: it must fail.
+    /// redlock, zookeeper, etcd or none. Under zookeeper and etcd it starts a three-member
+    /// ensemble, under redlock three Redis masters, and kills and pauses those too. `none` is
+    /// the negative control: it must fail.
     #[arg(long, default_value = "redis", value_parser = chaos_strategy)]
     pub strategy: seckill::LockStrategy,
 
@@ -307,20 +307,14 @@ fn minutes(raw: &str) -> Result<f64, String> {
     }
 }
 
-/// `--strategy` of `chaos`: a strategy whose servers chaos starts and faults (PostgreSQL,
-/// one Redis, and the ZooKeeper or etcd ensemble), so not redlock.
+/// `--strategy` of `chaos`: any strategy (chaos starts and faults the servers of each).
 fn chaos_strategy(raw: &str) -> Result<seckill::LockStrategy, String> {
     use clap::ValueEnum;
-    match seckill::LockStrategy::from_str(raw, true) {
-        Ok(seckill::LockStrategy::Redlock) => Err(
-            "redlock is not supported by chaos: it needs several Redis masters, and chaos runs one"
-                .to_owned(),
-        ),
-        Ok(strategy) => Ok(strategy),
-        Err(_) => Err(format!(
-            "{raw:?} is not a strategy (redis, pg-lock, pg-row, pg-optimistic, pg-atomic, zookeeper, etcd, none)"
-        )),
-    }
+    seckill::LockStrategy::from_str(raw, true).map_err(|_| {
+        format!(
+            "{raw:?} is not a strategy (redis, pg-lock, pg-row, pg-optimistic, pg-atomic, redlock, zookeeper, etcd, none)"
+        )
+    })
 }
 
 /// A strategy name, or nothing for an empty value (`--per-request ""`).

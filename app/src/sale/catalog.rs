@@ -108,6 +108,9 @@ pub(crate) struct Known {
     opening_read: AtomicU64,
     /// Bumped by [`Known::forget_opening`]: a read that began before is not stored.
     opening_gen: AtomicU64,
+    /// Held while the opening is stored or forgotten, so that a store checks its generation
+    /// and writes the opening with no forget in between (purchases read without it).
+    opening_writes: Mutex<()>,
     /// Restock news asked for the generation to be read: [`IDLE`], [`READING`] or
     /// [`READ_AGAIN`] (news came during the read).
     restock_read: AtomicU8,
@@ -234,6 +237,7 @@ impl Catalog {
                 opens_at: AtomicU64::new(u64::MAX),
                 opening_read: AtomicU64::new(0),
                 opening_gen: AtomicU64::new(0),
+                opening_writes: Mutex::new(()),
                 restock_read: AtomicU8::new(IDLE),
             })
         });
@@ -372,9 +376,9 @@ impl Known {
                 )
                 .is_ok();
         // The generation is read after the claim: a forget that came before this point came
-        // before the read this claim starts, so that read may be stored. (Read before the
-        // claim, a forget in between would have the read dropped and the claim held for a
-        // recheck's length, with the opening unknown.)
+        // before a read the claimant starts now, so that read may be stored. (Read before
+        // the claim, a forget that reset the claim in between would have the read dropped
+        // and the claim held for a recheck's length, with the opening unknown.)
         claimed.then(|| self.opening_gen.load(Ordering::Acquire))
     }
 
@@ -384,6 +388,10 @@ impl Known {
     /// opening was last forgotten (`generation` is older) is dropped: it may predate the
     /// change.
     pub(crate) fn set_opening(&self, read_at: Instant, opens_in_us: i64, generation: u64) {
+        let _writing = self
+            .opening_writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if self.opening_gen.load(Ordering::Acquire) != generation {
             return;
         }
@@ -398,6 +406,10 @@ impl Known {
 
     /// The opening is not known any more: the next purchase reads it.
     pub(crate) fn forget_opening(&self) {
+        let _writing = self
+            .opening_writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         self.opening_gen.fetch_add(1, Ordering::AcqRel);
         self.opening_read.store(0, Ordering::Release);
         self.opens_at.store(u64::MAX, Ordering::Release);

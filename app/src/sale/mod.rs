@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::time::{Instant, timeout_at};
+use tracing::Instrument;
 
 use crate::domain::{ProductId, Quantity, UserId};
 use crate::metrics::{Metrics, PurchaseCounters};
@@ -374,13 +375,16 @@ impl Sale {
             // with the opening unknown.
             let read = self.lookups.read_now(id);
             let known = Arc::clone(product);
-            let found = tokio::spawn(async move {
-                let (read_at, found) = read.await;
-                if let Ok(Some(found)) = &found {
-                    known.set_opening(read_at, found.opens_in_us, generation);
+            let found = tokio::spawn(
+                async move {
+                    let (read_at, found) = read.await;
+                    if let Ok(Some(found)) = &found {
+                        known.set_opening(read_at, found.opens_in_us, generation);
+                    }
+                    found
                 }
-                found
-            })
+                .instrument(tracing::Span::current()),
+            )
             .await
             // The task panicked, or the runtime is shutting down.
             .unwrap_or_else(|_| Err(Arc::new(sqlx::Error::WorkerCrashed)));
@@ -417,6 +421,9 @@ impl Sale {
         let known = self.catalog.remember(id, found.restock_gen, || {
             Desk::open(id, Arc::clone(&self.desks))
         });
+        // The look-up may have begun before an admin moved the opening (news of a move is
+        // dropped for a product not known yet): a closed opening is read again within
+        // `OPENING_RECHECK`, an open one at the database's refusal.
         if let Some(generation) = known.claim_opening_read() {
             known.set_opening(read_at, found.opens_in_us, generation);
         }

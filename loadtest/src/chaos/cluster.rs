@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use super::members::Members;
 use super::proxy::{Mode, Proxy};
-use super::schedule::Links;
+use super::schedule::{Links, MemberPick};
 use crate::instances::{Instance, InstanceConfig};
 use crate::servers::{self, Server, ThrowawayDatabase};
 
@@ -28,6 +28,10 @@ pub const ADMIN_TOKEN: &str = "chaos-admin-token-0123456789";
 
 /// The Redis key prefix of the soak's instances.
 pub const KEY_PREFIX: &str = "chaos:";
+
+/// `HTTP_REQUEST_TIMEOUT_MS` of the soak's instances (the service's default), which the
+/// checker needs to know: an instance paused past it answers 408 as it wakes.
+pub const REQUEST_TIMEOUT_MS: u64 = 5_000;
 
 /// How the instances run.
 #[derive(Debug, Clone)]
@@ -186,6 +190,7 @@ impl Cluster {
                     self.config.sold_out_recheck_ms.to_string(),
                 ),
                 ("DATABASE_MAX_CONNECTIONS", "10".into()),
+                ("HTTP_REQUEST_TIMEOUT_MS", REQUEST_TIMEOUT_MS.to_string()),
             ]
             .into_iter()
             .chain(lock_servers)
@@ -240,8 +245,9 @@ impl Cluster {
         }
     }
 
-    /// Put `slot`'s links in `mode`.
-    pub fn set_links(&self, slot: usize, links: Links, mode: Mode) {
+    /// Put `slot`'s links in `mode`: its links to the lock's ensemble are to every member
+    /// of one that elects a leader, or to `member` alone among Redlock's masters.
+    pub fn set_links(&self, slot: usize, links: Links, member: MemberPick, mode: Mode) {
         let s = &self.slots[slot];
         if links.postgres() {
             s.postgres.set(mode);
@@ -250,8 +256,11 @@ impl Cluster {
             s.redis.set(mode);
         }
         if links.members() {
-            for member in &s.members {
-                member.set(mode);
+            match (self.members.as_ref(), member) {
+                (Some(members), MemberPick::Index(i)) if !members.elect_a_leader() => {
+                    s.members[i].set(mode);
+                }
+                _ => s.members.iter().for_each(|proxy| proxy.set(mode)),
             }
         }
     }
@@ -313,12 +322,22 @@ impl Cluster {
         Ok(ended)
     }
 
-    /// A connection to the soak's Redis, directly (not through a proxy).
+    /// A connection, directly (not through a proxy), to the Redis that keeps the lock:
+    /// the soak's Redis under `redis`, Redlock's master `member` under `redlock`.
     ///
     /// # Errors
-    /// When Redis cannot be reached.
-    pub async fn redis(&self) -> anyhow::Result<redis::aio::MultiplexedConnection> {
-        Ok(redis::Client::open(self.redis_url.as_str())?
+    /// When it cannot be reached.
+    pub async fn lock_redis(
+        &self,
+        member: MemberPick,
+    ) -> anyhow::Result<redis::aio::MultiplexedConnection> {
+        let url = match (self.members.as_ref(), member) {
+            (Some(members), MemberPick::Index(i)) => members
+                .redis_url(i)
+                .context("the lock's ensemble is not Redis")?,
+            _ => self.redis_url.clone(),
+        };
+        Ok(redis::Client::open(url.as_str())?
             .get_multiplexed_async_connection()
             .await?)
     }

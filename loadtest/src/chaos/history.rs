@@ -159,6 +159,8 @@ pub struct FaultRecord {
     /// Its place in the schedule, from 1.
     pub index: usize,
     pub kind: FaultKind,
+    /// The instance it was done to (the kinds done to one instance).
+    pub instance: Option<usize>,
     /// What exactly was done (which instance, links, latency, how long).
     pub detail: String,
     pub injected_us: Micros,

@@ -1,19 +1,20 @@
-//! The lock's own servers under `zookeeper` and `etcd`: three members that elect a leader,
-//! which the nemesis kills, restarts and pauses (the other strategies lock in Redis or
-//! PostgreSQL, which the cluster always runs).
+//! The lock's own servers: under `zookeeper` and `etcd` three members that elect a leader,
+//! under `redlock` three Redis masters that stand each alone. The nemesis kills, restarts
+//! and pauses them (the other strategies lock in Redis or PostgreSQL, which the cluster
+//! always runs).
 //!
 //! Each instance reaches every member through a proxy of its own (see the cluster), so the
-//! nemesis can also cut one instance off from all of them past its session or lease, or
-//! slow its links to them.
+//! nemesis can also cut one instance off from them (from all of an electing ensemble, past
+//! its session or lease; from one of Redlock's masters, which the quorum outvotes), or slow
+//! its links to them.
 
 use std::time::Duration;
 
 use ::servers::zookeeper::{DEFAULT_MAX_SESSION_TIMEOUT, Profile};
-use ::servers::{EtcdCluster, Tie, ZooKeeperEnsemble};
+use ::servers::{EtcdCluster, RedisServer, Tie, ZooKeeperEnsemble};
 use anyhow::Context;
 
-/// How many members: the smallest ensemble that keeps a quorum when one is lost.
-pub const MEMBERS: usize = 3;
+use super::schedule::Ensemble;
 
 /// The shortest `LOCK_TTL_MS` the etcd lock takes with three members: its renewal must have
 /// time for two request timeouts of 1 s (one member that does not answer, then the next),
@@ -26,10 +27,12 @@ pub fn zookeeper_max_lock_ttl() -> Duration {
     DEFAULT_MAX_SESSION_TIMEOUT / 2
 }
 
-/// The running ensemble, of either kind.
+/// The running ensemble, of any kind.
 pub enum Members {
     ZooKeeper(ZooKeeperEnsemble),
     Etcd(EtcdCluster),
+    /// Redis masters keeping nothing on disk.
+    Redlock(Vec<RedisServer>),
 }
 
 impl Members {
@@ -39,6 +42,9 @@ impl Members {
     /// # Errors
     /// When it is not installed, or does not form within a minute.
     pub fn start(strategy: seckill::LockStrategy) -> anyhow::Result<Option<Self>> {
+        let Some(Ensemble { members, .. }) = Ensemble::of(strategy) else {
+            return Ok(None);
+        };
         // The soak spawns from the thread that runs it to its end (the nemesis's), so a
         // member dies with the soak even if the soak is killed.
         let tie = Tie::OwnGroupDiesWithSpawner;
@@ -49,16 +55,22 @@ impl Members {
                 let profile = Profile::Test {
                     max_session_timeout: DEFAULT_MAX_SESSION_TIMEOUT,
                 };
-                let ensemble = ZooKeeperEnsemble::try_start(MEMBERS, profile, tie)
+                let ensemble = ZooKeeperEnsemble::try_start(members, profile, tie)
                     .context("starting the soak's own ZooKeeper ensemble")?;
                 Some(Self::ZooKeeper(ensemble))
             }
             seckill::LockStrategy::Etcd => {
-                let cluster = EtcdCluster::try_start(MEMBERS, tie)
+                let cluster = EtcdCluster::try_start(members, tie)
                     .context("starting the soak's own etcd cluster")?;
                 Some(Self::Etcd(cluster))
             }
-            _ => None,
+            _ => {
+                let masters = (0..members)
+                    .map(|_| RedisServer::try_start(tie))
+                    .collect::<Result<Vec<_>, _>>()
+                    .context("starting the soak's own Redlock masters")?;
+                Some(Self::Redlock(masters))
+            }
         })
     }
 
@@ -66,7 +78,18 @@ impl Members {
         match self {
             Self::ZooKeeper(_) => "ZooKeeper",
             Self::Etcd(_) => "etcd",
+            Self::Redlock(_) => "Redlock",
         }
+    }
+
+    /// How many members there are.
+    pub fn len(&self) -> usize {
+        self.ports().len()
+    }
+
+    /// Whether the members elect a leader (Redlock's masters do not).
+    pub fn elect_a_leader(&self) -> bool {
+        !matches!(self, Self::Redlock(_))
     }
 
     /// Every member's client port, in member order.
@@ -74,6 +97,16 @@ impl Members {
         match self {
             Self::ZooKeeper(ensemble) => ensemble.member_ports(),
             Self::Etcd(cluster) => cluster.member_ports(),
+            Self::Redlock(masters) => masters.iter().map(RedisServer::port).collect(),
+        }
+    }
+
+    /// Redlock master `i`'s URL, reached directly (not through a proxy); `None` for an
+    /// ensemble of another kind.
+    pub fn redis_url(&self, i: usize) -> Option<String> {
+        match self {
+            Self::Redlock(masters) => Some(masters[i].url()),
+            _ => None,
         }
     }
 
@@ -96,6 +129,7 @@ impl Members {
                 ),
             ],
             Self::Etcd(_) => vec![("ETCD_ENDPOINTS", addresses("http://"))],
+            Self::Redlock(_) => vec![("REDLOCK_URLS", addresses("redis://"))],
         }
     }
 
@@ -107,6 +141,7 @@ impl Members {
             Self::ZooKeeper(_) => Self::zookeeper_session(lock_ttl),
             // etcd grants whole seconds, never less than asked (`distlock::etcd`).
             Self::Etcd(_) => Duration::from_secs(lock_ttl.as_millis().div_ceil(1_000) as u64),
+            Self::Redlock(_) => lock_ttl,
         }
     }
 
@@ -122,6 +157,7 @@ impl Members {
         match self {
             Self::ZooKeeper(ensemble) => ensemble.leader(),
             Self::Etcd(cluster) => cluster.leader(),
+            Self::Redlock(_) => None,
         }
     }
 
@@ -130,6 +166,7 @@ impl Members {
         match self {
             Self::ZooKeeper(ensemble) => ensemble.pid(i),
             Self::Etcd(cluster) => cluster.pid(i),
+            Self::Redlock(masters) => masters[i].pid(),
         }
     }
 
@@ -138,14 +175,17 @@ impl Members {
         match self {
             Self::ZooKeeper(ensemble) => ensemble.signal(i, signal),
             Self::Etcd(cluster) => cluster.signal(i, signal),
+            Self::Redlock(masters) => masters[i].signal(signal),
         }
     }
 
-    /// SIGKILL member `i`; its data stays for [`restart`](Self::restart).
+    /// SIGKILL member `i`; a ZooKeeper or etcd member's data stays for
+    /// [`restart`](Self::restart), a Redis master's is gone.
     pub fn kill(&mut self, i: usize) {
         match self {
             Self::ZooKeeper(ensemble) => ensemble.kill(i),
             Self::Etcd(cluster) => cluster.kill(i),
+            Self::Redlock(masters) => masters[i].kill(),
         }
     }
 
@@ -159,12 +199,14 @@ impl Members {
         match self {
             Self::ZooKeeper(ensemble) => ensemble.try_wait_for_quorum(within)?,
             Self::Etcd(cluster) => cluster.try_wait_until_healthy(within)?,
+            // Each master serves once it runs: a continued one at once.
+            Self::Redlock(_) => {}
         }
         Ok(())
     }
 
-    /// Start member `i` again on its data, and wait until every member serves with one
-    /// leader. Blocks.
+    /// Start member `i` again (on its data; a Redis master empty), and wait until every
+    /// member serves (with one leader, where they elect one). Blocks.
     ///
     /// # Errors
     /// When it does not, within a minute.
@@ -172,6 +214,7 @@ impl Members {
         match self {
             Self::ZooKeeper(ensemble) => ensemble.try_restart(i)?,
             Self::Etcd(cluster) => cluster.try_restart(i)?,
+            Self::Redlock(masters) => masters[i].try_restart_empty()?,
         }
         Ok(())
     }

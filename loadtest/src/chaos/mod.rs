@@ -95,7 +95,7 @@ pub async fn run(args: ChaosArgs, cancel: Cancel) -> anyhow::Result<bool> {
     })
     .await?;
     let ensemble = cluster.members().map_or(String::new(), |members| {
-        format!(", {} {} members", members::MEMBERS, members.name())
+        format!(", {} {} members", members.len(), members.name())
     });
     println!(
         "chaos: a private PostgreSQL and Redis{ensemble}, {} instances: {}",
@@ -157,6 +157,18 @@ async fn soak(
     let database = evidence::database(&pool, product_id).await?;
     pool.close().await;
     let exits = cluster.exited_by_themselves();
+    let pauses: Vec<checker::Pause> = soaked
+        .faults
+        .iter()
+        .filter(|fault| fault.kind == FaultKind::PauseInstance)
+        .filter_map(|fault| {
+            Some(checker::Pause {
+                instance: fault.instance?,
+                from_us: fault.injected_us,
+                to_us: fault.healed_us,
+            })
+        })
+        .collect();
     let verdict = checker::check(&checker::Evidence {
         initial_stock: args.stock,
         attempts: &soaked.recorded.attempts,
@@ -165,6 +177,8 @@ async fn soak(
         database: &database,
         instance_exits: &exits,
         sold_out_recheck_us: (args.sold_out_recheck_ms * 1000) as i64,
+        pauses: &pauses,
+        request_timeout_us: (cluster::REQUEST_TIMEOUT_MS * 1000) as i64,
         started_us: soaked.started_us,
     });
     write_report(args, seed, settings, &soaked, &verdict)?;
@@ -214,8 +228,8 @@ async fn load_under_faults(
         started_us,
     };
     let kinds = FaultKind::applicable(args.strategy);
-    let members = cluster.members().map_or(0, |_| members::MEMBERS);
-    let schedule = Schedule::new(seed, cluster.instances(), members, &kinds);
+    let ensemble = schedule::Ensemble::of(args.strategy);
+    let schedule = Schedule::new(seed, cluster.instances(), ensemble, &kinds);
     let faults = nemesis::run(cluster, schedule, &plan, cancel).await;
     // Every fault is healed by now (or the nemesis failed): stop the load either way.
     let ended_us = now_us();

@@ -4,20 +4,20 @@
 //! How long each kind lasts, from the fault's drawn `lasts` (1 to 3 s):
 //!
 //! `claim` below is how long the lock keeps a silent holder's claim ([`Plan::claim`]):
-//! `LOCK_TTL_MS`, or the ZooKeeper session, or the etcd lease.
+//! `LOCK_TTL_MS` (Redis, Redlock, PostgreSQL), or the ZooKeeper session, or the etcd lease.
 //!
 //! | kind | what is done | healed when |
 //! |---|---|---|
 //! | kill-instance | SIGKILL, down for `lasts / 4` | started again and ready |
 //! | pause-instance | SIGSTOP for `claim + lasts / 2` (past its lease) | SIGCONT |
 //! | restart-redis | stopped and started empty on the same port | it accepts connections |
-//! | fence-back | the lock's keys read, and written back `lasts` later | written back |
+//! | fence-back | the lock's keys read, and written back `lasts` later (on one Redlock master) | written back |
 //! | terminate-backends | the app's sessions ended every 100 ms for `lasts / 2` | the last round |
 //! | restart-postgres | fast shutdown, then started on the same data | it accepts sessions |
 //! | delay-network | `delay` added each way to the instance's links for `lasts` | passing again |
-//! | cut-network | the instance's links dropped and refused for `lasts`; its links to the lock's ensemble for `claim + lasts / 2` (past its session or lease) | passing again |
-//! | kill-member | SIGKILL the ensemble's leader or another member, down for `lasts / 2` | started again, every member serving with one leader |
-//! | pause-member | SIGSTOP the leader or another member for `claim + lasts / 2` | SIGCONT, and every member serving with one leader |
+//! | cut-network | the instance's links dropped and refused for `lasts`; its links to the lock's ensemble (every member; one Redlock master) for `claim + lasts / 2` (past its session or lease) | passing again |
+//! | kill-member | SIGKILL the ensemble's leader or another member (a Redlock master), down for `lasts / 2` | started again (a master empty), every member serving with one leader |
+//! | pause-member | SIGSTOP the leader or another member (a Redlock master) for `claim + lasts / 2` | SIGCONT, and every member serving with one leader |
 
 use std::time::Duration;
 
@@ -84,6 +84,10 @@ pub async fn run(
         records.push(FaultRecord {
             index: fault.index,
             kind: fault.kind,
+            instance: fault
+                .kind
+                .targets_an_instance()
+                .then_some(fault.instance % cluster.instances()),
             detail,
             injected_us,
             healed_us,
@@ -122,12 +126,12 @@ async fn inject(
             "PostgreSQL restarted (fast shutdown)".to_owned()
         }
         FaultKind::DelayNetwork => {
-            cluster.set_links(slot, fault.links, Mode::Delay(fault.delay));
+            cluster.set_links(slot, fault.links, fault.member, Mode::Delay(fault.delay));
             hold(fault.lasts, cancel).await;
-            cluster.set_links(slot, fault.links, Mode::Pass);
+            cluster.set_links(slot, fault.links, fault.member, Mode::Pass);
             format!(
-                "instance {slot}'s {} link(s) delayed {} ms each way for {} ms",
-                fault.links.name(),
+                "instance {slot}'s {} delayed {} ms each way for {} ms",
+                links_name(cluster, fault),
                 fault.delay.as_millis(),
                 fault.lasts.as_millis()
             )
@@ -140,18 +144,33 @@ async fn inject(
             } else {
                 fault.lasts
             };
-            cluster.set_links(slot, fault.links, Mode::Cut);
+            cluster.set_links(slot, fault.links, fault.member, Mode::Cut);
             hold(lasts, cancel).await;
-            cluster.set_links(slot, fault.links, Mode::Pass);
+            cluster.set_links(slot, fault.links, fault.member, Mode::Pass);
             format!(
-                "instance {slot}'s {} link(s) cut for {} ms",
-                fault.links.name(),
+                "instance {slot}'s {} cut for {} ms",
+                links_name(cluster, fault),
                 lasts.as_millis()
             )
         }
         FaultKind::KillMember => kill_member(cluster, fault, cancel).await?,
         FaultKind::PauseMember => pause_member(cluster, fault, plan, cancel).await?,
     })
+}
+
+/// The links a network fault hits, named.
+fn links_name(cluster: &Cluster, fault: &Fault) -> String {
+    match (cluster.members(), fault.member) {
+        (Some(members), MemberPick::Index(i))
+            if fault.links.members() && !members.elect_a_leader() =>
+        {
+            format!("link to {} master {i}", members.name())
+        }
+        (Some(members), _) if fault.links.members() => {
+            format!("links to every {} member", members.name())
+        }
+        _ => format!("{} link(s)", fault.links.name()),
+    }
 }
 
 /// The member `fault` picks, and how to name it: the leader as it is now (or member 0 if
@@ -192,7 +211,7 @@ async fn kill_member(
     // Blocks until the ensemble serves again; the load goes on on the other worker.
     tokio::task::block_in_place(|| members.restart(i))?;
     Ok(format!(
-        "{named} (pid {pid}) SIGKILLed, down {} ms, serving with a leader {} ms after its start",
+        "{named} (pid {pid}) SIGKILLed, down {} ms, serving again {} ms after its start",
         down.as_millis(),
         started.elapsed().as_millis()
     ))
@@ -219,7 +238,7 @@ async fn pause_member(
     let continued = Instant::now();
     tokio::task::block_in_place(|| members.wait_until_serving())?;
     Ok(format!(
-        "{named} (pid {}) SIGSTOPped for {} ms, every member serving with a leader {} ms after",
+        "{named} (pid {}) SIGSTOPped for {} ms, every member serving {} ms after",
         members.pid(i),
         paused.as_millis(),
         continued.elapsed().as_millis()
@@ -278,13 +297,17 @@ async fn fence_back(
     cancel: &Cancel,
 ) -> anyhow::Result<String> {
     let keys = LockKeys::of(plan.product_id)?;
-    let mut conn = cluster.redis().await?;
+    let mut conn = cluster.lock_redis(fault.member).await?;
     let then = keys.read(&mut conn).await?;
     hold(fault.lasts, cancel).await;
     let now = keys.read(&mut conn).await?;
     keys.write(&mut conn, &then).await?;
+    let on = match (cluster.members(), fault.member) {
+        (Some(members), MemberPick::Index(i)) => format!("{} master {i}: ", members.name()),
+        _ => String::new(),
+    };
     Ok(format!(
-        "fence {} set back to {} and lock {} to {} ({} ms old)",
+        "{on}fence {} set back to {} and lock {} to {} ({} ms old)",
         now.fence.as_deref().unwrap_or("(none)"),
         then.fence.as_deref().unwrap_or("(none)"),
         now.holder_label(),

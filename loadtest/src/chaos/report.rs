@@ -245,6 +245,13 @@ impl Report<'_> {
                 near.join(", ")
             }
         );
+        if v.timed_out_by_a_pause > 0 {
+            let _ = writeln!(
+                out,
+                "408 answers from instances as they woke from a pause longer than HTTP_REQUEST_TIMEOUT_MS: {} (a stopped instance counts the pause against the requests that came meanwhile and refuses them, doing nothing: not violations)\n",
+                v.timed_out_by_a_pause
+            );
+        }
     }
 
     /// Every check with its count of violations, each violation, and the verdict.
@@ -317,6 +324,7 @@ impl Report<'_> {
             "restocks_applied": v.restocks_applied,
             "sold_out_answers": v.sold_out_answers,
             "sold_out_within_the_bound": v.sold_out_within_the_bound.len(),
+            "timed_out_by_a_pause": v.timed_out_by_a_pause,
             "sold_out_within_the_bound_by_fault": self
                 .stale_sold_out_by_fault()
                 .into_iter()

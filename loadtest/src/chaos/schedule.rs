@@ -35,8 +35,8 @@ pub enum FaultKind {
     DelayNetwork,
     /// Drop one instance's connections to PostgreSQL and/or Redis, and refuse new ones.
     CutNetwork,
-    /// SIGKILL a member of the lock's ensemble (ZooKeeper, etcd), the leader or another,
-    /// then start it again on its data.
+    /// SIGKILL a member of the lock's ensemble (ZooKeeper, etcd: the leader or another;
+    /// Redlock: a master), then start it again (on its data; a Redis master empty).
     KillMember,
     /// SIGSTOP a member of the lock's ensemble for longer than a session or lease, then
     /// SIGCONT.
@@ -59,15 +59,17 @@ impl FaultKind {
 
     /// The kinds that do something under `strategy`, in [`ALL`](Self::ALL)'s order. Most
     /// hit what every strategy uses (the instances, PostgreSQL, and Redis, which carries
-    /// restock news under all of them); `fence-back` rewrites the Redis lock's keys, which
-    /// only the `redis` lock has; the member kinds hit the ensemble that only `zookeeper`
-    /// and `etcd` lock in.
+    /// restock news under all of them); `fence-back` rewrites a Redis lock's keys, which
+    /// only `redis` and `redlock` have; the member kinds hit the ensemble that only
+    /// `zookeeper`, `etcd` and `redlock` lock in ([`Ensemble::of`]).
     pub fn applicable(strategy: LockStrategy) -> Vec<FaultKind> {
-        let has_members = has_members(strategy);
+        let has_members = Ensemble::of(strategy).is_some();
         Self::ALL
             .into_iter()
             .filter(|kind| match kind {
-                FaultKind::FenceBack => strategy == LockStrategy::Redis,
+                FaultKind::FenceBack => {
+                    matches!(strategy, LockStrategy::Redis | LockStrategy::Redlock)
+                }
                 FaultKind::KillMember | FaultKind::PauseMember => has_members,
                 _ => true,
             })
@@ -101,10 +103,32 @@ impl FaultKind {
     }
 }
 
-/// Whether `strategy` locks in an ensemble of its own (ZooKeeper, etcd), which the soak
-/// starts and the member kinds fault.
-pub fn has_members(strategy: LockStrategy) -> bool {
-    matches!(strategy, LockStrategy::ZooKeeper | LockStrategy::Etcd)
+/// The lock's own servers, which the soak starts and the member kinds fault, as far as the
+/// schedule draws among them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ensemble {
+    pub members: usize,
+    /// Whether they elect a leader (ZooKeeper, etcd), or stand each alone (Redlock's
+    /// masters).
+    pub elects_a_leader: bool,
+}
+
+impl Ensemble {
+    /// The ensemble `strategy` locks in, if any: three members, the fewest that go on
+    /// when one is lost.
+    pub fn of(strategy: LockStrategy) -> Option<Self> {
+        match strategy {
+            LockStrategy::ZooKeeper | LockStrategy::Etcd => Some(Self {
+                members: 3,
+                elects_a_leader: true,
+            }),
+            LockStrategy::Redlock => Some(Self {
+                members: 3,
+                elects_a_leader: false,
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// Which of an instance's links a network fault hits.
@@ -114,7 +138,8 @@ pub enum Links {
     Redis,
     /// PostgreSQL and Redis.
     Both,
-    /// Its links to every member of the lock's ensemble (drawn only when there is one).
+    /// Its links to the lock's ensemble (drawn only when there is one): to every member of
+    /// an ensemble that elects a leader, to the fault's member among Redlock's masters.
     Members,
 }
 
@@ -136,7 +161,7 @@ impl Links {
             Links::Postgres => "PostgreSQL",
             Links::Redis => "Redis",
             Links::Both => "PostgreSQL and Redis",
-            Links::Members => "lock servers'",
+            Links::Members => "lock servers",
         }
     }
 }
@@ -179,8 +204,8 @@ pub const LASTS_MS: std::ops::RangeInclusive<u64> = 1_000..=3_000;
 pub struct Schedule {
     rng: ChaCha8Rng,
     instances: usize,
-    /// Members of the lock's ensemble (0: none).
-    members: usize,
+    /// The lock's ensemble, if it has one.
+    ensemble: Option<Ensemble>,
     /// The kinds drawn.
     kinds: Vec<FaultKind>,
     /// The kinds still to come in the first round (every kind once), last first.
@@ -189,14 +214,19 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// The schedule of `seed` for a cluster of `instances` (at least 1) and a lock ensemble
-    /// of `members` (0 for none), drawing from `kinds` (at least one;
-    /// [`FaultKind::applicable`]). Without members, a seed gives the schedule it gave
+    /// The schedule of `seed` for a cluster of `instances` (at least 1) and the lock's
+    /// `ensemble` ([`Ensemble::of`]), drawing from `kinds` (at least one;
+    /// [`FaultKind::applicable`]). Without an ensemble, a seed gives the schedule it gave
     /// before ensembles were faulted, for the same kinds.
     ///
     /// # Panics
     /// If `kinds` is empty.
-    pub fn new(seed: u64, instances: usize, members: usize, kinds: &[FaultKind]) -> Self {
+    pub fn new(
+        seed: u64,
+        instances: usize,
+        ensemble: Option<Ensemble>,
+        kinds: &[FaultKind],
+    ) -> Self {
         assert!(!kinds.is_empty(), "a schedule draws from at least one kind");
         // ChaCha8 is specified, unlike `StdRng`, whose algorithm may change between rand
         // releases: a seed keeps its schedule across versions of this tool for the same
@@ -209,7 +239,7 @@ impl Schedule {
         Self {
             rng,
             instances: instances.max(1),
-            members,
+            ensemble,
             kinds: kinds.to_vec(),
             first_round,
             drawn: 0,
@@ -224,7 +254,7 @@ impl Iterator for Schedule {
         let drawn_kind = self.kinds[self.rng.random_range(0..self.kinds.len())];
         let kind = self.first_round.pop().unwrap_or(drawn_kind);
         let instance = self.rng.random_range(0..self.instances);
-        let links = if self.members == 0 {
+        let links = if self.ensemble.is_none() {
             [Links::Postgres, Links::Redis, Links::Both][self.rng.random_range(0..3)]
         } else {
             [Links::Postgres, Links::Redis, Links::Both, Links::Members]
@@ -235,13 +265,17 @@ impl Iterator for Schedule {
         // Drawn only with an ensemble, so that a schedule without one stays as it was. "The
         // leader" is one draw in n + 1 and is whichever member leads when the fault starts
         // (a seed replays "the leader", not a member number); each member by number is
-        // another draw (and may be leading then too).
-        let member = match self.members {
-            0 => MemberPick::Leader,
-            n => match self.rng.random_range(0..=n) {
-                i if i == n => MemberPick::Leader,
-                i => MemberPick::Index(i),
-            },
+        // another draw (and may be leading then too). Masters that elect none are drawn by
+        // number only.
+        let member = match self.ensemble {
+            None => MemberPick::Leader,
+            Some(ensemble) if ensemble.elects_a_leader => {
+                match self.rng.random_range(0..=ensemble.members) {
+                    i if i == ensemble.members => MemberPick::Leader,
+                    i => MemberPick::Index(i),
+                }
+            }
+            Some(ensemble) => MemberPick::Index(self.rng.random_range(0..ensemble.members)),
         };
         self.drawn += 1;
         Some(Fault {
@@ -264,9 +298,15 @@ mod tests {
 
     #[test]
     fn the_same_seed_gives_the_same_faults_and_another_seed_others() {
-        let a: Vec<Fault> = Schedule::new(42, 3, 0, &FaultKind::ALL).take(50).collect();
-        let b: Vec<Fault> = Schedule::new(42, 3, 0, &FaultKind::ALL).take(50).collect();
-        let c: Vec<Fault> = Schedule::new(43, 3, 0, &FaultKind::ALL).take(50).collect();
+        let a: Vec<Fault> = Schedule::new(42, 3, None, &FaultKind::ALL)
+            .take(50)
+            .collect();
+        let b: Vec<Fault> = Schedule::new(42, 3, None, &FaultKind::ALL)
+            .take(50)
+            .collect();
+        let c: Vec<Fault> = Schedule::new(43, 3, None, &FaultKind::ALL)
+            .take(50)
+            .collect();
         assert_eq!(a, b);
         assert_ne!(a, c);
     }
@@ -274,17 +314,20 @@ mod tests {
     #[test]
     fn the_first_faults_are_every_kind_once() {
         for seed in 0..100 {
-            let first: BTreeSet<FaultKind> = Schedule::new(seed, 3, 3, &FaultKind::ALL)
-                .take(FaultKind::ALL.len())
-                .map(|f| f.kind)
-                .collect();
+            let first: BTreeSet<FaultKind> =
+                Schedule::new(seed, 3, Ensemble::of(LockStrategy::Etcd), &FaultKind::ALL)
+                    .take(FaultKind::ALL.len())
+                    .map(|f| f.kind)
+                    .collect();
             assert_eq!(first.len(), FaultKind::ALL.len(), "seed {seed}");
         }
     }
 
     #[test]
     fn parameters_stay_in_their_ranges_and_every_instance_is_hit() {
-        let faults: Vec<Fault> = Schedule::new(7, 3, 0, &FaultKind::ALL).take(300).collect();
+        let faults: Vec<Fault> = Schedule::new(7, 3, None, &FaultKind::ALL)
+            .take(300)
+            .collect();
         assert!(faults.iter().all(|f| f.instance < 3
             && DELAY_MS.contains(&(f.delay.as_millis() as u64))
             && LASTS_MS.contains(&(f.lasts.as_millis() as u64))));
@@ -308,7 +351,9 @@ mod tests {
     #[test]
     fn a_fault_that_cannot_apply_to_the_strategy_is_never_drawn() {
         let under_pg_atomic = FaultKind::applicable(LockStrategy::PgAtomic);
-        let faults: Vec<Fault> = Schedule::new(7, 3, 0, &under_pg_atomic).take(300).collect();
+        let faults: Vec<Fault> = Schedule::new(7, 3, None, &under_pg_atomic)
+            .take(300)
+            .collect();
         let drawn: BTreeSet<FaultKind> = faults.iter().map(|f| f.kind).collect();
         let first: BTreeSet<FaultKind> = faults[..7].iter().map(|f| f.kind).collect();
 
@@ -320,21 +365,27 @@ mod tests {
         assert_eq!(first.len(), 7, "each once in the first round");
         let member_kinds = [FaultKind::KillMember, FaultKind::PauseMember];
         let under_redis = FaultKind::applicable(LockStrategy::Redis);
-        assert!(under_redis.contains(&FaultKind::FenceBack));
         assert!(!member_kinds.iter().any(|k| under_redis.contains(k)));
         assert_eq!(under_redis.len(), 8);
         for strategy in [
+            LockStrategy::Redis,
             LockStrategy::PgLock,
             LockStrategy::PgRow,
             LockStrategy::None,
             LockStrategy::ZooKeeper,
             LockStrategy::Etcd,
+            LockStrategy::Redlock,
         ] {
             let kinds = FaultKind::applicable(strategy);
-            assert!(!kinds.contains(&FaultKind::FenceBack), "{strategy:?}");
+            let redis_lock = matches!(strategy, LockStrategy::Redis | LockStrategy::Redlock);
+            assert_eq!(
+                kinds.contains(&FaultKind::FenceBack),
+                redis_lock,
+                "{strategy:?}"
+            );
             assert_eq!(
                 member_kinds.iter().all(|k| kinds.contains(k)),
-                has_members(strategy),
+                Ensemble::of(strategy).is_some(),
                 "{strategy:?}"
             );
         }
@@ -345,7 +396,7 @@ mod tests {
         // As a run of seed 20261203 under `redis` printed them before the member kinds
         // existed (CI's one-minute soak, 2026-12-05).
         let kinds = FaultKind::applicable(LockStrategy::Redis);
-        let faults: Vec<Fault> = Schedule::new(20261203, 3, 0, &kinds).take(8).collect();
+        let faults: Vec<Fault> = Schedule::new(20261203, 3, None, &kinds).take(8).collect();
         let names: Vec<&str> = faults.iter().map(|f| f.kind.name()).collect();
         assert_eq!(
             names,
@@ -381,14 +432,26 @@ mod tests {
     #[test]
     fn with_an_ensemble_every_member_the_leader_and_the_members_links_are_drawn() {
         let kinds = FaultKind::applicable(LockStrategy::Etcd);
-        let faults: Vec<Fault> = Schedule::new(7, 3, 3, &kinds).take(300).collect();
+        let faults: Vec<Fault> = Schedule::new(7, 3, Ensemble::of(LockStrategy::Etcd), &kinds)
+            .take(300)
+            .collect();
         let picks: BTreeSet<String> = faults.iter().map(|f| format!("{:?}", f.member)).collect();
         assert_eq!(
             picks,
             BTreeSet::from(["Index(0)", "Index(1)", "Index(2)", "Leader"].map(String::from))
         );
         assert!(faults.iter().any(|f| f.links == Links::Members));
-        let without: Vec<Fault> = Schedule::new(7, 3, 0, &kinds).take(300).collect();
+        let without: Vec<Fault> = Schedule::new(7, 3, None, &kinds).take(300).collect();
         assert!(without.iter().all(|f| f.links != Links::Members));
+        // Redlock's masters elect no leader: each is drawn by number.
+        let redlock = Ensemble::of(LockStrategy::Redlock);
+        let masters: BTreeSet<String> = Schedule::new(7, 3, redlock, &kinds)
+            .take(300)
+            .map(|f| format!("{:?}", f.member))
+            .collect();
+        assert_eq!(
+            masters,
+            BTreeSet::from(["Index(0)", "Index(1)", "Index(2)"].map(String::from))
+        );
     }
 }

@@ -91,7 +91,8 @@ pub(super) fn no_5xx_but_503(f: &Facts<'_>) -> Vec<String> {
     violations
 }
 
-/// No 4xx but 409 `sold_out` and `already_purchased`.
+/// No 4xx but 409 `sold_out` and `already_purchased`, and 408 from an instance woken from
+/// a pause past its request timeout ([`timed_out_by_a_pause`]).
 pub(super) fn no_other_4xx(f: &Facts<'_>) -> Vec<String> {
     f.evidence
         .attempts
@@ -100,9 +101,25 @@ pub(super) fn no_other_4xx(f: &Facts<'_>) -> Vec<String> {
             matches!(a.answer.status(), Some(400..=499))
                 && !(a.answer.status() == Some(409)
                     && matches!(a.answer.code(), "sold_out" | "already_purchased"))
+                && !timed_out_by_a_pause(f, a)
         })
         .map(|a| f.describe(a))
         .collect()
+}
+
+/// A 408 that an instance gave as the nemesis continued it after a pause longer than its
+/// `HTTP_REQUEST_TIMEOUT_MS`, to a request sent before it woke: its clock ran on while it
+/// was stopped, so it counts the pause against a request that came in time, and refuses it
+/// without doing anything (as any server stalled that long would). Answered within
+/// [`SLACK_US`] of the pause's end.
+pub(super) fn timed_out_by_a_pause(f: &Facts<'_>, a: &Attempt) -> bool {
+    a.answer.status() == Some(408)
+        && f.evidence.pauses.iter().any(|p| {
+            p.instance == a.instance
+                && p.to_us - p.from_us >= f.evidence.request_timeout_us
+                && a.sent_us < p.to_us
+                && (p.to_us - SLACK_US..=p.to_us + SLACK_US).contains(&a.answered_us)
+        })
 }
 
 /// Every instance the nemesis did not kill is still running.
@@ -113,6 +130,7 @@ pub(super) fn instances_stayed_up(f: &Facts<'_>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::super::super::history::RestockAttempt;
+    use super::super::Pause;
     use super::super::fixtures::{Soak, at, attempt, http};
     use super::*;
 
@@ -196,6 +214,34 @@ mod tests {
         assert_eq!(violations.len(), 2, "{violations:?}");
         assert!(violations[0].ends_with(": 404 not_found"), "{violations:?}");
         assert!(violations[1].ends_with(": 409 conflict"), "{violations:?}");
+    }
+
+    #[test]
+    fn a_408_is_excused_only_as_its_instance_wakes_from_a_pause_past_the_request_timeout() {
+        let mut soak = Soak::clean();
+        // Instance 0 was stopped from 20 s to 26 s, past the 5 s request timeout.
+        soak.pauses.push(Pause {
+            instance: 0,
+            from_us: at(20.0),
+            to_us: at(26.0),
+        });
+        let mut timed_out = |user, instance, sent: f64, answered: f64| {
+            let mut a = attempt(user, sent, http(408, "", None));
+            a.instance = instance;
+            a.answered_us = at(answered);
+            soak.attempts.push(a);
+        };
+        timed_out(20, 0, 21.0, 26.05); // as it woke: excused
+        timed_out(21, 1, 21.0, 26.05); // another instance
+        timed_out(22, 0, 30.0, 35.0); // long after the pause
+        let violations = soak.violations_of(no_other_4xx);
+        assert_eq!(violations.len(), 2, "{violations:?}");
+        assert!(violations[0].contains("user 21"), "{violations:?}");
+        assert!(violations[1].contains("user 22"), "{violations:?}");
+        assert_eq!(soak.check().timed_out_by_a_pause, 1);
+        // A pause shorter than the request timeout excuses nothing.
+        soak.pauses[0].from_us = at(23.0);
+        assert_eq!(soak.violations_of(no_other_4xx).len(), 3);
     }
 
     #[test]

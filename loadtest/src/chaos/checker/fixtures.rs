@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::super::history::{Answer, Attempt, Micros, Restock, RestockAttempt};
 use super::facts::Facts;
-use super::{Database, DbOrder, Evidence, LedgerEntry, Lookup, Verdict, check};
+use super::{Database, DbOrder, Evidence, LedgerEntry, Lookup, Pause, Verdict, check};
 
 pub const S: Micros = 1_000_000;
 /// The soak starts at 1000 s; every time below is relative to it.
@@ -60,6 +60,7 @@ pub struct Soak {
     pub lookups: BTreeMap<i64, Lookup>,
     pub database: Database,
     pub exits: Vec<String>,
+    pub pauses: Vec<Pause>,
 }
 
 impl Soak {
@@ -108,6 +109,7 @@ impl Soak {
             lookups: BTreeMap::from([(4, Lookup::Found(103))]),
             database,
             exits: Vec::new(),
+            pauses: Vec::new(),
         }
     }
 
@@ -121,6 +123,8 @@ impl Soak {
             database: &self.database,
             instance_exits: &self.exits,
             sold_out_recheck_us: S,
+            pauses: &self.pauses,
+            request_timeout_us: 5_000_000,
             started_us: T0,
         }
     }

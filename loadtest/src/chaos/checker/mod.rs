@@ -95,8 +95,20 @@ pub struct Evidence<'a> {
     pub instance_exits: &'a [String],
     /// The instances' `SOLD_OUT_RECHECK_MS`, in µs.
     pub sold_out_recheck_us: Micros,
+    /// The instances the nemesis stopped, and when.
+    pub pauses: &'a [Pause],
+    /// The instances' `HTTP_REQUEST_TIMEOUT_MS`, in µs.
+    pub request_timeout_us: Micros,
     /// When the soak started: times in messages count from it.
     pub started_us: Micros,
+}
+
+/// An instance the nemesis stopped (SIGSTOP), from when until it was continued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pause {
+    pub instance: usize,
+    pub from_us: Micros,
+    pub to_us: Micros,
 }
 
 /// The checks, in the order they are shown.
@@ -137,6 +149,10 @@ pub struct Verdict {
     /// bound allows (an instance that missed a restock's message), not a violation. When
     /// each was sent.
     pub sold_out_within_the_bound: Vec<Micros>,
+    /// 408 answers an instance gave as it woke from a pause longer than its
+    /// `HTTP_REQUEST_TIMEOUT_MS` (its clock ran on while it was stopped, and counts the pause
+    /// against the requests that came meanwhile; nothing was done): not violations.
+    pub timed_out_by_a_pause: usize,
     /// Buyers whose outcome was unknown, and of them those the lookup found an order for.
     pub unknown_buyers: usize,
     pub unknown_found: usize,
@@ -244,6 +260,11 @@ pub fn check(e: &Evidence<'_>) -> Verdict {
         restocked_units: f.restocked_units,
         sold_out_answers: e.attempts.iter().filter(|a| a.is_sold_out()).count(),
         sold_out_within_the_bound: answers::sold_out_within_the_bound(&f),
+        timed_out_by_a_pause: e
+            .attempts
+            .iter()
+            .filter(|a| answers::timed_out_by_a_pause(&f, a))
+            .count(),
         unknown_buyers,
         unknown_found,
     }
