@@ -83,7 +83,7 @@ impl Members {
     }
 
     /// How many members there are.
-    pub fn len(&self) -> usize {
+    pub fn count(&self) -> usize {
         self.ports().len()
     }
 

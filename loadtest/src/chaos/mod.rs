@@ -95,7 +95,7 @@ pub async fn run(args: ChaosArgs, cancel: Cancel) -> anyhow::Result<bool> {
     })
     .await?;
     let ensemble = cluster.members().map_or(String::new(), |members| {
-        format!(", {} {} members", members.len(), members.name())
+        format!(", {} {} members", members.count(), members.name())
     });
     println!(
         "chaos: a private PostgreSQL and Redis{ensemble}, {} instances: {}",
