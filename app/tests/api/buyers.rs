@@ -431,23 +431,11 @@ async fn a_purchase_while_another_reads_the_opening_is_not_refused_for_it(pool: 
     let app = spawn_with(settings, pool.clone()).await;
     let id = app.create_product("Phone", 10).await;
     assert_eq!(app.purchase(id, 1, 1).await.status(), 201);
-    let moved = app
-        .client
-        .put(app.ops_url(&format!("/api/products/{id}/opening")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({"on_sale_at": "2020-01-01T00:00:00Z"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(moved.status(), 200);
+    assert_eq!(move_opening(&app, id, "2020-01-01T00:00:00Z").await, 200);
     // TIMING: the instance hears its own news of the move (and forgets the opening once
     // more) within milliseconds; after it, the read below is the only one under way.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut held = pool.begin().await.unwrap();
-    sqlx::query("LOCK TABLE products IN ACCESS EXCLUSIVE MODE")
-        .execute(&mut *held)
-        .await
-        .unwrap();
+    let held = lock_the_products_table(&pool).await;
     let reading = buy_in_task(&app, id, 2);
     wait_for_sessions_waiting(&pool, 1).await;
 
@@ -487,22 +475,10 @@ async fn a_read_of_the_opening_outlives_the_buyer_who_went_away(pool: PgPool) {
     let app = spawn_with(settings, pool.clone()).await;
     let id = product_opening_in(&app, &pool, Duration::from_secs(3_600)).await;
     assert_eq!(error_code(app.purchase(id, 1, 1).await).await.1, "not_open");
-    let moved = app
-        .client
-        .put(app.ops_url(&format!("/api/products/{id}/opening")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({"on_sale_at": "2099-01-01T00:00:00Z"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(moved.status(), 200);
+    assert_eq!(move_opening(&app, id, "2099-01-01T00:00:00Z").await, 200);
     // TIMING: the instance hears its own news of the move within milliseconds.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut held = pool.begin().await.unwrap();
-    sqlx::query("LOCK TABLE products IN ACCESS EXCLUSIVE MODE")
-        .execute(&mut *held)
-        .await
-        .unwrap();
+    let held = lock_the_products_table(&pool).await;
 
     // Act: a buyer whose read waits on the table goes away; then the table is let go.
     let gone = buy_in_task(&app, id, 2);
@@ -530,6 +506,29 @@ async fn a_read_of_the_opening_outlives_the_buyer_who_went_away(pool: PgPool) {
         locks_before,
         "the next purchase went on to the lock: the read was dropped with its buyer"
     );
+}
+
+/// Move product `id`'s opening to `at` (RFC 3339) as the admin; the answer's status.
+async fn move_opening(app: &TestApp, id: i64, at: &str) -> u16 {
+    app.client
+        .put(app.ops_url(&format!("/api/products/{id}/opening")))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"on_sale_at": at}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// A transaction holding the products table, so that every read of it waits.
+async fn lock_the_products_table(pool: &PgPool) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut held = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE products IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    held
 }
 
 /// A purchase of one unit by `user`, sent in a task of its own.
