@@ -95,7 +95,8 @@ impl RedisServer {
         started.unwrap_or_else(|e| panic!("{e}"))
     }
 
-    fn try_start_with(extra: &[String], tie: Tie) -> Result<Self> {
+    /// [`start_with`](Self::start_with), tied to this process as `tie` says.
+    pub(crate) fn try_start_with(extra: &[String], tie: Tie) -> Result<Self> {
         let mut server = Self {
             child: None,
             port: 0,
@@ -148,6 +149,11 @@ impl RedisServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Whether it runs (it was not [`kill`](Self::kill)ed, or was started again).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     pub fn url(&self) -> String {

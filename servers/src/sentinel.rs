@@ -10,9 +10,9 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::process::{reap, temp_dir};
+use crate::process::{Tie, reap, temp_dir};
 use crate::redis::{RedisServer, answering, server_info_section};
-use crate::{ATTEMPTS, free_port};
+use crate::{ATTEMPTS, Error, Result, free_port};
 
 /// Redis the way production runs it: one primary, `replicas` replicas, and three Sentinels
 /// watching them under the master name [`RedisSentinels::MASTER`], all private processes on
@@ -49,44 +49,55 @@ impl RedisSentinels {
     /// that want no failover use a longer `down_after` than [`DOWN_AFTER`](Self::DOWN_AFTER),
     /// so that a slow moment is not taken for a dead primary.
     pub fn start_with_down_after(replicas: usize, down_after: Duration) -> Self {
-        let dir = temp_dir("redis-sentinels").unwrap_or_else(|e| panic!("{e}"));
-        // Each node keeps its files (a replica's received snapshot) in a directory of
-        // its own, not in the test's working directory.
-        let node_dir = |i: usize| {
-            let d = dir.join(format!("node-{i}"));
-            std::fs::create_dir_all(&d).expect("a temp dir");
-            d.to_str().expect("a UTF-8 temp dir").to_owned()
-        };
-        let primary = RedisServer::start_with(&["--dir".into(), node_dir(0)]);
-        let mut nodes = vec![primary];
-        for i in 0..replicas {
-            let of = nodes[0].port().to_string();
-            nodes.push(RedisServer::start_with(&[
-                "--dir".into(),
-                node_dir(i + 1),
-                "--replicaof".into(),
-                "127.0.0.1".into(),
-                of,
-            ]));
-        }
+        Self::try_start(replicas, down_after, Tie::Child).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`start_with_down_after`](Self::start_with_down_after), every process tied to this
+    /// one as `tie` says. Every node starts as a primary and the replicas are then told
+    /// whom to follow (`REPLICAOF`), so that a node restarted empty comes back as a
+    /// primary, and the Sentinels turn it into a replica if they have failed over from it.
+    ///
+    /// # Errors
+    /// `redis-server` is not installed, a node or a Sentinel does not start, or the set
+    /// does not form (replicas synchronised, Sentinels aware of each other) within 20 s.
+    pub fn try_start(replicas: usize, down_after: Duration, tie: Tie) -> Result<Self> {
         let mut set = Self {
-            nodes,
+            nodes: Vec::new(),
             sentinels: Vec::new(),
-            dir,
+            dir: temp_dir("redis-sentinels")?,
         };
-        set.wait_until_replicas_synced(Duration::from_secs(20));
-        for i in 0..3 {
-            let child = (0..ATTEMPTS)
-                .find_map(|_| {
-                    let port = free_port();
-                    spawn_sentinel(&set.dir, i, port, set.nodes[0].port(), down_after)
-                        .map(|c| (c, port))
-                })
-                .expect("a Sentinel on a free port");
-            set.sentinels.push(child);
+        for i in 0..=replicas {
+            // Each node keeps its files (a replica's received snapshot) in a directory of
+            // its own, not in the working directory.
+            let dir = set.dir.join(format!("node-{i}"));
+            std::fs::create_dir_all(&dir).map_err(crate::io("creating a node's directory"))?;
+            let node =
+                RedisServer::try_start_with(&["--dir".into(), dir.display().to_string()], tie)?;
+            set.nodes.push(node);
         }
-        set.wait_until_sentinels_know(replicas, Duration::from_secs(20));
-        set
+        let primary = set.nodes[0].port();
+        for replica in &set.nodes[1..] {
+            follow(replica.port(), primary)?;
+        }
+        set.try_wait_until_replicas_synced(Duration::from_secs(20))?;
+        for i in 0..3 {
+            let mut started = None;
+            for _ in 0..ATTEMPTS {
+                let port = free_port();
+                if let Some(child) = spawn_sentinel(&set.dir, i, port, primary, down_after, tie)? {
+                    started = Some((child, port));
+                    break;
+                }
+            }
+            let sentinel = started.ok_or_else(|| {
+                Error::NotServing(format!(
+                    "Sentinel {i} did not start on any of {ATTEMPTS} free ports"
+                ))
+            })?;
+            set.sentinels.push(sentinel);
+        }
+        set.wait_until_sentinels_know(replicas, Duration::from_secs(20))?;
+        Ok(set)
     }
 
     /// `redis://127.0.0.1:<port>` of every Sentinel.
@@ -102,6 +113,11 @@ impl RedisSentinels {
         &mut self.nodes
     }
 
+    /// Data node `i` (an index into [`nodes`](Self::nodes)).
+    pub fn node(&self, i: usize) -> &RedisServer {
+        &self.nodes[i]
+    }
+
     /// The port of the node the Sentinels name as primary now.
     pub fn primary_port(&self) -> Option<u16> {
         self.sentinels
@@ -110,17 +126,85 @@ impl RedisSentinels {
     }
 
     /// The index in [`nodes`](Self::nodes) of the primary the Sentinels name now.
+    ///
+    /// # Panics
+    /// If no Sentinel answers with one of the nodes.
     pub fn primary(&self) -> usize {
-        let port = self.primary_port().expect("a Sentinel names a primary");
-        self.nodes
-            .iter()
-            .position(|n| n.port() == port)
-            .expect("the primary is one of ours")
+        self.try_primary()
+            .expect("a Sentinel names one of our nodes")
+    }
+
+    /// [`primary`](Self::primary), `None` if no Sentinel answers with one of the nodes.
+    pub fn try_primary(&self) -> Option<usize> {
+        let port = self.primary_port()?;
+        self.nodes.iter().position(|n| n.port() == port)
+    }
+
+    /// Wait until the set serves: every Sentinel names the same primary, which answers as
+    /// one, and every other running node follows it with its link up (after a failover,
+    /// the old primary turned into a replica; after a restart, the node resynchronised).
+    /// The index of the primary.
+    ///
+    /// # Errors
+    /// When it does not, `within`.
+    pub fn try_wait_until_serving(&self, within: Duration) -> Result<usize> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let named: Vec<Option<u16>> = self
+                .sentinels
+                .iter()
+                .map(|(_, port)| master_by_sentinel(*port))
+                .collect();
+            let agreed = match named.first() {
+                Some(Some(port)) if named.iter().all(|n| n == &Some(*port)) => Some(*port),
+                _ => None,
+            };
+            let serving = agreed.and_then(|port| {
+                let primary = self.nodes.iter().position(|n| n.port() == port)?;
+                let is_primary = server_info_section(port, "replication")
+                    .is_some_and(|info| info.contains("role:master"));
+                let followed = self
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, node)| *i != primary && node.is_running())
+                    .all(|(_, node)| {
+                        server_info_section(node.port(), "replication").is_some_and(|info| {
+                            info.contains("role:slave")
+                                && info.contains(&format!("master_port:{port}\r"))
+                                && info.contains("master_link_status:up")
+                        })
+                    });
+                (is_primary && followed).then_some(primary)
+            });
+            if let Some(primary) = serving {
+                return Ok(primary);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::NotServing(format!(
+                    "the Sentinels' set did not serve within {within:?}: Sentinels name {named:?}\n{}",
+                    self.sentinel_logs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Wait until every Sentinel names a primary other than the node on `old_port`, and
     /// that node answers as a master; the index of the new primary.
+    ///
+    /// # Panics
+    /// If it does not happen `within`.
     pub fn wait_for_failover_from(&self, old_port: u16, within: Duration) -> usize {
+        self.try_wait_for_failover_from(old_port, within)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`wait_for_failover_from`](Self::wait_for_failover_from).
+    ///
+    /// # Errors
+    /// When it does not happen `within`.
+    pub fn try_wait_for_failover_from(&self, old_port: u16, within: Duration) -> Result<usize> {
         let deadline = std::time::Instant::now() + within;
         loop {
             let named: Vec<Option<u16>> = self
@@ -133,18 +217,16 @@ impl RedisSentinels {
                 && named.iter().all(|n| *n == Some(*new))
                 && server_info_section(*new, "replication")
                     .is_some_and(|info| info.contains("role:master"))
+                && let Some(i) = self.nodes.iter().position(|n| n.port() == *new)
             {
-                return self
-                    .nodes
-                    .iter()
-                    .position(|n| n.port() == *new)
-                    .expect("the new primary is one of ours");
+                return Ok(i);
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no failover from port {old_port} within {within:?}: Sentinels name {named:?}\n{}",
-                self.sentinel_logs()
-            );
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::NotServing(format!(
+                    "no failover from port {old_port} within {within:?}: Sentinels name {named:?}\n{}",
+                    self.sentinel_logs()
+                )));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -165,7 +247,15 @@ impl RedisSentinels {
 
     /// Wait until the first node (the primary at start) reports every replica connected
     /// and `online`.
+    ///
+    /// # Panics
+    /// If they are not, `within`.
     pub fn wait_until_replicas_synced(&self, within: Duration) {
+        self.try_wait_until_replicas_synced(within)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    fn try_wait_until_replicas_synced(&self, within: Duration) -> Result<()> {
         let deadline = std::time::Instant::now() + within;
         let primary = self.nodes[0].port();
         let replicas = self.nodes.len() - 1;
@@ -183,12 +273,13 @@ impl RedisSentinels {
                     })
             });
             if ok {
-                return;
+                return Ok(());
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the replicas did not sync within {within:?}"
-            );
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::NotServing(format!(
+                    "the replicas did not sync within {within:?}"
+                )));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -198,10 +289,27 @@ impl RedisSentinels {
     /// of junk (keys `testkit:junk:*`) so that the next writes stay in the primary's output
     /// buffer, behind the junk, instead of in the stopped replica's socket. If the primary
     /// dies now, those writes die with it. [`resume`](Self::resume) the replica after.
+    ///
+    /// # Panics
+    /// If the primary cannot be found or does not take the junk.
     pub fn stall_replication(&self, replica: usize) {
+        self.try_stall_replication(replica)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// [`stall_replication`](Self::stall_replication).
+    ///
+    /// # Errors
+    /// When no Sentinel names a primary, or it does not take the junk (the replica is
+    /// left stopped: [`resume`](Self::resume) it).
+    pub fn try_stall_replication(&self, replica: usize) -> Result<()> {
         self.nodes[replica].signal("-STOP");
-        let primary = self.nodes[self.primary()].port();
-        let mut stream = TcpStream::connect(("127.0.0.1", primary)).expect("the primary answers");
+        let primary = self
+            .try_primary()
+            .ok_or_else(|| Error::NotServing("no Sentinel names a primary".into()))?;
+        let primary = self.nodes[primary].port();
+        let junk = crate::io("filling the replication link with junk");
+        let mut stream = TcpStream::connect(("127.0.0.1", primary)).map_err(junk)?;
         let value = vec![b'x'; 1 << 20];
         for i in 0..40 {
             let mut command = format!(
@@ -211,14 +319,13 @@ impl RedisSentinels {
             .into_bytes();
             command.extend_from_slice(&value);
             command.extend_from_slice(b"\r\n");
-            stream
-                .write_all(&command)
-                .expect("the primary takes the junk");
             let mut reply = [0; 5];
             stream
-                .read_exact(&mut reply)
-                .expect("the primary answers +OK");
+                .write_all(&command)
+                .and_then(|()| stream.read_exact(&mut reply))
+                .map_err(crate::io("filling the replication link with junk"))?;
         }
+        Ok(())
     }
 
     /// SIGCONT a replica stopped by [`stall_replication`](Self::stall_replication).
@@ -227,7 +334,7 @@ impl RedisSentinels {
     }
 
     /// Wait until each Sentinel knows `replicas` replicas and the two other Sentinels.
-    fn wait_until_sentinels_know(&self, replicas: usize, within: Duration) {
+    fn wait_until_sentinels_know(&self, replicas: usize, within: Duration) -> Result<()> {
         let deadline = std::time::Instant::now() + within;
         loop {
             let ok = self.sentinels.iter().all(|(_, port)| {
@@ -237,12 +344,14 @@ impl RedisSentinels {
                 })
             });
             if ok {
-                return;
+                return Ok(());
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the Sentinels did not learn of each other and the replicas within {within:?}"
-            );
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::NotServing(format!(
+                    "the Sentinels did not learn of each other and the replicas within {within:?}\n{}",
+                    self.sentinel_logs()
+                )));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -260,16 +369,34 @@ impl Drop for RedisSentinels {
     }
 }
 
-/// Start Sentinel number `i` on `port`, watching the primary on `primary` and failing it over
-/// after `down_after` without an answer, with its (rewritable) configuration in `dir`; `None`
-/// if it did not come up.
+/// Make the node on `replica` follow the one on `primary` (`REPLICAOF`).
+fn follow(replica: u16, primary: u16) -> Result<()> {
+    let failed = |e: redis::RedisError| {
+        Error::NotServing(format!(
+            "the node on port {replica} did not take REPLICAOF: {e}"
+        ))
+    };
+    let mut conn = redis::Client::open(format!("redis://127.0.0.1:{replica}"))
+        .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(5)))
+        .map_err(failed)?;
+    redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(primary)
+        .exec(&mut conn)
+        .map_err(failed)
+}
+
+/// Start Sentinel number `i` on `port`, tied as `tie` says, watching the primary on
+/// `primary` and failing it over after `down_after` without an answer, with its
+/// (rewritable) configuration in `dir`; `None` if it did not come up.
 fn spawn_sentinel(
     dir: &std::path::Path,
     i: usize,
     port: u16,
     primary: u16,
     down_after: Duration,
-) -> Option<Child> {
+    tie: Tie,
+) -> Result<Option<Child>> {
     let conf = dir.join(format!("sentinel-{i}.conf"));
     let name = RedisSentinels::MASTER;
     let down = down_after.as_millis();
@@ -286,15 +413,19 @@ fn spawn_sentinel(
             log = dir.join(format!("sentinel-{i}.log")).display()
         ),
     )
-    .expect("a Sentinel configuration file");
-    let child = Command::new("redis-server")
+    .map_err(crate::io("writing a Sentinel's configuration"))?;
+    let mut command = Command::new("redis-server");
+    command
         .arg(&conf)
         .arg("--sentinel")
+        .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::null());
+    tie.apply(&mut command);
+    let child = command
         .spawn()
-        .expect("redis-server on the PATH");
-    answering(child, port)
+        .map_err(crate::io("starting redis-server --sentinel"))?;
+    Ok(answering(child, port))
 }
 
 /// The port of the primary the Sentinel on `port` names (`SENTINEL get-master-addr-by-name`).
