@@ -54,12 +54,24 @@ impl RedisSentinels {
 
     /// [`start_with_down_after`](Self::start_with_down_after), every process tied to this
     /// one as `tie` says. Every node starts as a primary and the replicas are then told
-    /// whom to follow (`REPLICAOF`), so that a node restarted empty comes back as a
-    /// primary, and the Sentinels turn it into a replica if they have failed over from it.
+    /// whom to follow (`REPLICAOF`), so a node restarted empty comes back as a primary.
+    /// What the Sentinels then do with it:
+    /// - a primary they have failed over from, or a replica, they turn into a replica of
+    ///   the primary they name, but only some 8 s after they see it (until then it is an
+    ///   empty primary that takes writes, and a replica in that state can even be elected
+    ///   if the primary dies then): restart a node, then [`try_wait_until_serving`]
+    ///   before the next fault;
+    /// - a primary restarted before they failed over from it stays the primary, empty, and
+    ///   its replicas resynchronise from it, losing everything: restart a primary after
+    ///   [`try_wait_for_failover_from`] unless that loss is the point.
+    ///
+    /// [`try_wait_until_serving`]: Self::try_wait_until_serving
+    /// [`try_wait_for_failover_from`]: Self::try_wait_for_failover_from
     ///
     /// # Errors
     /// `redis-server` is not installed, a node or a Sentinel does not start, or the set
-    /// does not form (replicas synchronised, Sentinels aware of each other) within 20 s.
+    /// does not form (replicas synchronised, then Sentinels aware of each other, each
+    /// within 20 s).
     pub fn try_start(replicas: usize, down_after: Duration, tie: Tie) -> Result<Self> {
         let mut set = Self {
             nodes: Vec::new(),
@@ -134,7 +146,8 @@ impl RedisSentinels {
             .expect("a Sentinel names one of our nodes")
     }
 
-    /// [`primary`](Self::primary), `None` if no Sentinel answers with one of the nodes.
+    /// [`primary`](Self::primary), `None` if the first Sentinel that answers names no node
+    /// of the set.
     pub fn try_primary(&self) -> Option<usize> {
         let port = self.primary_port()?;
         self.nodes.iter().position(|n| n.port() == port)
@@ -143,7 +156,9 @@ impl RedisSentinels {
     /// Wait until the set serves: every Sentinel names the same primary, which answers as
     /// one, and every other running node follows it with its link up (after a failover,
     /// the old primary turned into a replica; after a restart, the node resynchronised).
-    /// The index of the primary.
+    /// The index of the primary. A node counts as running unless it was
+    /// [`kill`](RedisServer::kill)ed through [`nodes`](Self::nodes): one stopped (SIGSTOP)
+    /// or crashed makes this wait to its end.
     ///
     /// # Errors
     /// When it does not, `within`.
@@ -300,14 +315,15 @@ impl RedisSentinels {
     /// [`stall_replication`](Self::stall_replication).
     ///
     /// # Errors
-    /// When no Sentinel names a primary, or it does not take the junk (the replica is
-    /// left stopped: [`resume`](Self::resume) it).
+    /// When the first Sentinel that answers names no node of the set (the replica is not
+    /// stopped), or the primary does not take the junk (the replica is left stopped:
+    /// [`resume`](Self::resume) it).
     pub fn try_stall_replication(&self, replica: usize) -> Result<()> {
-        self.nodes[replica].signal("-STOP");
-        let primary = self
-            .try_primary()
-            .ok_or_else(|| Error::NotServing("no Sentinel names a primary".into()))?;
+        let primary = self.try_primary().ok_or_else(|| {
+            Error::NotServing("the Sentinels name no node of the set as primary".into())
+        })?;
         let primary = self.nodes[primary].port();
+        self.nodes[replica].signal("-STOP");
         let junk = crate::io("filling the replication link with junk");
         let mut stream = TcpStream::connect(("127.0.0.1", primary)).map_err(junk)?;
         let value = vec![b'x'; 1 << 20];
