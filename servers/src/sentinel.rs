@@ -165,21 +165,10 @@ impl RedisSentinels {
     pub fn try_wait_until_serving(&self, within: Duration) -> Result<usize> {
         let deadline = std::time::Instant::now() + within;
         loop {
-            let named: Vec<Option<u16>> = self
-                .sentinels
-                .iter()
-                .map(|(_, port)| master_by_sentinel(*port))
-                .collect();
-            let agreed = match named.first() {
-                Some(Some(port)) if named.iter().all(|n| n == &Some(*port)) => Some(*port),
-                _ => None,
-            };
-            let serving = agreed.and_then(|port| {
-                let primary = self.nodes.iter().position(|n| n.port() == port)?;
-                let is_primary = server_info_section(port, "replication")
-                    .is_some_and(|info| info.contains("role:master"));
-                let followed = self
-                    .nodes
+            let (named, agreed) = self.agreed_primary();
+            let serving = agreed.filter(|&primary| {
+                let port = self.nodes[primary].port();
+                self.nodes
                     .iter()
                     .enumerate()
                     .filter(|(i, node)| *i != primary && node.is_running())
@@ -189,8 +178,7 @@ impl RedisSentinels {
                                 && info.contains(&format!("master_port:{port}\r"))
                                 && info.contains("master_link_status:up")
                         })
-                    });
-                (is_primary && followed).then_some(primary)
+                    })
             });
             if let Some(primary) = serving {
                 return Ok(primary);
@@ -222,19 +210,9 @@ impl RedisSentinels {
     pub fn try_wait_for_failover_from(&self, old_port: u16, within: Duration) -> Result<usize> {
         let deadline = std::time::Instant::now() + within;
         loop {
-            let named: Vec<Option<u16>> = self
-                .sentinels
-                .iter()
-                .map(|(_, port)| master_by_sentinel(*port))
-                .collect();
-            if let Some(Some(new)) = named.first()
-                && *new != old_port
-                && named.iter().all(|n| *n == Some(*new))
-                && server_info_section(*new, "replication")
-                    .is_some_and(|info| info.contains("role:master"))
-                && let Some(i) = self.nodes.iter().position(|n| n.port() == *new)
-            {
-                return Ok(i);
+            let (named, agreed) = self.agreed_primary();
+            if let Some(new) = agreed.filter(|&i| self.nodes[i].port() != old_port) {
+                return Ok(new);
             }
             if std::time::Instant::now() >= deadline {
                 return Err(Error::NotServing(format!(
@@ -244,6 +222,27 @@ impl RedisSentinels {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The primary port each Sentinel names (`None` for one that does not answer), and the
+    /// node they all name if they agree and it answers as a primary.
+    fn agreed_primary(&self) -> (Vec<Option<u16>>, Option<usize>) {
+        let named: Vec<Option<u16>> = self
+            .sentinels
+            .iter()
+            .map(|(_, port)| master_by_sentinel(*port))
+            .collect();
+        let agreed = match named.first() {
+            Some(Some(port)) if named.iter().all(|n| n == &Some(*port)) => Some(*port),
+            _ => None,
+        };
+        let primary = agreed
+            .filter(|port| {
+                server_info_section(*port, "replication")
+                    .is_some_and(|info| info.contains("role:master"))
+            })
+            .and_then(|port| self.nodes.iter().position(|n| n.port() == port));
+        (named, primary)
     }
 
     /// The last lines of every Sentinel's log, for a failure message.
