@@ -254,6 +254,14 @@ pub struct ChaosArgs {
     #[arg(long, default_value = "redis", value_parser = chaos_strategy)]
     pub strategy: seckill::LockStrategy,
 
+    /// With --strategy redis only: Redis behind Sentinel, as production runs it (a primary,
+    /// a replica and three Sentinels that fail over after 1 s without an answer). The
+    /// instances find the primary through the Sentinels, and the nemesis kills, pauses and
+    /// restarts the primary (failovers) and stalls the replica before promoting it. The
+    /// instances reach Redis directly then, so network faults hit their PostgreSQL link.
+    #[arg(long)]
+    pub sentinel: bool,
+
     /// The quiet spell before each fault, in ms (each fault is healed before it starts).
     #[arg(long, default_value_t = 3_000, value_parser = clap::value_parser!(u64).range(500..=600_000))]
     pub fault_every_ms: u64,

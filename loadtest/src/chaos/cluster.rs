@@ -1,6 +1,7 @@
 //! The soak's cluster: a private PostgreSQL and a private Redis, the lock's own ensemble
-//! under `zookeeper` and `etcd` ([`super::members`]), and N seckill instances, each reaching
-//! every server through proxies of its own ([`super::proxy`]). Everything is stopped when the
+//! under `zookeeper`, `etcd`, `redlock` and `redis --sentinel` ([`super::members`]), and N
+//! seckill instances, each reaching every server through proxies of its own
+//! ([`super::proxy`]; behind Sentinel, PostgreSQL only). Everything is stopped when the
 //! cluster is dropped: the instances (by pid), the proxies, the servers (and their data
 //! directories).
 //!
@@ -38,6 +39,8 @@ pub const REQUEST_TIMEOUT_MS: u64 = 5_000;
 pub struct ClusterConfig {
     pub instances: usize,
     pub strategy: seckill::LockStrategy,
+    /// Under `redis`: Redis behind Sentinel (a primary and a replica) instead of one server.
+    pub sentinel: bool,
     pub lock_ttl_ms: u64,
     pub sold_out_recheck_ms: u64,
 }
@@ -79,7 +82,7 @@ pub struct Cluster {
     database: String,
     redis_url: String,
     loadtest: PathBuf,
-    /// The lock's ensemble, under `zookeeper` and `etcd`.
+    /// The lock's ensemble, under `zookeeper`, `etcd`, `redlock` and Sentinel.
     members: Option<Members>,
     redis: Server,
     postgres: Server,
@@ -89,7 +92,8 @@ struct Slot {
     name: String,
     postgres: Proxy,
     redis: Proxy,
-    /// One proxy per member of the lock's ensemble, in member order (none without one).
+    /// One proxy per member of the lock's ensemble, in member order (none without one, or
+    /// behind Sentinel).
     members: Vec<Proxy>,
     instance: Instance,
     /// How many times it was started (its logs are named after it).
@@ -107,7 +111,8 @@ impl Cluster {
             .await
             .context("starting the soak's own PostgreSQL")?;
         let redis = servers::start_redis().context("starting the soak's own Redis")?;
-        let members = tokio::task::block_in_place(|| Members::start(config.strategy))?;
+        let members =
+            tokio::task::block_in_place(|| Members::start(config.strategy, config.sentinel))?;
         let admin_url = postgres.url.clone();
         let database = "seckill_chaos".to_owned();
         let database_url = ThrowawayDatabase::create(&admin_url, database.clone())
@@ -130,7 +135,11 @@ impl Cluster {
             redis,
             postgres,
         };
-        let member_ports = cluster.members.as_ref().map(Members::ports);
+        let member_ports = cluster
+            .members
+            .as_ref()
+            .filter(|members| members.proxied())
+            .map(Members::ports);
         for i in 0..config.instances {
             let postgres = Proxy::start(postgres_at).await?;
             let redis = Proxy::start(redis_at).await?;
@@ -265,7 +274,7 @@ impl Cluster {
         }
     }
 
-    /// The lock's ensemble, under `zookeeper` and `etcd`.
+    /// The lock's ensemble, under `zookeeper`, `etcd`, `redlock` and Sentinel.
     pub fn members(&self) -> Option<&Members> {
         self.members.as_ref()
     }
@@ -275,13 +284,27 @@ impl Cluster {
         self.members.as_mut()
     }
 
-    /// Restart Redis empty, on the same port.
+    /// Restart Redis empty, on the same port: the soak's one Redis, or behind Sentinel the
+    /// primary (before the Sentinels see it gone, so it stays the primary, and then until
+    /// the set serves again). What was restarted.
     ///
     /// # Errors
     /// When it does not come back.
-    pub fn restart_redis(&mut self) -> anyhow::Result<()> {
+    pub fn restart_redis(&mut self) -> anyhow::Result<String> {
         // The restart blocks (it waits for the port); the load goes on on the other worker.
-        tokio::task::block_in_place(|| self.redis.restart())
+        tokio::task::block_in_place(|| match self.members.as_mut() {
+            Some(members @ Members::Sentinel(_)) => {
+                let primary = members.restart_primary_empty()?;
+                Ok(format!(
+                    "the primary (Redis node {}) restarted empty and kept by the Sentinels",
+                    primary.map_or("?".to_owned(), |p| p.to_string())
+                ))
+            }
+            _ => {
+                self.redis.restart()?;
+                Ok("Redis restarted empty".to_owned())
+            }
+        })
     }
 
     /// Restart PostgreSQL (fast shutdown, then start), and wait until it accepts sessions.
@@ -323,7 +346,8 @@ impl Cluster {
     }
 
     /// A connection, directly (not through a proxy), to the Redis that keeps the lock:
-    /// the soak's Redis under `redis`, Redlock's master `member` under `redlock`.
+    /// the soak's Redis under `redis`, Redlock's master `member` under `redlock`, the
+    /// primary behind Sentinel.
     ///
     /// # Errors
     /// When it cannot be reached.
@@ -332,6 +356,9 @@ impl Cluster {
         member: MemberPick,
     ) -> anyhow::Result<redis::aio::MultiplexedConnection> {
         let url = match (self.members.as_ref(), member) {
+            (Some(members @ Members::Sentinel(_)), _) => members
+                .redis_url(0)
+                .context("the Sentinels name no primary")?,
             (Some(members), MemberPick::Index(i)) => members
                 .redis_url(i)
                 .context("the lock's ensemble is not Redis")?,

@@ -7,7 +7,7 @@
 //! - `schedule`: the seeded fault sequence (pure).
 //! - `history`: what was recorded: attempts, restocks, faults.
 //! - `proxy`: the TCP proxy in front of each of an instance's links.
-//! - `members`: the lock's own ensemble, under `zookeeper` and `etcd`.
+//! - `members`: the lock's own ensemble, under `zookeeper`, `etcd`, `redlock` and Sentinel.
 //! - `cluster`: the private servers, the proxies and the instances.
 //! - `nemesis`: injects and heals each fault.
 //! - `load`: the buyers and the restocks.
@@ -53,6 +53,12 @@ use schedule::{FaultKind, Schedule};
 /// before this returns, whatever happened.
 pub async fn run(args: ChaosArgs, cancel: Cancel) -> anyhow::Result<bool> {
     let lock_ttl = Duration::from_millis(args.lock_ttl_ms);
+    if args.sentinel && args.strategy != seckill::LockStrategy::Redis {
+        anyhow::bail!(
+            "--sentinel puts the `redis` lock behind Sentinel: it goes with --strategy redis only, not {}",
+            args.strategy.name()
+        );
+    }
     if args.strategy == seckill::LockStrategy::Etcd && lock_ttl < members::ETCD_MIN_LOCK_TTL {
         anyhow::bail!(
             "--strategy etcd needs --lock-ttl-ms of at least {} (the etcd lock renews a third of the way into its lease, and the renewal must have time for two request timeouts of 1 s with three members)",
@@ -70,10 +76,11 @@ pub async fn run(args: ChaosArgs, cancel: Cancel) -> anyhow::Result<bool> {
     }
     let seed = args.seed.unwrap_or_else(rand::random);
     let settings = format!(
-        "--minutes {} --seed {seed} --instances {} --strategy {} --fault-every-ms {} --stock {} --restock-every-ms {} --restock-units {} --buyers-per-sec {} --concurrency {} --lock-ttl-ms {} --sold-out-recheck-ms {}",
+        "--minutes {} --seed {seed} --instances {} --strategy {}{} --fault-every-ms {} --stock {} --restock-every-ms {} --restock-units {} --buyers-per-sec {} --concurrency {} --lock-ttl-ms {} --sold-out-recheck-ms {}",
         args.minutes,
         args.instances,
         args.strategy.name(),
+        if args.sentinel { " --sentinel" } else { "" },
         args.fault_every_ms,
         args.stock,
         args.restock_every_ms,
@@ -90,6 +97,7 @@ pub async fn run(args: ChaosArgs, cancel: Cancel) -> anyhow::Result<bool> {
     let mut cluster = Cluster::start(ClusterConfig {
         instances: usize::from(args.instances),
         strategy: args.strategy,
+        sentinel: args.sentinel,
         lock_ttl_ms: args.lock_ttl_ms,
         sold_out_recheck_ms: args.sold_out_recheck_ms,
     })
@@ -227,8 +235,8 @@ async fn load_under_faults(
         product_id,
         started_us,
     };
-    let kinds = FaultKind::applicable(args.strategy);
-    let ensemble = schedule::Ensemble::of(args.strategy);
+    let kinds = FaultKind::applicable(args.strategy, args.sentinel);
+    let ensemble = schedule::Ensemble::of(args.strategy, args.sentinel);
     let schedule = Schedule::new(seed, cluster.instances(), ensemble, &kinds);
     let faults = nemesis::run(cluster, schedule, &plan, cancel).await;
     // Every fault is healed by now (or the nemesis failed): stop the load either way.
@@ -258,7 +266,7 @@ fn write_report(
         started_us: soaked.started_us,
         ended_us: soaked.ended_us,
         sold_out_recheck_us: (args.sold_out_recheck_ms * 1000) as i64,
-        kinds: FaultKind::applicable(args.strategy),
+        kinds: FaultKind::applicable(args.strategy, args.sentinel),
     };
     let report = report::Report {
         header: &header,

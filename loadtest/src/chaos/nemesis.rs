@@ -10,14 +10,18 @@
 //! |---|---|---|
 //! | kill-instance | SIGKILL, down for `lasts / 4` | started again and ready |
 //! | pause-instance | SIGSTOP for `claim + lasts / 2` (past its lease) | SIGCONT |
-//! | restart-redis | stopped and started empty on the same port | it accepts connections |
-//! | fence-back | the lock's keys read, and written back `lasts` later (on one Redlock master) | written back |
+//! | restart-redis | stopped and started empty on the same port (behind Sentinel: the primary, at once, so it stays the primary and its replica resynchronises empty) | it accepts connections (behind Sentinel: the set serves) |
+//! | fence-back | the lock's keys read, and written back `lasts` later (on one Redlock master; behind Sentinel, on the primary) | written back |
 //! | terminate-backends | the app's sessions ended every 100 ms for `lasts / 2` | the last round |
 //! | restart-postgres | fast shutdown, then started on the same data | it accepts sessions |
 //! | delay-network | `delay` added each way to the instance's links for `lasts` | passing again |
 //! | cut-network | the instance's links dropped and refused for `lasts`; its links to the lock's ensemble (every member; one Redlock master) for `claim + lasts / 2` (past its session or lease) | passing again |
-//! | kill-member | SIGKILL the ensemble's leader or another member (a Redlock master), down for `lasts / 2` | started again (a master empty), every member serving with one leader |
-//! | pause-member | SIGSTOP the leader or another member (a Redlock master) for `claim + lasts / 2` | SIGCONT, and every member serving with one leader |
+//! | kill-member | SIGKILL the ensemble's leader or another member (a Redlock master; behind Sentinel the primary or the replica), down for `lasts / 2` (a killed primary until the Sentinels have failed over from it) | started again (a Redis node empty), every member serving with one leader (primary) |
+//! | pause-member | SIGSTOP the leader or another member (a Redlock master; behind Sentinel the primary, which is failed over meanwhile) for `claim + lasts / 2` | SIGCONT, and every member serving with one leader (primary) |
+//! | pause-member of the replica behind Sentinel | the replica stopped and its link filled for `lasts / 2` while the load goes on, then the primary SIGKILLed and the replica continued: promoted without the writes it missed | the old primary started again, empty, and following the new one |
+//!
+//! Behind Sentinel the instances reach Redis at the address the Sentinels give, not
+//! through their proxies, so the network kinds hit their PostgreSQL link only.
 
 use std::time::Duration;
 
@@ -115,10 +119,7 @@ async fn inject(
     Ok(match fault.kind {
         FaultKind::KillInstance => kill_instance(cluster, slot, fault, cancel).await?,
         FaultKind::PauseInstance => pause_instance(cluster, slot, fault, plan, cancel).await,
-        FaultKind::RestartRedis => {
-            cluster.restart_redis()?;
-            "Redis restarted empty".to_owned()
-        }
+        FaultKind::RestartRedis => cluster.restart_redis()?,
         FaultKind::FenceBack => fence_back(cluster, fault, plan, cancel).await?,
         FaultKind::TerminateBackends => terminate_backends(cluster, fault, cancel).await?,
         FaultKind::RestartPostgres => {
@@ -176,18 +177,19 @@ fn links_name(cluster: &Cluster, fault: &Fault) -> String {
 /// The member `fault` picks, and how to name it: the leader as it is now (or member 0 if
 /// the members agree on none), or the one it names.
 fn pick_member(members: &Members, pick: MemberPick) -> (usize, String) {
+    let (name, role) = (members.name(), members.leader_role());
     match pick {
         MemberPick::Leader => match members.leader() {
-            Some(i) => (i, format!("{} member {i} (the leader)", members.name())),
-            None => (0, format!("{} member 0 (no leader agreed)", members.name())),
+            Some(i) => (i, format!("{name} member {i} ({role})")),
+            None => (0, format!("{name} member 0 (none agreed to be {role})")),
         },
         MemberPick::Index(i) => {
             let role = if members.leader() == Some(i) {
-                " (the leader)"
+                format!(" ({role})")
             } else {
-                ""
+                String::new()
             };
-            (i, format!("{} member {i}{role}", members.name()))
+            (i, format!("{name} member {i}{role}"))
         }
     }
 }
@@ -219,6 +221,8 @@ async fn kill_member(
 
 /// SIGSTOP a member of the lock's ensemble past a session or lease, then SIGCONT it and
 /// wait until every member serves with one leader (a paused leader may have been voted out).
+/// Behind Sentinel, a replica is stalled instead and then promoted
+/// ([`Members::fail_over_to_a_stale_replica`]).
 async fn pause_member(
     cluster: &mut Cluster,
     fault: &Fault,
@@ -229,6 +233,16 @@ async fn pause_member(
         .members_mut()
         .context("pause-member drawn without an ensemble")?;
     let (i, named) = pick_member(members, fault.member);
+    if members.sentinels().is_some() && members.leader() != Some(i) {
+        let stalled = fault.lasts / 2;
+        let started = Instant::now();
+        let old = tokio::task::block_in_place(|| members.fail_over_to_a_stale_replica(i, stalled))?;
+        return Ok(format!(
+            "{named} stopped and its replication stalled for {} ms, then the primary (member {old}) SIGKILLed: {named} promoted without the writes it missed, the old primary following it empty {} ms after the stall began",
+            stalled.as_millis(),
+            started.elapsed().as_millis()
+        ));
+    }
     let paused = plan.claim + fault.lasts / 2;
     members.signal(i, "-STOP");
     // TIMING: the pause outlasts a session or lease by at least 500 ms: the clients
@@ -303,6 +317,7 @@ async fn fence_back(
     let now = keys.read(&mut conn).await?;
     keys.write(&mut conn, &then).await?;
     let on = match (cluster.members(), fault.member) {
+        (Some(members), _) if members.sentinels().is_some() => "the primary: ".to_owned(),
         (Some(members), MemberPick::Index(i)) => format!("{} master {i}: ", members.name()),
         _ => String::new(),
     };

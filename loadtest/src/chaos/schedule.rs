@@ -2,7 +2,7 @@
 //! else, so that a seed replays the same faults in the same order with the same parameters
 //! however long each one takes to inject and heal.
 //!
-//! Only the kinds that apply to the soak's strategy are drawn ([`FaultKind::applicable`]):
+//! Only the kinds that apply to the soak's locks are drawn ([`FaultKind::applicable`]):
 //! the first faults are each of them once, in an order shuffled by the seed, so a soak that
 //! lasts long enough for that many faults has run every one. After them each is drawn at
 //! random.
@@ -22,6 +22,8 @@ pub enum FaultKind {
     /// SIGSTOP an instance for longer than its lock's lease, then SIGCONT.
     PauseInstance,
     /// Restart Redis empty (it keeps nothing on disk): every lock and fence counter is gone.
+    /// Behind Sentinel, the primary, at once: it stays the primary, and the replica
+    /// resynchronises from it empty.
     RestartRedis,
     /// Read the lock's keys, and a moment later write them back as they were: a failover to
     /// a replica that lags (the fence counter goes back, the lock is held by whoever held it
@@ -36,10 +38,13 @@ pub enum FaultKind {
     /// Drop one instance's connections to PostgreSQL and/or Redis, and refuse new ones.
     CutNetwork,
     /// SIGKILL a member of the lock's ensemble (ZooKeeper, etcd: the leader or another;
-    /// Redlock: a master), then start it again (on its data; a Redis master empty).
+    /// Redlock: a master; Sentinel: the primary, failed over, or the replica), then start it
+    /// again (on its data; a Redis node empty).
     KillMember,
     /// SIGSTOP a member of the lock's ensemble for longer than a session or lease, then
-    /// SIGCONT.
+    /// SIGCONT (a Sentinel-watched primary is failed over meanwhile). Behind Sentinel, the
+    /// replica is stopped so that it misses writes, and then promoted: the primary is
+    /// killed.
     PauseMember,
 }
 
@@ -57,13 +62,14 @@ impl FaultKind {
         FaultKind::PauseMember,
     ];
 
-    /// The kinds that do something under `strategy`, in [`ALL`](Self::ALL)'s order. Most
-    /// hit what every strategy uses (the instances, PostgreSQL, and Redis, which carries
-    /// restock news under all of them); `fence-back` rewrites a Redis lock's keys, which
-    /// only `redis` and `redlock` have; the member kinds hit the ensemble that only
-    /// `zookeeper`, `etcd` and `redlock` lock in ([`Ensemble::of`]).
-    pub fn applicable(strategy: LockStrategy) -> Vec<FaultKind> {
-        let has_members = Ensemble::of(strategy).is_some();
+    /// The kinds that do something under `strategy` (with `sentinel`: `redis` behind
+    /// Sentinel), in [`ALL`](Self::ALL)'s order. Most hit what every strategy uses (the
+    /// instances, PostgreSQL, and Redis, which carries restock news under all of them);
+    /// `fence-back` rewrites a Redis lock's keys, which only `redis` and `redlock` have;
+    /// the member kinds hit the ensemble that only `zookeeper`, `etcd`, `redlock` and
+    /// Sentinel lock in ([`Ensemble::of`]).
+    pub fn applicable(strategy: LockStrategy, sentinel: bool) -> Vec<FaultKind> {
+        let has_members = Ensemble::of(strategy, sentinel).is_some();
         Self::ALL
             .into_iter()
             .filter(|kind| match kind {
@@ -108,23 +114,35 @@ impl FaultKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ensemble {
     pub members: usize,
-    /// Whether they elect a leader (ZooKeeper, etcd), or stand each alone (Redlock's
-    /// masters).
+    /// Whether they elect a leader (ZooKeeper, etcd; behind Sentinel, the primary), or
+    /// stand each alone (Redlock's masters).
     pub elects_a_leader: bool,
+    /// Whether each instance reaches them through proxies of its own, so that its links to
+    /// them can be cut or slowed: not behind Sentinel, whose Sentinels hand out the
+    /// primary's own address. Without proxies a network fault hits the PostgreSQL link.
+    pub proxied: bool,
 }
 
 impl Ensemble {
-    /// The ensemble `strategy` locks in, if any: three members, the fewest that go on
-    /// when one is lost.
-    pub fn of(strategy: LockStrategy) -> Option<Self> {
+    /// The ensemble `strategy` locks in, if any (`sentinel`: `redis` behind Sentinel):
+    /// three members, the fewest that go on when one is lost; behind Sentinel a primary and
+    /// a replica (and three Sentinels, which the nemesis leaves alone).
+    pub fn of(strategy: LockStrategy, sentinel: bool) -> Option<Self> {
         match strategy {
             LockStrategy::ZooKeeper | LockStrategy::Etcd => Some(Self {
                 members: 3,
                 elects_a_leader: true,
+                proxied: true,
             }),
             LockStrategy::Redlock => Some(Self {
                 members: 3,
                 elects_a_leader: false,
+                proxied: true,
+            }),
+            LockStrategy::Redis if sentinel => Some(Self {
+                members: 2,
+                elects_a_leader: true,
+                proxied: false,
             }),
             _ => None,
         }
@@ -138,8 +156,9 @@ pub enum Links {
     Redis,
     /// PostgreSQL and Redis.
     Both,
-    /// Its links to the lock's ensemble (drawn only when there is one): to every member of
-    /// an ensemble that elects a leader, to the fault's member among Redlock's masters.
+    /// Its links to the lock's ensemble (drawn only when there is one, reached through
+    /// proxies): to every member of an ensemble that elects a leader, to the fault's member
+    /// among Redlock's masters.
     Members,
 }
 
@@ -254,11 +273,15 @@ impl Iterator for Schedule {
         let drawn_kind = self.kinds[self.rng.random_range(0..self.kinds.len())];
         let kind = self.first_round.pop().unwrap_or(drawn_kind);
         let instance = self.rng.random_range(0..self.instances);
-        let links = if self.ensemble.is_none() {
-            [Links::Postgres, Links::Redis, Links::Both][self.rng.random_range(0..3)]
-        } else {
-            [Links::Postgres, Links::Redis, Links::Both, Links::Members]
-                [self.rng.random_range(0..4)]
+        let links = match self.ensemble {
+            None => [Links::Postgres, Links::Redis, Links::Both][self.rng.random_range(0..3)],
+            Some(ensemble) if ensemble.proxied => {
+                [Links::Postgres, Links::Redis, Links::Both, Links::Members]
+                    [self.rng.random_range(0..4)]
+            }
+            // Behind Sentinel the instances reach Redis directly: only their PostgreSQL
+            // link passes through a proxy.
+            Some(_) => Links::Postgres,
         };
         let delay = Duration::from_millis(self.rng.random_range(DELAY_MS));
         let lasts = Duration::from_millis(self.rng.random_range(LASTS_MS));
@@ -314,11 +337,15 @@ mod tests {
     #[test]
     fn the_first_faults_are_every_kind_once() {
         for seed in 0..100 {
-            let first: BTreeSet<FaultKind> =
-                Schedule::new(seed, 3, Ensemble::of(LockStrategy::Etcd), &FaultKind::ALL)
-                    .take(FaultKind::ALL.len())
-                    .map(|f| f.kind)
-                    .collect();
+            let first: BTreeSet<FaultKind> = Schedule::new(
+                seed,
+                3,
+                Ensemble::of(LockStrategy::Etcd, false),
+                &FaultKind::ALL,
+            )
+            .take(FaultKind::ALL.len())
+            .map(|f| f.kind)
+            .collect();
             assert_eq!(first.len(), FaultKind::ALL.len(), "seed {seed}");
         }
     }
@@ -350,7 +377,7 @@ mod tests {
 
     #[test]
     fn a_fault_that_cannot_apply_to_the_strategy_is_never_drawn() {
-        let under_pg_atomic = FaultKind::applicable(LockStrategy::PgAtomic);
+        let under_pg_atomic = FaultKind::applicable(LockStrategy::PgAtomic, false);
         let faults: Vec<Fault> = Schedule::new(7, 3, None, &under_pg_atomic)
             .take(300)
             .collect();
@@ -364,7 +391,7 @@ mod tests {
         assert_eq!(drawn.len(), 7, "every other kind is drawn");
         assert_eq!(first.len(), 7, "each once in the first round");
         let member_kinds = [FaultKind::KillMember, FaultKind::PauseMember];
-        let under_redis = FaultKind::applicable(LockStrategy::Redis);
+        let under_redis = FaultKind::applicable(LockStrategy::Redis, false);
         assert!(!member_kinds.iter().any(|k| under_redis.contains(k)));
         assert_eq!(under_redis.len(), 8);
         for strategy in [
@@ -376,7 +403,7 @@ mod tests {
             LockStrategy::Etcd,
             LockStrategy::Redlock,
         ] {
-            let kinds = FaultKind::applicable(strategy);
+            let kinds = FaultKind::applicable(strategy, false);
             let redis_lock = matches!(strategy, LockStrategy::Redis | LockStrategy::Redlock);
             assert_eq!(
                 kinds.contains(&FaultKind::FenceBack),
@@ -385,7 +412,7 @@ mod tests {
             );
             assert_eq!(
                 member_kinds.iter().all(|k| kinds.contains(k)),
-                Ensemble::of(strategy).is_some(),
+                Ensemble::of(strategy, false).is_some(),
                 "{strategy:?}"
             );
         }
@@ -395,7 +422,7 @@ mod tests {
     fn a_seed_replays_the_schedule_it_drew_before_ensembles_were_faulted() {
         // As a run of seed 20261203 under `redis` printed them before the member kinds
         // existed (CI's one-minute soak, 2026-12-05).
-        let kinds = FaultKind::applicable(LockStrategy::Redis);
+        let kinds = FaultKind::applicable(LockStrategy::Redis, false);
         let faults: Vec<Fault> = Schedule::new(20261203, 3, None, &kinds).take(8).collect();
         let names: Vec<&str> = faults.iter().map(|f| f.kind.name()).collect();
         assert_eq!(
@@ -431,10 +458,11 @@ mod tests {
 
     #[test]
     fn with_an_ensemble_every_member_the_leader_and_the_members_links_are_drawn() {
-        let kinds = FaultKind::applicable(LockStrategy::Etcd);
-        let faults: Vec<Fault> = Schedule::new(7, 3, Ensemble::of(LockStrategy::Etcd), &kinds)
-            .take(300)
-            .collect();
+        let kinds = FaultKind::applicable(LockStrategy::Etcd, false);
+        let faults: Vec<Fault> =
+            Schedule::new(7, 3, Ensemble::of(LockStrategy::Etcd, false), &kinds)
+                .take(300)
+                .collect();
         let picks: BTreeSet<String> = faults.iter().map(|f| format!("{:?}", f.member)).collect();
         assert_eq!(
             picks,
@@ -444,7 +472,7 @@ mod tests {
         let without: Vec<Fault> = Schedule::new(7, 3, None, &kinds).take(300).collect();
         assert!(without.iter().all(|f| f.links != Links::Members));
         // Redlock's masters elect no leader: each is drawn by number.
-        let redlock = Ensemble::of(LockStrategy::Redlock);
+        let redlock = Ensemble::of(LockStrategy::Redlock, false);
         let masters: BTreeSet<String> = Schedule::new(7, 3, redlock, &kinds)
             .take(300)
             .map(|f| format!("{:?}", f.member))
@@ -453,5 +481,39 @@ mod tests {
             masters,
             BTreeSet::from(["Index(0)", "Index(1)", "Index(2)"].map(String::from))
         );
+    }
+
+    #[test]
+    fn behind_sentinel_every_kind_is_drawn_and_network_faults_hit_the_postgres_link() {
+        let kinds = FaultKind::applicable(LockStrategy::Redis, true);
+        assert_eq!(
+            kinds,
+            FaultKind::ALL,
+            "the Sentinel set adds the member kinds"
+        );
+        let sentinel = Ensemble::of(LockStrategy::Redis, true);
+        assert_eq!(
+            sentinel,
+            Some(Ensemble {
+                members: 2,
+                elects_a_leader: true,
+                proxied: false
+            })
+        );
+        let faults: Vec<Fault> = Schedule::new(7, 3, sentinel, &kinds).take(300).collect();
+        assert!(faults.iter().all(|f| f.links == Links::Postgres));
+        let picks: BTreeSet<String> = faults.iter().map(|f| format!("{:?}", f.member)).collect();
+        assert_eq!(
+            picks,
+            BTreeSet::from(["Index(0)", "Index(1)", "Leader"].map(String::from))
+        );
+        // `--sentinel` means nothing under another strategy.
+        for strategy in [LockStrategy::PgLock, LockStrategy::Etcd, LockStrategy::None] {
+            assert_eq!(
+                Ensemble::of(strategy, true),
+                Ensemble::of(strategy, false),
+                "{strategy:?}"
+            );
+        }
     }
 }
