@@ -228,9 +228,9 @@ pub struct BenchArgs {
 }
 
 /// How `chaos` runs. It starts everything it uses itself (a private PostgreSQL and Redis on
-/// free ports, a ZooKeeper or etcd ensemble or Redlock's masters under those strategies, the instances, a proxy
-/// per instance and server) and removes it all when it
-/// ends, whether it passed, failed, hit an error or was stopped by Ctrl-C.
+/// free ports, a ZooKeeper or etcd ensemble, Redlock's masters or a Sentinel-watched Redis
+/// under those strategies, the instances, a proxy per instance and server) and removes it
+/// all when it ends, whether it passed, failed, hit an error or was stopped by Ctrl-C.
 #[derive(Debug, Clone, Args)]
 pub struct ChaosArgs {
     /// How long the faults go on, in minutes (decimals allowed: 0.5 is 30 s); then the load
@@ -249,16 +249,19 @@ pub struct ChaosArgs {
 
     /// The lock strategy of the instances: redis, pg-lock, pg-row, pg-optimistic, pg-atomic,
     /// redlock, zookeeper, etcd or none. Under zookeeper and etcd it starts a three-member
-    /// ensemble, under redlock three Redis masters, and kills and pauses those too. `none` is
-    /// the negative control: it must fail.
+    /// ensemble, under redlock three Redis masters (under redis with --sentinel, a primary
+    /// and a replica behind three Sentinels), and kills and pauses those too. `none` is the
+    /// negative control: it must fail.
     #[arg(long, default_value = "redis", value_parser = chaos_strategy)]
     pub strategy: seckill::LockStrategy,
 
     /// With --strategy redis only: Redis behind Sentinel, as production runs it (a primary,
-    /// a replica and three Sentinels that fail over after 1 s without an answer). The
-    /// instances find the primary through the Sentinels, and the nemesis kills, pauses and
-    /// restarts the primary (failovers) and stalls the replica before promoting it. The
-    /// instances reach Redis directly then, so network faults hit their PostgreSQL link.
+    /// a replica and three Sentinels that fail a primary over after 1 s without an
+    /// answer). The instances find the primary through the Sentinels. The nemesis kills the
+    /// primary (a failover) or the replica, pauses the primary past the 1 s, restarts it
+    /// empty before the Sentinels notice (no failover: everything is lost), and stalls the
+    /// replica before it is promoted. The instances reach Redis directly then, so network
+    /// faults hit their PostgreSQL link only.
     #[arg(long)]
     pub sentinel: bool,
 

@@ -130,6 +130,11 @@ impl RedisSentinels {
         &self.nodes[i]
     }
 
+    /// How many data nodes there are (primary and replicas).
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
     /// The port of the node the Sentinels name as primary now.
     pub fn primary_port(&self) -> Option<u16> {
         self.sentinels
@@ -153,10 +158,20 @@ impl RedisSentinels {
         self.nodes.iter().position(|n| n.port() == port)
     }
 
+    /// The index of the primary every Sentinel names, if they agree and it answers as a
+    /// primary (a failover may still be under way: [`try_wait_until_serving`] waits for
+    /// its end).
+    ///
+    /// [`try_wait_until_serving`]: Self::try_wait_until_serving
+    pub fn try_agreed_primary(&self) -> Option<usize> {
+        self.agreed_primary().1
+    }
+
     /// Wait until the set serves: every Sentinel names the same primary, which answers as
-    /// one, and every other running node follows it with its link up (after a failover,
-    /// the old primary turned into a replica; after a restart, the node resynchronised).
-    /// The index of the primary. A node counts as running unless it was
+    /// one, sees it up and is not failing it over (its flags are `master` alone, no
+    /// `s_down`, `o_down` or `failover_in_progress`), and every other running node follows
+    /// it with its link up (after a failover, the old primary turned into a replica; after
+    /// a restart, the node resynchronised). The index of the primary. A node counts as running unless it was
     /// [`kill`](RedisServer::kill)ed through [`nodes`](Self::nodes): one stopped (SIGSTOP)
     /// or crashed makes this wait to its end.
     ///
@@ -167,18 +182,24 @@ impl RedisSentinels {
         loop {
             let (named, agreed) = self.agreed_primary();
             let serving = agreed.filter(|&primary| {
+                let settled = self.sentinels.iter().all(|(_, port)| {
+                    sentinel_master_info(*port)
+                        .is_some_and(|fields| field(&fields, "flags").as_deref() == Some("master"))
+                });
                 let port = self.nodes[primary].port();
-                self.nodes
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, node)| *i != primary && node.is_running())
-                    .all(|(_, node)| {
-                        server_info_section(node.port(), "replication").is_some_and(|info| {
-                            info.contains("role:slave")
-                                && info.contains(&format!("master_port:{port}\r"))
-                                && info.contains("master_link_status:up")
+                settled
+                    && self
+                        .nodes
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, node)| *i != primary && node.is_running())
+                        .all(|(_, node)| {
+                            server_info_section(node.port(), "replication").is_some_and(|info| {
+                                info.contains("role:slave")
+                                    && info.contains(&format!("master_port:{port}\r"))
+                                    && info.contains("master_link_status:up")
+                            })
                         })
-                    })
             });
             if let Some(primary) = serving {
                 return Ok(primary);

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::members::Members;
 use super::proxy::{Mode, Proxy};
-use super::schedule::{Links, MemberPick};
+use super::schedule::{Ensemble, Links, MemberPick};
 use crate::instances::{Instance, InstanceConfig};
 use crate::servers::{self, Server, ThrowawayDatabase};
 
@@ -135,10 +135,13 @@ impl Cluster {
             redis,
             postgres,
         };
+        // Behind Sentinel the instances reach the nodes at the addresses the Sentinels give,
+        // so proxies of theirs would stand idle.
+        let proxied = Ensemble::of(config.strategy, config.sentinel).is_some_and(Ensemble::proxied);
         let member_ports = cluster
             .members
             .as_ref()
-            .filter(|members| members.proxied())
+            .filter(|_| proxied)
             .map(Members::ports);
         for i in 0..config.instances {
             let postgres = Proxy::start(postgres_at).await?;
@@ -293,12 +296,17 @@ impl Cluster {
     pub fn restart_redis(&mut self) -> anyhow::Result<String> {
         // The restart blocks (it waits for the port); the load goes on on the other worker.
         tokio::task::block_in_place(|| match self.members.as_mut() {
-            Some(members @ Members::Sentinel(_)) => {
-                let primary = members.restart_primary_empty()?;
-                Ok(format!(
-                    "the primary (Redis node {}) restarted empty and kept by the Sentinels",
-                    primary.map_or("?".to_owned(), |p| p.to_string())
-                ))
+            Some(members) if members.behind_sentinel() => {
+                let (restarted, primary) = members.restart_primary_empty()?;
+                Ok(if primary == restarted {
+                    format!(
+                        "the primary (Redis node {restarted}) restarted empty, still the primary, its replica resynchronised from it"
+                    )
+                } else {
+                    format!(
+                        "the primary (Redis node {restarted}) restarted empty, but the Sentinels failed over to node {primary} meanwhile, which kept the data"
+                    )
+                })
             }
             _ => {
                 self.redis.restart()?;
@@ -346,8 +354,8 @@ impl Cluster {
     }
 
     /// A connection, directly (not through a proxy), to the Redis that keeps the lock:
-    /// the soak's Redis under `redis`, Redlock's master `member` under `redlock`, the
-    /// primary behind Sentinel.
+    /// the soak's Redis under `redis`, Redlock's master `member` under `redlock`; behind
+    /// Sentinel the primary, or node `member` when it names one by number.
     ///
     /// # Errors
     /// When it cannot be reached.
@@ -356,12 +364,13 @@ impl Cluster {
         member: MemberPick,
     ) -> anyhow::Result<redis::aio::MultiplexedConnection> {
         let url = match (self.members.as_ref(), member) {
-            (Some(members @ Members::Sentinel(_)), _) => members
-                .redis_url(0)
-                .context("the Sentinels name no primary")?,
             (Some(members), MemberPick::Index(i)) => members
                 .redis_url(i)
                 .context("the lock's ensemble is not Redis")?,
+            (Some(members), _) if members.behind_sentinel() => {
+                let primary = members.pick(MemberPick::Leader)?;
+                members.redis_url(primary).context("no such node")?
+            }
             _ => self.redis_url.clone(),
         };
         Ok(redis::Client::open(url.as_str())?

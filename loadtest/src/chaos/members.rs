@@ -17,7 +17,7 @@ use ::servers::zookeeper::{DEFAULT_MAX_SESSION_TIMEOUT, Profile};
 use ::servers::{EtcdCluster, RedisSentinels, RedisServer, Tie, ZooKeeperEnsemble};
 use anyhow::Context;
 
-use super::schedule::Ensemble;
+use super::schedule::{Ensemble, MemberPick};
 
 /// The shortest `LOCK_TTL_MS` the etcd lock takes with three members: its renewal must have
 /// time for two request timeouts of 1 s (one member that does not answer, then the next),
@@ -101,26 +101,46 @@ impl Members {
         }
     }
 
-    /// What the member that leads is called: the leader, or behind Sentinel the primary.
-    pub fn leader_role(&self) -> &'static str {
+    /// Member `i` as a fault's record names it: its kind, its number, and its role now
+    /// ("ZooKeeper member 1 (the leader)", "Redis node 0 (the primary)").
+    pub fn describe(&self, i: usize) -> String {
+        let leads = self.leader() == Some(i);
         match self {
-            Self::Sentinel(_) => "the primary",
-            _ => "the leader",
+            Self::Sentinel(_) => {
+                format!(
+                    "Redis node {i} (the {})",
+                    if leads { "primary" } else { "replica" }
+                )
+            }
+            Self::Redlock(_) => format!("Redlock master {i}"),
+            _ if leads => format!("{} member {i} (the leader)", self.name()),
+            _ => format!("{} member {i}", self.name()),
         }
     }
 
-    /// Whether each instance reaches the members through proxies of its own (not behind
-    /// Sentinel, whose Sentinels hand out the primary's own address).
-    pub fn proxied(&self) -> bool {
-        !matches!(self, Self::Sentinel(_))
+    /// The member `pick` names now: the leader (member 0 if the members agree on none),
+    /// behind Sentinel the primary or the replica, or the one by number.
+    ///
+    /// # Errors
+    /// Behind Sentinel, when the Sentinels agree on no primary that answers.
+    pub fn pick(&self, pick: MemberPick) -> anyhow::Result<usize> {
+        let leader = self.leader();
+        if self.behind_sentinel() {
+            let primary = leader.context("the Sentinels agree on no primary that answers")?;
+            return Ok(match pick {
+                MemberPick::Leader => primary,
+                _ => 1 - primary,
+            });
+        }
+        Ok(match pick {
+            MemberPick::Leader | MemberPick::Replica => leader.unwrap_or(0),
+            MemberPick::Index(i) => i,
+        })
     }
 
-    /// The Sentinel-watched set, under `redis --sentinel`.
-    pub fn sentinels(&self) -> Option<&RedisSentinels> {
-        match self {
-            Self::Sentinel(set) => Some(set),
-            _ => None,
-        }
+    /// Whether this is Redis behind Sentinel, whose faults differ by role.
+    pub fn behind_sentinel(&self) -> bool {
+        matches!(self, Self::Sentinel(_))
     }
 
     /// How many members there are.
@@ -139,17 +159,16 @@ impl Members {
             Self::ZooKeeper(ensemble) => ensemble.member_ports(),
             Self::Etcd(cluster) => cluster.member_ports(),
             Self::Redlock(masters) => masters.iter().map(RedisServer::port).collect(),
-            Self::Sentinel(set) => (0..2).map(|i| set.node(i).port()).collect(),
+            Self::Sentinel(set) => (0..set.node_count()).map(|i| set.node(i).port()).collect(),
         }
     }
 
-    /// The URL of the Redis that keeps the lock, reached directly (not through a proxy):
-    /// Redlock's master `i`, or the primary behind Sentinel (whatever `i`); `None` for an
-    /// ensemble of another kind, or when the Sentinels name no primary.
+    /// The URL of Redis node or master `i`, reached directly (not through a proxy);
+    /// `None` for an ensemble of another kind.
     pub fn redis_url(&self, i: usize) -> Option<String> {
         match self {
             Self::Redlock(masters) => Some(masters[i].url()),
-            Self::Sentinel(set) => set.try_primary().map(|p| set.node(p).url()),
+            Self::Sentinel(set) => Some(set.node(i).url()),
             _ => None,
         }
     }
@@ -174,7 +193,8 @@ impl Members {
             ],
             Self::Etcd(_) => vec![("ETCD_ENDPOINTS", addresses("http://"))],
             Self::Redlock(_) => vec![("REDLOCK_URLS", addresses("redis://"))],
-            // The Sentinels, directly (the instances take REDIS_URL no more).
+            // The Sentinels, directly: the instances ignore REDIS_URL then (its Redis and
+            // their proxies to it stand idle, and no fault is drawn against them).
             Self::Sentinel(set) => vec![
                 ("REDIS_SENTINELS", set.sentinel_urls().join(",")),
                 ("REDIS_SENTINEL_MASTER", RedisSentinels::MASTER.to_owned()),
@@ -207,7 +227,7 @@ impl Members {
             Self::ZooKeeper(ensemble) => ensemble.leader(),
             Self::Etcd(cluster) => cluster.leader(),
             Self::Redlock(_) => None,
-            Self::Sentinel(set) => set.try_primary(),
+            Self::Sentinel(set) => set.try_agreed_primary(),
         }
     }
 
@@ -263,10 +283,10 @@ impl Members {
     }
 
     /// Start member `i` again (on its data; a Redis node empty), and wait until every
-    /// member serves (with one leader, where they elect one). Behind Sentinel a killed
-    /// primary is started only once the Sentinels have failed over from it: started
-    /// before, it would stay the primary, empty ([`restart_primary_empty`] is that fault).
-    /// Blocks.
+    /// member serves (with one leader, where they elect one). Behind Sentinel a node is
+    /// started only once every Sentinel names another as the primary: a killed primary
+    /// started before the failover would stay the primary, empty
+    /// ([`restart_primary_empty`] is that fault). Blocks.
     ///
     /// [`restart_primary_empty`]: Self::restart_primary_empty
     ///
@@ -278,10 +298,7 @@ impl Members {
             Self::Etcd(cluster) => cluster.try_restart(i)?,
             Self::Redlock(masters) => masters[i].try_restart_empty()?,
             Self::Sentinel(set) => {
-                let port = set.node(i).port();
-                if set.primary_port() == Some(port) {
-                    set.try_wait_for_failover_from(port, WITHIN)?;
-                }
+                set.try_wait_for_failover_from(set.node(i).port(), WITHIN)?;
                 set.nodes()[i].try_restart_empty()?;
                 set.try_wait_until_serving(WITHIN)?;
             }
@@ -290,51 +307,60 @@ impl Members {
     }
 
     /// Behind Sentinel, restart the primary empty on its port at once, before the
-    /// Sentinels see it gone: it stays the primary, and its replica resynchronises from
+    /// Sentinels count it down: it stays the primary, and its replica resynchronises from
     /// it, so every lock and fence counter is lost (as `restart-redis` does to the one
-    /// Redis of the other strategies); then wait until the set serves. The primary's
-    /// index, `None` for an ensemble of another kind. Blocks.
+    /// Redis of the other strategies); then wait until the set serves. The node restarted,
+    /// and the primary once the set serves: another if the Sentinels failed over after
+    /// all. Blocks.
     ///
     /// # Errors
-    /// When the Sentinels name no primary, or the set does not serve within a minute.
-    pub fn restart_primary_empty(&mut self) -> anyhow::Result<Option<usize>> {
+    /// When this is not a Sentinel set, or it does not serve within a minute (before or
+    /// after).
+    pub fn restart_primary_empty(&mut self) -> anyhow::Result<(usize, usize)> {
         let Self::Sentinel(set) = self else {
-            return Ok(None);
+            anyhow::bail!("only the primary behind Sentinel is restarted this way");
         };
-        let primary = set
-            .try_primary()
-            .context("the Sentinels name no primary to restart")?;
+        let primary = set.try_wait_until_serving(WITHIN)?;
         set.nodes()[primary].try_restart_empty()?;
-        set.try_wait_until_serving(WITHIN)?;
-        Ok(Some(primary))
+        Ok((primary, set.try_wait_until_serving(WITHIN)?))
     }
 
-    /// Behind Sentinel, make the replica `replica` miss writes and then be promoted: its
-    /// replication stalls (it is stopped, and the primary's link to it filled), the load
-    /// goes on for `stalled`, the primary is SIGKILLed, the replica continued, and once the
-    /// Sentinels have failed over to it the old primary is started again, empty. The old
-    /// primary's index. Blocks.
+    /// Behind Sentinel, stall the replica's replication so that it misses the writes that
+    /// come next: it is stopped, and the primary's link to it filled with junk. Follow with
+    /// [`promote_the_stalled_replica`](Self::promote_the_stalled_replica). The replica's
+    /// index. Blocks.
     ///
     /// # Errors
-    /// When this is not a Sentinel set, `replica` is the primary, or a step does not
-    /// happen within a minute (the replica is continued whatever happens).
-    pub fn fail_over_to_a_stale_replica(
-        &mut self,
-        replica: usize,
-        stalled: Duration,
-    ) -> anyhow::Result<usize> {
+    /// When this is not a Sentinel set, the set does not serve within a minute, or the
+    /// primary does not take the junk (the replica is continued then).
+    pub fn stall_the_replica(&mut self) -> anyhow::Result<usize> {
         let Self::Sentinel(set) = self else {
             anyhow::bail!("only a Sentinel-watched set has a replica to stall");
         };
-        let primary = set.try_primary().context("the Sentinels name no primary")?;
-        anyhow::ensure!(primary != replica, "node {replica} is the primary");
+        let replica = 1 - set.try_wait_until_serving(WITHIN)?;
+        if let Err(error) = set.try_stall_replication(replica) {
+            set.resume(replica);
+            return Err(error.into());
+        }
+        Ok(replica)
+    }
+
+    /// Behind Sentinel, after [`stall_the_replica`](Self::stall_the_replica): SIGKILL the
+    /// primary and continue the replica, whose link to it is gone with what it had not
+    /// received; once every Sentinel names the replica, start the old primary again, empty,
+    /// and wait until it follows. The old primary's index. Blocks.
+    ///
+    /// # Errors
+    /// When this is not a Sentinel set, or the failover or the old primary's return does
+    /// not happen within a minute (the replica is continued whatever happens).
+    pub fn promote_the_stalled_replica(&mut self, replica: usize) -> anyhow::Result<usize> {
+        let Self::Sentinel(set) = self else {
+            anyhow::bail!("only a Sentinel-watched set has a replica to promote");
+        };
+        let primary = 1 - replica;
         let old_port = set.node(primary).port();
-        let stalled_then_killed = set.try_stall_replication(replica).map(|()| {
-            std::thread::sleep(stalled);
-            set.nodes()[primary].kill();
-        });
+        set.nodes()[primary].kill();
         set.resume(replica);
-        stalled_then_killed?;
         set.try_wait_for_failover_from(old_port, WITHIN)?;
         set.nodes()[primary].try_restart_empty()?;
         set.try_wait_until_serving(WITHIN)?;

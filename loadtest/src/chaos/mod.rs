@@ -102,11 +102,20 @@ pub async fn run(args: ChaosArgs, cancel: Cancel) -> anyhow::Result<bool> {
         sold_out_recheck_ms: args.sold_out_recheck_ms,
     })
     .await?;
-    let ensemble = cluster.members().map_or(String::new(), |members| {
-        format!(", {} {} members", members.count(), members.name())
-    });
+    let servers = match cluster.members() {
+        Some(members) if members.behind_sentinel() => format!(
+            "PostgreSQL and {} Redis nodes behind three Sentinels (the instances' REDIS_URL stands idle)",
+            members.count()
+        ),
+        Some(members) => format!(
+            "PostgreSQL and Redis, {} {} members",
+            members.count(),
+            members.name()
+        ),
+        None => "PostgreSQL and Redis".to_owned(),
+    };
     println!(
-        "chaos: a private PostgreSQL and Redis{ensemble}, {} instances: {}",
+        "chaos: a private {servers}, {} instances: {}",
         cluster.instances(),
         cluster
             .urls()

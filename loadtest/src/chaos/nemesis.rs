@@ -17,8 +17,12 @@
 //! | delay-network | `delay` added each way to the instance's links for `lasts` | passing again |
 //! | cut-network | the instance's links dropped and refused for `lasts`; its links to the lock's ensemble (every member; one Redlock master) for `claim + lasts / 2` (past its session or lease) | passing again |
 //! | kill-member | SIGKILL the ensemble's leader or another member (a Redlock master; behind Sentinel the primary or the replica), down for `lasts / 2` (a killed primary until the Sentinels have failed over from it) | started again (a Redis node empty), every member serving with one leader (primary) |
-//! | pause-member | SIGSTOP the leader or another member (a Redlock master; behind Sentinel the primary, which is failed over meanwhile) for `claim + lasts / 2` | SIGCONT, and every member serving with one leader (primary) |
-//! | pause-member of the replica behind Sentinel | the replica stopped and its link filled for `lasts / 2` while the load goes on, then the primary SIGKILLed and the replica continued: promoted without the writes it missed | the old primary started again, empty, and following the new one |
+//! | pause-member | SIGSTOP the leader or another member (a Redlock master; behind Sentinel the primary, past the Sentinels' 1 s: usually failed over) for `claim + lasts / 2` | SIGCONT, and every member serving with one leader (primary) |
+//! | pause-member of the replica behind Sentinel | the replica stopped and its link filled for `lasts / 2` while the load goes on, then the primary SIGKILLed and the replica continued: promoted without the writes it missed (the fence on each, reported) | the old primary started again, empty, and following the new one |
+//!
+//! A member fault starts from an ensemble that serves (it waits for that first), and picks
+//! its member then: "the leader" is whichever leads; behind Sentinel the pick is a role,
+//! the primary or the replica.
 //!
 //! Behind Sentinel the instances reach Redis at the address the Sentinels give, not
 //! through their proxies, so the network kinds hit their PostgreSQL link only.
@@ -174,28 +178,26 @@ fn links_name(cluster: &Cluster, fault: &Fault) -> String {
     }
 }
 
-/// The member `fault` picks, and how to name it: the leader as it is now (or member 0 if
-/// the members agree on none), or the one it names.
-fn pick_member(members: &Members, pick: MemberPick) -> (usize, String) {
-    let (name, role) = (members.name(), members.leader_role());
-    match pick {
-        MemberPick::Leader => match members.leader() {
-            Some(i) => (i, format!("{name} member {i} ({role})")),
-            None => (0, format!("{name} member 0 (none agreed to be {role})")),
-        },
-        MemberPick::Index(i) => {
-            let role = if members.leader() == Some(i) {
-                format!(" ({role})")
-            } else {
-                String::new()
-            };
-            (i, format!("{name} member {i}{role}"))
-        }
+/// Wait until the ensemble serves (after the quiet spell it does, unless something happened
+/// meanwhile: a Sentinel failover of its own on a busy machine), then the member `pick`
+/// names now, and how to name it. Blocks.
+fn serving_then_pick(members: &mut Members, pick: MemberPick) -> anyhow::Result<(usize, String)> {
+    members.wait_until_serving()?;
+    let i = members.pick(pick)?;
+    Ok((i, members.describe(i)))
+}
+
+/// What leads after a member fault, if that changed ("; the leader now: ...").
+fn leader_change(members: &Members, before: Option<usize>) -> String {
+    match members.leader() {
+        Some(now) if before != Some(now) => format!("; now leading: {}", members.describe(now)),
+        _ => String::new(),
     }
 }
 
 /// SIGKILL a member of the lock's ensemble, keep it down half the fault, start it again and
-/// wait until every member serves with one leader.
+/// wait until every member serves with one leader (behind Sentinel, a killed primary only
+/// once the Sentinels have failed over from it).
 async fn kill_member(
     cluster: &mut Cluster,
     fault: &Fault,
@@ -204,8 +206,8 @@ async fn kill_member(
     let members = cluster
         .members_mut()
         .context("kill-member drawn without an ensemble")?;
-    let (i, named) = pick_member(members, fault.member);
-    let pid = members.pid(i);
+    let (i, named) = tokio::task::block_in_place(|| serving_then_pick(members, fault.member))?;
+    let (pid, before) = (members.pid(i), members.leader());
     let down = fault.lasts / 2;
     members.kill(i);
     hold(down, cancel).await;
@@ -213,16 +215,17 @@ async fn kill_member(
     // Blocks until the ensemble serves again; the load goes on on the other worker.
     tokio::task::block_in_place(|| members.restart(i))?;
     Ok(format!(
-        "{named} (pid {pid}) SIGKILLed, down {} ms, serving again {} ms after its start",
+        "{named} (pid {pid}) SIGKILLed, down {} ms, then started again and every member serving {} ms later{}",
         down.as_millis(),
-        started.elapsed().as_millis()
+        started.elapsed().as_millis(),
+        leader_change(members, before)
     ))
 }
 
 /// SIGSTOP a member of the lock's ensemble past a session or lease, then SIGCONT it and
-/// wait until every member serves with one leader (a paused leader may have been voted out).
-/// Behind Sentinel, a replica is stalled instead and then promoted
-/// ([`Members::fail_over_to_a_stale_replica`]).
+/// wait until every member serves with one leader (a paused leader may have been voted out;
+/// a paused primary failed over). Behind Sentinel, the replica is stalled and promoted
+/// instead ([`stale_replica_promoted`]).
 async fn pause_member(
     cluster: &mut Cluster,
     fault: &Fault,
@@ -232,17 +235,11 @@ async fn pause_member(
     let members = cluster
         .members_mut()
         .context("pause-member drawn without an ensemble")?;
-    let (i, named) = pick_member(members, fault.member);
-    if members.sentinels().is_some() && members.leader() != Some(i) {
-        let stalled = fault.lasts / 2;
-        let started = Instant::now();
-        let old = tokio::task::block_in_place(|| members.fail_over_to_a_stale_replica(i, stalled))?;
-        return Ok(format!(
-            "{named} stopped and its replication stalled for {} ms, then the primary (member {old}) SIGKILLed: {named} promoted without the writes it missed, the old primary following it empty {} ms after the stall began",
-            stalled.as_millis(),
-            started.elapsed().as_millis()
-        ));
+    if members.behind_sentinel() && fault.member == MemberPick::Replica {
+        return stale_replica_promoted(cluster, fault, plan, cancel).await;
     }
+    let (i, named) = tokio::task::block_in_place(|| serving_then_pick(members, fault.member))?;
+    let before = members.leader();
     let paused = plan.claim + fault.lasts / 2;
     members.signal(i, "-STOP");
     // TIMING: the pause outlasts a session or lease by at least 500 ms: the clients
@@ -252,11 +249,54 @@ async fn pause_member(
     let continued = Instant::now();
     tokio::task::block_in_place(|| members.wait_until_serving())?;
     Ok(format!(
-        "{named} (pid {}) SIGSTOPped for {} ms, every member serving {} ms after",
+        "{named} (pid {}) SIGSTOPped for {} ms, every member serving {} ms after{}",
         members.pid(i),
         paused.as_millis(),
-        continued.elapsed().as_millis()
+        continued.elapsed().as_millis(),
+        leader_change(members, before)
     ))
+}
+
+/// Behind Sentinel: the replica misses writes, then is promoted. Its replication stalls,
+/// the load goes on for half the fault, the lock's keys are read on the primary, the
+/// primary is SIGKILLed and the replica continued; once the Sentinels have promoted it (and
+/// the old primary, started again empty, follows it), the keys are read on it: what the
+/// failover lost shows as a fence that went back.
+async fn stale_replica_promoted(
+    cluster: &mut Cluster,
+    fault: &Fault,
+    plan: &Plan,
+    cancel: &Cancel,
+) -> anyhow::Result<String> {
+    let members = cluster.members_mut().context("no ensemble")?;
+    let replica = tokio::task::block_in_place(|| members.stall_the_replica())?;
+    let stalled = fault.lasts / 2;
+    let started = Instant::now();
+    hold(stalled, cancel).await;
+    let keys = LockKeys::of(plan.product_id)?;
+    // Read on the primary before it dies; the replica is promoted whatever this gives.
+    let on_the_primary = read_lock_keys(cluster, &keys, 1 - replica).await;
+    let members = cluster.members_mut().context("no ensemble")?;
+    let old = tokio::task::block_in_place(|| members.promote_the_stalled_replica(replica))?;
+    let on_the_primary = on_the_primary?;
+    let on_the_promoted = read_lock_keys(cluster, &keys, replica).await?;
+    Ok(format!(
+        "Redis node {replica} (the replica) stalled for {} ms, then node {old} (the primary) SIGKILLed: node {replica} promoted with fence {} (the primary's was {}), node {old} following it empty {} ms after the stall began",
+        stalled.as_millis(),
+        on_the_promoted.fence.as_deref().unwrap_or("(none)"),
+        on_the_primary.fence.as_deref().unwrap_or("(none)"),
+        started.elapsed().as_millis()
+    ))
+}
+
+/// The lock's keys as Redis node `node` (behind Sentinel) holds them.
+async fn read_lock_keys(
+    cluster: &Cluster,
+    keys: &LockKeys,
+    node: usize,
+) -> anyhow::Result<LockState> {
+    let mut conn = cluster.lock_redis(MemberPick::Index(node)).await?;
+    keys.read(&mut conn).await
 }
 
 /// SIGKILL instance `slot`, keep it down a quarter of the fault, start it again.
@@ -305,19 +345,26 @@ async fn pause_instance(
 
 /// Set the lock's keys back to what they held `fault.lasts` ago: the fence goes backwards.
 async fn fence_back(
-    cluster: &Cluster,
+    cluster: &mut Cluster,
     fault: &Fault,
     plan: &Plan,
     cancel: &Cancel,
 ) -> anyhow::Result<String> {
     let keys = LockKeys::of(plan.product_id)?;
+    if let Some(members) = cluster
+        .members_mut()
+        .filter(|members| members.behind_sentinel())
+    {
+        // On the primary of a set that serves, not one a failover is taking away.
+        tokio::task::block_in_place(|| members.wait_until_serving())?;
+    }
     let mut conn = cluster.lock_redis(fault.member).await?;
     let then = keys.read(&mut conn).await?;
     hold(fault.lasts, cancel).await;
     let now = keys.read(&mut conn).await?;
     keys.write(&mut conn, &then).await?;
     let on = match (cluster.members(), fault.member) {
-        (Some(members), _) if members.sentinels().is_some() => "the primary: ".to_owned(),
+        (Some(members), _) if members.behind_sentinel() => "the primary: ".to_owned(),
         (Some(members), MemberPick::Index(i)) => format!("{} master {i}: ", members.name()),
         _ => String::new(),
     };

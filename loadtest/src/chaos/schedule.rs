@@ -114,13 +114,25 @@ impl FaultKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ensemble {
     pub members: usize,
-    /// Whether they elect a leader (ZooKeeper, etcd; behind Sentinel, the primary), or
-    /// stand each alone (Redlock's masters).
-    pub elects_a_leader: bool,
-    /// Whether each instance reaches them through proxies of its own, so that its links to
-    /// them can be cut or slowed: not behind Sentinel, whose Sentinels hand out the
-    /// primary's own address. Without proxies a network fault hits the PostgreSQL link.
-    pub proxied: bool,
+    pub kind: EnsembleKind,
+}
+
+/// How an ensemble's members stand to each other, which decides how a fault picks one and
+/// whether an instance's links to them can be faulted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnsembleKind {
+    /// Members that elect a leader (ZooKeeper, etcd), each reached by each instance through
+    /// a proxy of its own. A fault picks "the leader" or a member by number.
+    Electing,
+    /// Masters that stand each alone (Redlock), each reached through a proxy. A fault
+    /// picks one by number.
+    Masters,
+    /// A primary and a replica (Redis behind Sentinel), reached directly: the Sentinels
+    /// hand out the nodes' own addresses, so an instance's links to them pass through no
+    /// proxy, and a network fault hits its PostgreSQL link. A fault picks a role, the
+    /// primary or the replica: what it does depends on the role, and which node has which
+    /// depends on the failovers before it, so a number would not replay.
+    PrimaryAndReplica,
 }
 
 impl Ensemble {
@@ -128,24 +140,19 @@ impl Ensemble {
     /// three members, the fewest that go on when one is lost; behind Sentinel a primary and
     /// a replica (and three Sentinels, which the nemesis leaves alone).
     pub fn of(strategy: LockStrategy, sentinel: bool) -> Option<Self> {
-        match strategy {
-            LockStrategy::ZooKeeper | LockStrategy::Etcd => Some(Self {
-                members: 3,
-                elects_a_leader: true,
-                proxied: true,
-            }),
-            LockStrategy::Redlock => Some(Self {
-                members: 3,
-                elects_a_leader: false,
-                proxied: true,
-            }),
-            LockStrategy::Redis if sentinel => Some(Self {
-                members: 2,
-                elects_a_leader: true,
-                proxied: false,
-            }),
-            _ => None,
-        }
+        let (members, kind) = match strategy {
+            LockStrategy::ZooKeeper | LockStrategy::Etcd => (3, EnsembleKind::Electing),
+            LockStrategy::Redlock => (3, EnsembleKind::Masters),
+            LockStrategy::Redis if sentinel => (2, EnsembleKind::PrimaryAndReplica),
+            _ => return None,
+        };
+        Some(Self { members, kind })
+    }
+
+    /// Whether each instance reaches the members through proxies of its own, so that its
+    /// links to them can be cut or slowed.
+    pub fn proxied(self) -> bool {
+        self.kind != EnsembleKind::PrimaryAndReplica
     }
 }
 
@@ -189,8 +196,10 @@ impl Links {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemberPick {
     /// The one that leads when the fault starts (so a seed replays "the leader", whichever
-    /// member that is then).
+    /// member that is then); behind Sentinel, the primary.
     Leader,
+    /// Behind Sentinel, the replica when the fault starts.
+    Replica,
     /// This one, whatever its role.
     Index(usize),
 }
@@ -275,7 +284,7 @@ impl Iterator for Schedule {
         let instance = self.rng.random_range(0..self.instances);
         let links = match self.ensemble {
             None => [Links::Postgres, Links::Redis, Links::Both][self.rng.random_range(0..3)],
-            Some(ensemble) if ensemble.proxied => {
+            Some(ensemble) if ensemble.proxied() => {
                 [Links::Postgres, Links::Redis, Links::Both, Links::Members]
                     [self.rng.random_range(0..4)]
             }
@@ -289,16 +298,22 @@ impl Iterator for Schedule {
         // leader" is one draw in n + 1 and is whichever member leads when the fault starts
         // (a seed replays "the leader", not a member number); each member by number is
         // another draw (and may be leading then too). Masters that elect none are drawn by
-        // number only.
-        let member = match self.ensemble {
+        // number only; a primary and its replica by role only.
+        let member = match self
+            .ensemble
+            .map(|ensemble| (ensemble.members, ensemble.kind))
+        {
             None => MemberPick::Leader,
-            Some(ensemble) if ensemble.elects_a_leader => {
-                match self.rng.random_range(0..=ensemble.members) {
-                    i if i == ensemble.members => MemberPick::Leader,
-                    i => MemberPick::Index(i),
-                }
+            Some((members, EnsembleKind::Electing)) => match self.rng.random_range(0..=members) {
+                i if i == members => MemberPick::Leader,
+                i => MemberPick::Index(i),
+            },
+            Some((members, EnsembleKind::Masters)) => {
+                MemberPick::Index(self.rng.random_range(0..members))
             }
-            Some(ensemble) => MemberPick::Index(self.rng.random_range(0..ensemble.members)),
+            Some((_, EnsembleKind::PrimaryAndReplica)) => {
+                [MemberPick::Leader, MemberPick::Replica][self.rng.random_range(0..2)]
+            }
         };
         self.drawn += 1;
         Some(Fault {
@@ -496,16 +511,16 @@ mod tests {
             sentinel,
             Some(Ensemble {
                 members: 2,
-                elects_a_leader: true,
-                proxied: false
+                kind: EnsembleKind::PrimaryAndReplica
             })
         );
         let faults: Vec<Fault> = Schedule::new(7, 3, sentinel, &kinds).take(300).collect();
         assert!(faults.iter().all(|f| f.links == Links::Postgres));
+        // By role, never by number: which node is the primary depends on the failovers.
         let picks: BTreeSet<String> = faults.iter().map(|f| format!("{:?}", f.member)).collect();
         assert_eq!(
             picks,
-            BTreeSet::from(["Index(0)", "Index(1)", "Leader"].map(String::from))
+            BTreeSet::from(["Leader", "Replica"].map(String::from))
         );
         // `--sentinel` means nothing under another strategy.
         for strategy in [LockStrategy::PgLock, LockStrategy::Etcd, LockStrategy::None] {

@@ -53,7 +53,12 @@
 //! Limits: the sequence suffix is a 32-bit counter per lock node, which wraps; the line is
 //! read on a circle (it starts after the widest gap between two contenders), which is right
 //! as long as the contenders of one lock span less than half the circle: fewer than 2^31
-//! creates and deletes between the oldest waiter's and the newest's.
+//! creates and deletes between the oldest waiter's and the newest's. And the line is fair
+//! to the dead: a contender whose process dies without closing its session (SIGKILL, a
+//! machine lost) keeps its place until the ensemble expires that session, so whoever
+//! queues behind it waits up to a session timeout, even if the dead one never held the
+//! lock. Nothing can tell a dead session from a slow one sooner (that is what the timeout
+//! is); a shorter session timeout shortens the wait.
 //!
 //! ## Where things are
 //!
