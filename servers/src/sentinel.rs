@@ -79,13 +79,24 @@ impl RedisSentinels {
             dir: temp_dir("redis-sentinels")?,
         };
         for i in 0..=replicas {
-            // Each node keeps its files (a replica's received snapshot) in a directory of
-            // its own, not in the working directory.
+            // Each node keeps its files in a directory of its own, not in the working
+            // directory. A replica receives its primary's snapshot there, and would load it
+            // when started again: deleted once loaded (`rdb-del-sync-files`), a node
+            // restarted comes back empty, as a node that keeps nothing on disk should. And
+            // a primary sends a snapshot at once, not after 5 s of waiting for more
+            // replicas (`repl-diskless-sync-delay`).
             let dir = set.dir.join(format!("node-{i}"));
             std::fs::create_dir_all(&dir).map_err(crate::io("creating a node's directory"))?;
-            let node =
-                RedisServer::try_start_with(&["--dir".into(), dir.display().to_string()], tie)?;
-            set.nodes.push(node);
+            let args = [
+                "--dir",
+                &dir.display().to_string(),
+                "--rdb-del-sync-files",
+                "yes",
+                "--repl-diskless-sync-delay",
+                "0",
+            ]
+            .map(String::from);
+            set.nodes.push(RedisServer::try_start_with(&args, tie)?);
         }
         let primary = set.nodes[0].port();
         for replica in &set.nodes[1..] {
@@ -346,6 +357,12 @@ impl RedisSentinels {
         self.nodes[replica].signal("-STOP");
         let junk = crate::io("filling the replication link with junk");
         let mut stream = TcpStream::connect(("127.0.0.1", primary)).map_err(junk)?;
+        // A primary that stalls too fails this, instead of blocking with the replica stopped.
+        let stalled = Some(Duration::from_secs(10));
+        stream
+            .set_read_timeout(stalled)
+            .and_then(|()| stream.set_write_timeout(stalled))
+            .map_err(crate::io("filling the replication link with junk"))?;
         let value = vec![b'x'; 1 << 20];
         for i in 0..40 {
             let mut command = format!(

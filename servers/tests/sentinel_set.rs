@@ -43,3 +43,45 @@ fn a_primary_restarted_empty_after_a_failover_comes_back_as_a_replica_of_the_new
         "{info}"
     );
 }
+
+#[test]
+fn a_node_that_was_a_replica_restarts_empty() {
+    // Arrange: the set serves with a key on its primary; the replica is killed and started
+    // again, and the Sentinels make it a replica once more, so that it receives a full
+    // snapshot holding the key (a snapshot it would keep on disk, and load at its next
+    // start, unless it deletes it).
+    let mut set = RedisSentinels::try_start(1, RedisSentinels::DOWN_AFTER, Tie::Child)
+        .expect("the set starts");
+    let primary = set.try_wait_until_serving(WITHIN).expect("the set serves");
+    let replica = 1 - primary;
+    let mut conn = redis::Client::open(set.node(primary).url())
+        .and_then(|client| client.get_connection())
+        .expect("the primary answers");
+    redis::cmd("SET")
+        .arg("servers:sentinel-test:key")
+        .arg("kept")
+        .exec(&mut conn)
+        .expect("the primary takes a write");
+    set.nodes()[replica].kill();
+    set.nodes()[replica]
+        .try_restart_empty()
+        .expect("the replica starts again");
+    let serving = set.try_wait_until_serving(WITHIN).expect("the set serves");
+    assert_eq!(serving, primary, "no failover: the primary stayed up");
+
+    // Act: the replica, synchronised from a snapshot, is killed and started again.
+    set.nodes()[replica].kill();
+    set.nodes()[replica]
+        .try_restart_empty()
+        .expect("the replica starts again");
+
+    // Assert: it came back empty (before the Sentinels make it a replica again).
+    let keys: i64 = redis::Client::open(set.node(replica).url())
+        .and_then(|client| client.get_connection())
+        .and_then(|mut conn| redis::cmd("DBSIZE").query(&mut conn))
+        .expect("the restarted node answers");
+    assert_eq!(
+        keys, 0,
+        "the node loaded the snapshot it received as a replica"
+    );
+}

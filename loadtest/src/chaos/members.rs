@@ -17,7 +17,7 @@ use ::servers::zookeeper::{DEFAULT_MAX_SESSION_TIMEOUT, Profile};
 use ::servers::{EtcdCluster, RedisSentinels, RedisServer, Tie, ZooKeeperEnsemble};
 use anyhow::Context;
 
-use super::schedule::{Ensemble, MemberPick};
+use super::schedule::{Ensemble, EnsembleKind, MemberPick};
 
 /// The shortest `LOCK_TTL_MS` the etcd lock takes with three members: its renewal must have
 /// time for two request timeouts of 1 s (one member that does not answer, then the next),
@@ -129,7 +129,7 @@ impl Members {
             let primary = leader.context("the Sentinels agree on no primary that answers")?;
             return Ok(match pick {
                 MemberPick::Leader => primary,
-                _ => 1 - primary,
+                _ => other_node(primary),
             });
         }
         Ok(match pick {
@@ -138,9 +138,18 @@ impl Members {
         })
     }
 
+    /// How the members stand to each other ([`Ensemble::of`] gives the same).
+    pub fn kind(&self) -> EnsembleKind {
+        match self {
+            Self::ZooKeeper(_) | Self::Etcd(_) => EnsembleKind::Electing,
+            Self::Redlock(_) => EnsembleKind::Masters,
+            Self::Sentinel(_) => EnsembleKind::PrimaryAndReplica,
+        }
+    }
+
     /// Whether this is Redis behind Sentinel, whose faults differ by role.
     pub fn behind_sentinel(&self) -> bool {
-        matches!(self, Self::Sentinel(_))
+        self.kind() == EnsembleKind::PrimaryAndReplica
     }
 
     /// How many members there are.
@@ -148,9 +157,10 @@ impl Members {
         self.ports().len()
     }
 
-    /// Whether the members elect a leader (Redlock's masters do not).
+    /// Whether the members elect a leader (Redlock's masters do not; behind Sentinel the
+    /// primary counts as one).
     pub fn elect_a_leader(&self) -> bool {
-        !matches!(self, Self::Redlock(_))
+        self.kind() != EnsembleKind::Masters
     }
 
     /// Every member's client port, in member order.
@@ -327,8 +337,8 @@ impl Members {
 
     /// Behind Sentinel, stall the replica's replication so that it misses the writes that
     /// come next: it is stopped, and the primary's link to it filled with junk. Follow with
-    /// [`promote_the_stalled_replica`](Self::promote_the_stalled_replica). The replica's
-    /// index. Blocks.
+    /// [`kill_the_primary`](Self::kill_the_primary), or
+    /// [`resume_the_replica`](Self::resume_the_replica). The replica's index. Blocks.
     ///
     /// # Errors
     /// When this is not a Sentinel set, the set does not serve within a minute, or the
@@ -337,7 +347,7 @@ impl Members {
         let Self::Sentinel(set) = self else {
             anyhow::bail!("only a Sentinel-watched set has a replica to stall");
         };
-        let replica = 1 - set.try_wait_until_serving(WITHIN)?;
+        let replica = other_node(set.try_wait_until_serving(WITHIN)?);
         if let Err(error) = set.try_stall_replication(replica) {
             set.resume(replica);
             return Err(error.into());
@@ -345,25 +355,58 @@ impl Members {
         Ok(replica)
     }
 
+    /// Behind Sentinel, SIGCONT the replica stalled by
+    /// [`stall_the_replica`](Self::stall_the_replica) (the fault given up), and wait until
+    /// the set serves. Blocks.
+    ///
+    /// # Errors
+    /// When it does not serve within a minute.
+    pub fn resume_the_replica(&mut self, replica: usize) -> anyhow::Result<()> {
+        if let Self::Sentinel(set) = self {
+            set.resume(replica);
+            set.try_wait_until_serving(WITHIN)?;
+        }
+        Ok(())
+    }
+
     /// Behind Sentinel, after [`stall_the_replica`](Self::stall_the_replica): SIGKILL the
     /// primary and continue the replica, whose link to it is gone with what it had not
-    /// received; once every Sentinel names the replica, start the old primary again, empty,
-    /// and wait until it follows. The old primary's index. Blocks.
+    /// received. Follow with [`wait_for_the_promotion`](Self::wait_for_the_promotion). The
+    /// old primary's index.
+    ///
+    /// # Errors
+    /// When this is not a Sentinel set.
+    pub fn kill_the_primary(&mut self, replica: usize) -> anyhow::Result<usize> {
+        let Self::Sentinel(set) = self else {
+            anyhow::bail!("only a Sentinel-watched set has a primary to kill");
+        };
+        let primary = other_node(replica);
+        set.nodes()[primary].kill();
+        set.resume(replica);
+        Ok(primary)
+    }
+
+    /// Behind Sentinel, after [`kill_the_primary`](Self::kill_the_primary): once every
+    /// Sentinel names the replica, start the old primary again, empty, and wait until it
+    /// follows. Blocks.
     ///
     /// # Errors
     /// When this is not a Sentinel set, or the failover or the old primary's return does
-    /// not happen within a minute (the replica is continued whatever happens).
-    pub fn promote_the_stalled_replica(&mut self, replica: usize) -> anyhow::Result<usize> {
+    /// not happen within a minute.
+    pub fn wait_for_the_promotion(&mut self, old_primary: usize) -> anyhow::Result<()> {
         let Self::Sentinel(set) = self else {
-            anyhow::bail!("only a Sentinel-watched set has a replica to promote");
+            anyhow::bail!("only a Sentinel-watched set promotes a replica");
         };
-        let primary = 1 - replica;
-        let old_port = set.node(primary).port();
-        set.nodes()[primary].kill();
-        set.resume(replica);
-        set.try_wait_for_failover_from(old_port, WITHIN)?;
-        set.nodes()[primary].try_restart_empty()?;
+        set.try_wait_for_failover_from(set.node(old_primary).port(), WITHIN)?;
+        set.nodes()[old_primary].try_restart_empty()?;
         set.try_wait_until_serving(WITHIN)?;
-        Ok(primary)
+        Ok(())
     }
+}
+
+/// The other node of the Sentinel-watched set, which has two: a primary and one replica
+/// ([`Ensemble::of`]).
+pub fn other_node(node: usize) -> usize {
+    debug_assert!(node < 2, "the set has two nodes");
+    1 - node
 }

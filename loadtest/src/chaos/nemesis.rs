@@ -34,7 +34,7 @@ use tokio::time::Instant;
 
 use super::cluster::{Cluster, KEY_PREFIX};
 use super::history::{FaultRecord, Micros, now_us};
-use super::members::Members;
+use super::members::{self, Members};
 use super::proxy::Mode;
 use super::schedule::{Fault, FaultKind, MemberPick, Schedule};
 use crate::attack::Cancel;
@@ -187,7 +187,7 @@ fn serving_then_pick(members: &mut Members, pick: MemberPick) -> anyhow::Result<
     Ok((i, members.describe(i)))
 }
 
-/// What leads after a member fault, if that changed ("; the leader now: ...").
+/// What leads after a member fault, if that changed ("; now leading: ...").
 fn leader_change(members: &Members, before: Option<usize>) -> String {
     match members.leader() {
         Some(now) if before != Some(now) => format!("; now leading: {}", members.describe(now)),
@@ -215,7 +215,7 @@ async fn kill_member(
     // Blocks until the ensemble serves again; the load goes on on the other worker.
     tokio::task::block_in_place(|| members.restart(i))?;
     Ok(format!(
-        "{named} (pid {pid}) SIGKILLed, down {} ms, then started again and every member serving {} ms later{}",
+        "{named} (pid {pid}) SIGKILLed, down {} ms (a primary until every Sentinel named another), every member serving again {} ms after that{}",
         down.as_millis(),
         started.elapsed().as_millis(),
         leader_change(members, before)
@@ -259,34 +259,51 @@ async fn pause_member(
 
 /// Behind Sentinel: the replica misses writes, then is promoted. Its replication stalls,
 /// the load goes on for half the fault, the lock's keys are read on the primary, the
-/// primary is SIGKILLed and the replica continued; once the Sentinels have promoted it (and
-/// the old primary, started again empty, follows it), the keys are read on it: what the
-/// failover lost shows as a fence that went back.
+/// primary is SIGKILLed and the replica continued, and the keys are read on the replica
+/// before it is promoted: what the failover loses shows as a fence further back on the
+/// replica (when the lock was taken during the stall). Then the Sentinels promote it, and
+/// the old primary, started again empty, follows it.
 async fn stale_replica_promoted(
     cluster: &mut Cluster,
     fault: &Fault,
     plan: &Plan,
     cancel: &Cancel,
 ) -> anyhow::Result<String> {
-    let members = cluster.members_mut().context("no ensemble")?;
-    let replica = tokio::task::block_in_place(|| members.stall_the_replica())?;
+    let keys = LockKeys::of(plan.product_id)?;
     let stalled = fault.lasts / 2;
     let started = Instant::now();
-    hold(stalled, cancel).await;
-    let keys = LockKeys::of(plan.product_id)?;
-    // Read on the primary before it dies; the replica is promoted whatever this gives.
-    let on_the_primary = read_lock_keys(cluster, &keys, 1 - replica).await;
     let members = cluster.members_mut().context("no ensemble")?;
-    let old = tokio::task::block_in_place(|| members.promote_the_stalled_replica(replica))?;
-    let on_the_primary = on_the_primary?;
-    let on_the_promoted = read_lock_keys(cluster, &keys, replica).await?;
+    let replica = tokio::task::block_in_place(|| members.stall_the_replica())?;
+    hold(stalled, cancel).await;
+    if cancel.is_set() {
+        tokio::task::block_in_place(|| members.resume_the_replica(replica))?;
+        return Ok(format!(
+            "Redis node {replica} (the replica) stalled, then continued: stopped by Ctrl-C"
+        ));
+    }
+    // Read on the primary before it dies; the replica is continued whatever this gives.
+    let on_the_primary = read_lock_keys(cluster, &keys, members::other_node(replica)).await;
+    let members = cluster.members_mut().context("no ensemble")?;
+    let old = members.kill_the_primary(replica)?;
+    let on_the_replica = read_lock_keys(cluster, &keys, replica).await;
+    let members = cluster.members_mut().context("no ensemble")?;
+    tokio::task::block_in_place(|| members.wait_for_the_promotion(old))?;
     Ok(format!(
-        "Redis node {replica} (the replica) stalled for {} ms, then node {old} (the primary) SIGKILLed: node {replica} promoted with fence {} (the primary's was {}), node {old} following it empty {} ms after the stall began",
+        "Redis node {replica} (the replica) stalled for {} ms, then node {old} (the primary, fence {}) SIGKILLed: node {replica} promoted with fence {}, node {old} following it empty {} ms after the fault began",
         stalled.as_millis(),
-        on_the_promoted.fence.as_deref().unwrap_or("(none)"),
-        on_the_primary.fence.as_deref().unwrap_or("(none)"),
+        fence_or_why(&on_the_primary),
+        fence_or_why(&on_the_replica),
         started.elapsed().as_millis()
     ))
+}
+
+/// The fence a read of the lock's keys found, or why there is none (the read only feeds the
+/// record, so its failure does not stop the soak).
+fn fence_or_why(read: &anyhow::Result<LockState>) -> String {
+    match read {
+        Ok(state) => state.fence.clone().unwrap_or_else(|| "(none)".to_owned()),
+        Err(error) => format!("(unread: {error})"),
+    }
 }
 
 /// The lock's keys as Redis node `node` (behind Sentinel) holds them.
@@ -361,6 +378,9 @@ async fn fence_back(
     let mut conn = cluster.lock_redis(fault.member).await?;
     let then = keys.read(&mut conn).await?;
     hold(fault.lasts, cancel).await;
+    // Again to the Redis that keeps the lock now (behind Sentinel, after a failover of its
+    // own meanwhile, the new primary).
+    let mut conn = cluster.lock_redis(fault.member).await?;
     let now = keys.read(&mut conn).await?;
     keys.write(&mut conn, &then).await?;
     let on = match (cluster.members(), fault.member) {
