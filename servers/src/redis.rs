@@ -181,7 +181,8 @@ impl RedisServer {
         }
     }
 
-    /// Kill it and start an empty one on the same port, the same way.
+    /// Kill it and start an empty one on the same port, the same way (a snapshot in its
+    /// `--dir`, one it received as a replica, is deleted first).
     ///
     /// # Panics
     /// If it does not start there.
@@ -195,6 +196,10 @@ impl RedisServer {
     /// It does not start again on its port within a few tries (another process took it).
     pub fn try_restart_empty(&mut self) -> Result<()> {
         self.kill();
+        // Empty: a snapshot in its directory (one it received as a replica) is not loaded.
+        if let Some(dir) = self.extra.iter().skip_while(|arg| *arg != "--dir").nth(1) {
+            let _ = std::fs::remove_file(Path::new(dir).join("dump.rdb"));
+        }
         // The old server's socket may linger a moment after it exited: try a few times.
         for _ in 0..ATTEMPTS {
             self.child = self.spawn()?;

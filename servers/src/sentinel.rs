@@ -80,18 +80,15 @@ impl RedisSentinels {
         };
         for i in 0..=replicas {
             // Each node keeps its files in a directory of its own, not in the working
-            // directory. A replica receives its primary's snapshot there, and would load it
-            // when started again: deleted once loaded (`rdb-del-sync-files`), a node
-            // restarted comes back empty, as a node that keeps nothing on disk should. And
-            // a primary sends a snapshot at once, not after 5 s of waiting for more
-            // replicas (`repl-diskless-sync-delay`).
+            // directory. A replica receives its primary's snapshot there, which
+            // `try_restart_empty` deletes, so that a node restarted comes back empty. A
+            // primary sends a snapshot at once, not after 5 s of waiting for more replicas
+            // (`repl-diskless-sync-delay`).
             let dir = set.dir.join(format!("node-{i}"));
             std::fs::create_dir_all(&dir).map_err(crate::io("creating a node's directory"))?;
             let args = [
                 "--dir",
                 &dir.display().to_string(),
-                "--rdb-del-sync-files",
-                "yes",
                 "--repl-diskless-sync-delay",
                 "0",
             ]
