@@ -196,12 +196,16 @@ fn is_contention(error: &sqlx::Error) -> bool {
     }
 }
 
-/// Errors that mean "PostgreSQL is not there right now", as opposed to a bad query.
+/// Errors that mean "PostgreSQL is not there right now", as opposed to a bad query. A
+/// protocol error is one: a connection closed while sqlx negotiated TLS (which it does
+/// first under `sslmode=prefer`, its default) reads as the reply 0x00 to its SSLRequest, and
+/// PostgreSQL closes new connections so while it restarts.
 fn is_unavailable(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::PoolClosed
         | sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
         | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
             // 08: connection exception; 57P01-03: admin shutdown, crash shutdown, cannot
