@@ -196,17 +196,22 @@ fn is_contention(error: &sqlx::Error) -> bool {
     }
 }
 
-/// Errors that mean "PostgreSQL is not there right now", as opposed to a bad query. A
-/// protocol error is one: a connection closed while sqlx negotiated TLS (which it does
-/// first under `sslmode=prefer`, its default) reads as the reply 0x00 to its SSLRequest, and
-/// PostgreSQL closes new connections so while it restarts.
+/// How sqlx 0.8 words a connection closed after its TLS request, before any reply.
+const CLOSED_DURING_TLS_REQUEST: &str = "unexpected response from SSLRequest: 0x00";
+
+/// Errors that mean "PostgreSQL is not there right now", as opposed to a bad query. One of
+/// them comes as a protocol error: sqlx asks a new connection for TLS first (under
+/// `sslmode=prefer`, its default) and reads a connection closed after that request, before
+/// any reply, as the reply 0x00 (as a PostgreSQL restarting, or a proxy in front of it, can
+/// close it). Other protocol errors (an authentication method sqlx lacks, a message it does
+/// not know) are no outage: they stay internal errors.
 fn is_unavailable(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::PoolClosed
         | sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
         | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Protocol(what) => what.starts_with(CLOSED_DURING_TLS_REQUEST),
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
             // 08: connection exception; 57P01-03: admin shutdown, crash shutdown, cannot
             // connect now (pg_terminate_backend, a restart); 57P05: the session sat idle
@@ -370,4 +375,23 @@ static ALREADY_PURCHASED_BODY: LazyLock<Bytes> =
 fn serialized(error: &ApiError) -> Bytes {
     let body = serde_json::to_vec(&error.body()).expect("an error body serializes");
     Bytes::from_static(body.leak())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_closed_during_its_tls_request_is_an_outage_and_other_protocol_errors_bugs() {
+        let closed = sqlx::Error::Protocol(CLOSED_DURING_TLS_REQUEST.into());
+        let unknown = sqlx::Error::Protocol("unsupported authentication method: 10".into());
+
+        assert!(matches!(
+            ApiError::from_db(&closed),
+            ApiError::DatabaseUnavailable
+        ));
+        assert!(matches!(ApiError::from_db(&unknown), ApiError::Internal(_)));
+        // At a commit, either may have committed.
+        assert!(repository::may_have_committed(&closed));
+    }
 }

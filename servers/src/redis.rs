@@ -481,4 +481,31 @@ mod tests {
         let server = RedisServer::start();
         assert_ne!(server.port(), 0);
     }
+
+    #[test]
+    fn a_server_restarted_empty_does_not_load_a_snapshot_left_in_its_directory() {
+        // Arrange: a server with a directory of its own, where a snapshot holding a key is
+        // left (as a Sentinel set's replica keeps the one it received).
+        let dir = crate::process::temp_dir("redis-restart").unwrap();
+        let args = ["--dir".to_owned(), dir.display().to_string()];
+        let mut server = RedisServer::try_start_with(&args, Tie::Child).unwrap();
+        let mut conn = redis::Client::open(server.url())
+            .and_then(|client| client.get_connection())
+            .unwrap();
+        redis::cmd("SET").arg("k").arg("v").exec(&mut conn).unwrap();
+        redis::cmd("SAVE").exec(&mut conn).unwrap();
+        assert!(dir.join("dump.rdb").exists());
+
+        // Act
+        server.try_restart_empty().unwrap();
+
+        // Assert: it came back with nothing.
+        let keys: i64 = redis::Client::open(server.url())
+            .and_then(|client| client.get_connection())
+            .and_then(|mut conn| redis::cmd("DBSIZE").query(&mut conn))
+            .unwrap();
+        drop(server);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(keys, 0, "the restarted server loaded the snapshot");
+    }
 }

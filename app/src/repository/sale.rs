@@ -263,7 +263,7 @@ pub struct HolderBatch<'a> {
 /// Under `READ COMMITTED` the `UPDATE` waits for any other writer of the row and then checks
 /// its conditions against the row as that writer left it, as `pg-atomic`'s does.
 pub async fn sell_as_holder(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     id: ProductId,
     batch: HolderBatch<'_>,
 ) -> sqlx::Result<HolderWrite> {
@@ -309,7 +309,7 @@ pub async fn sell_as_holder(
         batch.exact,
         batch.refused,
     )
-    .fetch_all(pool)
+    .fetch_all(&mut *conn)
     .await;
     let rows = match rows {
         Ok(rows) => rows,

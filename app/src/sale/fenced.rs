@@ -220,7 +220,13 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
             exact: plan.exact.map(|row| row.version),
             refused: &refused,
         };
-        match repository::sell_as_holder(self.pool, self.product, batch).await {
+        // A connection first: failing to get one (none in time, or each closed as it was
+        // made) comes before the statement is sent, so nothing can have been written.
+        let mut conn = match self.pool.acquire().await {
+            Ok(conn) => conn,
+            Err(error) => return Attempt::Answered(all(requests, error.into())),
+        };
+        match repository::sell_as_holder(&mut conn, self.product, batch).await {
             Ok(HolderWrite::Committed {
                 row: left,
                 orders,

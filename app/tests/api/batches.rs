@@ -486,7 +486,7 @@ async fn holders_statement_keeps_to_indexes_though_planned_on_a_small_table(
         let users: Vec<i64> = (0..32).map(|u| 1_000 + batch * 100 + u).collect();
         let quantities = vec![1; users.len()];
         let written = seckill::repository::sell_as_holder(
-            &session,
+            &mut session.acquire().await.unwrap(),
             product,
             seckill::repository::HolderBatch {
                 users: &users,
