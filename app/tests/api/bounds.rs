@@ -124,11 +124,7 @@ async fn pooled_connections_the_server_closed_while_idle_answer_503_never_500(
     // Arrange: a product; PostgreSQL ends sessions idle for 300 ms (idle_session_timeout);
     // the service's own pool (which does not ping a connection before a batch uses it)...
     let admin = PgPool::connect_with(connect.clone()).await.unwrap();
-    let product: i64 =
-        sqlx::query_scalar("INSERT INTO products (name, stock) VALUES ('p', 100) RETURNING id")
-            .fetch_one(&admin)
-            .await
-            .unwrap();
+    let product = insert_product(&admin).await;
     let database = connect.get_database().expect("a test database").to_owned();
     sqlx::query(&format!(
         "ALTER DATABASE \"{database}\" SET idle_session_timeout = '300ms'"
@@ -223,11 +219,7 @@ async fn connections_closed_as_they_are_made_answer_503_never_500(
         let address = format!("http://127.0.0.1:{}", app.port());
         tokio::spawn(app.run_until_stopped());
         let admin = PgPool::connect_with(connect.clone()).await.unwrap();
-        let product: i64 =
-            sqlx::query_scalar("INSERT INTO products (name, stock) VALUES ('p', 100) RETURNING id")
-                .fetch_one(&admin)
-                .await
-                .unwrap();
+        let product = insert_product(&admin).await;
         admin.close().await;
         let client = reqwest::Client::new();
         let buy = |user: i64| {
@@ -261,6 +253,15 @@ async fn connections_closed_as_they_are_made_answer_503_never_500(
             "{strategy:?}: {answers:?}"
         );
     }
+}
+
+/// A product of 100 units, written straight into the database (not through the service,
+/// which these tests start on a pool of their own); its id.
+async fn insert_product(admin: &PgPool) -> i64 {
+    sqlx::query_scalar("INSERT INTO products (name, stock) VALUES ('p', 100) RETURNING id")
+        .fetch_one(admin)
+        .await
+        .unwrap()
 }
 
 /// A door in front of PostgreSQL. Open, it passes connections through; slammed, it ends

@@ -52,28 +52,7 @@ use schedule::{FaultKind, Schedule};
 /// start again), or PostgreSQL cannot be read at the end. Everything started is removed
 /// before this returns, whatever happened.
 pub async fn run(args: ChaosArgs, cancel: Cancel) -> anyhow::Result<bool> {
-    let lock_ttl = Duration::from_millis(args.lock_ttl_ms);
-    if args.sentinel && args.strategy != seckill::LockStrategy::Redis {
-        anyhow::bail!(
-            "--sentinel puts the `redis` lock behind Sentinel: it goes with --strategy redis only, not {}",
-            args.strategy.name()
-        );
-    }
-    if args.strategy == seckill::LockStrategy::Etcd && lock_ttl < members::ETCD_MIN_LOCK_TTL {
-        anyhow::bail!(
-            "--strategy etcd needs --lock-ttl-ms of at least {} (the etcd lock renews a third of the way into its lease, and the renewal must have time for two request timeouts of 1 s with three members)",
-            members::ETCD_MIN_LOCK_TTL.as_millis()
-        );
-    }
-    if args.strategy == seckill::LockStrategy::ZooKeeper
-        && lock_ttl > members::zookeeper_max_lock_ttl()
-    {
-        anyhow::bail!(
-            "--strategy zookeeper takes --lock-ttl-ms of at most {} (the instances' sessions are twice it, and the soak's ZooKeeper grants at most {} ms)",
-            members::zookeeper_max_lock_ttl().as_millis(),
-            2 * members::zookeeper_max_lock_ttl().as_millis()
-        );
-    }
+    refuse_what_the_servers_would_not_take(&args)?;
     let seed = args.seed.unwrap_or_else(rand::random);
     let settings = format!(
         "--minutes {} --seed {seed} --instances {} --strategy {}{} --fault-every-ms {} --stock {} --restock-every-ms {} --restock-units {} --buyers-per-sec {} --concurrency {} --lock-ttl-ms {} --sold-out-recheck-ms {}",
@@ -102,20 +81,9 @@ pub async fn run(args: ChaosArgs, cancel: Cancel) -> anyhow::Result<bool> {
         sold_out_recheck_ms: args.sold_out_recheck_ms,
     })
     .await?;
-    let servers = match cluster.members() {
-        Some(members) if members.behind_sentinel() => format!(
-            "PostgreSQL and {} Redis nodes behind three Sentinels (the instances' REDIS_URL stands idle)",
-            members.count()
-        ),
-        Some(members) => format!(
-            "PostgreSQL and Redis, {} {} members",
-            members.count(),
-            members.name()
-        ),
-        None => "PostgreSQL and Redis".to_owned(),
-    };
     println!(
-        "chaos: a private {servers}, {} instances: {}",
+        "chaos: a private {}, {} instances: {}",
+        servers_started(&cluster),
         cluster.instances(),
         cluster
             .urls()
@@ -146,6 +114,49 @@ pub async fn run(args: ChaosArgs, cancel: Cancel) -> anyhow::Result<bool> {
         return outcome.map(|_| false);
     }
     outcome
+}
+
+/// Refuse, before anything starts, the options the soak's own servers would not take.
+fn refuse_what_the_servers_would_not_take(args: &ChaosArgs) -> anyhow::Result<()> {
+    let lock_ttl = Duration::from_millis(args.lock_ttl_ms);
+    if args.sentinel && args.strategy != seckill::LockStrategy::Redis {
+        anyhow::bail!(
+            "--sentinel puts the `redis` lock behind Sentinel: it goes with --strategy redis only, not {}",
+            args.strategy.name()
+        );
+    }
+    if args.strategy == seckill::LockStrategy::Etcd && lock_ttl < members::ETCD_MIN_LOCK_TTL {
+        anyhow::bail!(
+            "--strategy etcd needs --lock-ttl-ms of at least {} (the etcd lock renews a third of the way into its lease, and the renewal must have time for two request timeouts of 1 s with three members)",
+            members::ETCD_MIN_LOCK_TTL.as_millis()
+        );
+    }
+    if args.strategy == seckill::LockStrategy::ZooKeeper
+        && lock_ttl > members::zookeeper_max_lock_ttl()
+    {
+        anyhow::bail!(
+            "--strategy zookeeper takes --lock-ttl-ms of at most {} (the instances' sessions are twice it, and the soak's ZooKeeper grants at most {} ms)",
+            members::zookeeper_max_lock_ttl().as_millis(),
+            2 * members::zookeeper_max_lock_ttl().as_millis()
+        );
+    }
+    Ok(())
+}
+
+/// The servers the soak started, for its first lines.
+fn servers_started(cluster: &Cluster) -> String {
+    match cluster.members() {
+        Some(members) if members.behind_sentinel() => format!(
+            "PostgreSQL and {} Redis nodes behind three Sentinels (the instances' REDIS_URL stands idle)",
+            members.count()
+        ),
+        Some(members) => format!(
+            "PostgreSQL and Redis, {} {} members",
+            members.count(),
+            members.name()
+        ),
+        None => "PostgreSQL and Redis".to_owned(),
+    }
 }
 
 /// The soak in phases: a product, the load under the nemesis's faults, the evidence once
