@@ -1,13 +1,15 @@
 //! `docker-compose.yml` checked against reality: every setting it gives an app is a real
 //! `seckill` setting, its health checks hit routes that answer, its URLs name services it
 //! defines, the lock profiles (`redlock`, `zookeeper`, `etcd`) add the servers the apps are
-//! pointed at, and the load test's flags and targets exist. The `monitoring` profile's files
+//! pointed at, its Redis admits the apps' ACL user alone (run by a private `redis-server`
+//! with the stack's command), and the load test's flags and targets exist. The `monitoring` profile's files
 //! (deploy/) are checked the same way: Prometheus scrapes the app services, its rules use
 //! metrics an instance serves, and every dashboard panel shows a rule that exists. Running
 //! the stack itself is `scripts/compose-smoke` (docs/stack.md): too slow for a test.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use clap::{CommandFactory, Parser as _};
 use serde_norway::Value;
@@ -47,24 +49,40 @@ fn app_services(compose: &Value) -> Vec<(String, &Value)> {
 
 /// `${NAME:-default}` as compose resolves it with NAME unset; anything else as it is.
 fn with_defaults(value: &str) -> String {
+    with_env(value, &[])
+}
+
+/// `${NAME:-default}` as compose resolves it where `set` gives the variables set (to
+/// something not empty); anything else as it is.
+fn with_env(value: &str, set: &[(&str, &str)]) -> String {
     match value
         .strip_prefix("${")
         .and_then(|v| v.strip_suffix('}'))
         .and_then(|v| v.split_once(":-"))
     {
-        Some((_, default)) => default.to_owned(),
+        Some((name, default)) => set
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(default, |(_, v)| v)
+            .to_owned(),
         None => value.to_owned(),
     }
 }
 
 /// Every `${NAME:-default}` inside `value` as compose resolves it with NAME unset.
 fn with_defaults_inside(value: &str) -> String {
+    with_env_inside(value, &[])
+}
+
+/// Every `${NAME:-default}` inside `value` as compose resolves it with `set` (as
+/// [`with_env`]).
+fn with_env_inside(value: &str, set: &[(&str, &str)]) -> String {
     let mut out = String::new();
     let mut rest = value;
     while let Some(start) = rest.find("${") {
         out.push_str(&rest[..start]);
         let end = rest[start..].find('}').expect("a closed ${...}") + start;
-        out.push_str(&with_defaults(&rest[start..=end]));
+        out.push_str(&with_env(&rest[start..=end], set));
         rest = &rest[end + 1..];
     }
     out.push_str(rest);
@@ -320,7 +338,7 @@ fn the_redlock_profile_has_three_masters_that_the_apps_name() {
         let urls = service["environment"]["REDLOCK_URLS"].as_str().unwrap();
         for master in &masters {
             assert!(
-                urls.contains(&format!("redis://{master}:6379")),
+                with_defaults_inside(urls).contains(&format!("@{master}:6379")),
                 "{name} misses {master}"
             );
         }
@@ -335,6 +353,253 @@ fn the_redlock_profile_has_three_masters_that_the_apps_name() {
         ])
         .unwrap();
         assert_eq!(parsed.lock.redlock_urls.len(), 3);
+    }
+}
+
+/// A Redis service of the stack started as compose starts it (its `command`, resolved with
+/// the variables `set`), on a free port of this machine's loopback. SIGKILLed and reaped when
+/// dropped.
+struct StackRedis {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl StackRedis {
+    fn start(service: &str, set: &[(&str, &str)]) -> Self {
+        let compose = compose();
+        let command: Vec<String> = services(&compose)[service]["command"]
+            .as_sequence()
+            .unwrap_or_else(|| panic!("{service} has no command"))
+            .iter()
+            .map(|arg| with_env_inside(arg.as_str().unwrap(), set))
+            .collect();
+        assert_eq!(command[0], "redis-server", "{service}");
+        // A port taken between the pick and the bind costs a retry on another.
+        for _ in 0..3 {
+            let port = testkit::free_port();
+            let mut child = std::process::Command::new("redis-server")
+                .args(&command[1..])
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("redis-server is installed");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && child.try_wait().unwrap().is_none() {
+                if Self::answers(port) {
+                    return Self { child, port };
+                }
+                std::thread::sleep(Duration::from_millis(25));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("{service}: redis-server did not start on any of three ports");
+    }
+
+    /// Something answers a PING on `port` (a PONG or a refusal: either way a Redis).
+    fn answers(port: u16) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+        let mut reply = [0; 1];
+        stream.write_all(b"PING\r\n").is_ok() && stream.read(&mut reply).is_ok_and(|n| n == 1)
+    }
+
+    /// Its URL, as `user:password@` says (empty: no authentication).
+    fn url(&self, user_and_password: &str) -> String {
+        format!("redis://{user_and_password}127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for StackRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `command` on a new connection to the Redis at `url`: its error, connecting included, as
+/// text.
+fn redis_says(url: &str, command: &redis::Cmd) -> Result<redis::Value, String> {
+    let mut conn = redis::Client::open(url)
+        .and_then(|client| client.get_connection())
+        .map_err(|e| e.to_string())?;
+    command.query(&mut conn).map_err(|e| e.to_string())
+}
+
+/// The `user:password@` of the apps' `REDIS_URL`, as compose resolves it by default.
+fn apps_redis_user(compose: &Value) -> String {
+    let (_, app) = &app_services(compose)[0];
+    let url = with_defaults_inside(app["environment"]["REDIS_URL"].as_str().unwrap());
+    let (user, host) = url
+        .strip_prefix("redis://")
+        .and_then(|rest| rest.split_once('@'))
+        .unwrap_or_else(|| panic!("REDIS_URL {url} names no user"));
+    assert_eq!(host, "redis:6379");
+    format!("{user}@")
+}
+
+/// The stack's Redis (and each Redlock master, which runs the same command) lets a client
+/// that has not authenticated do nothing: not hold a lock key, not publish a forged restock
+/// message, not even PING. The apps' user does what the sale does and nothing that would
+/// wipe or reconfigure the server. The health check logs in; `REDIS_DEFAULT_USER=on` lets the
+/// test suite in without a password.
+#[test]
+fn the_stacks_redis_admits_only_the_apps_user_unless_told_the_tests_come() {
+    let compose = compose();
+    let all = services(&compose);
+    for master in profile_services(&compose, "redlock") {
+        assert_eq!(
+            all[master.as_str()]["command"],
+            all["redis"]["command"],
+            "{master}"
+        );
+        assert_eq!(
+            all[master.as_str()]["healthcheck"],
+            all["redis"]["healthcheck"],
+            "{master}"
+        );
+    }
+    let user = apps_redis_user(&compose);
+    let redis = StackRedis::start("redis", &[]);
+    let (anyone, apps) = (redis.url(""), redis.url(&user));
+
+    let forged = redis::cmd("PUBLISH")
+        .arg("restocked")
+        .arg("1:9223372036854775807")
+        .clone();
+    let lock = redis::cmd("SET").arg("lock_sale_1").arg("mine").clone();
+    for command in [redis::cmd("PING"), lock.clone(), forged.clone()] {
+        let refused = redis_says(&anyone, &command).unwrap_err();
+        assert!(refused.contains("NOAUTH"), "{refused}");
+    }
+    let wrong = redis.url("seckill:not-the-password@");
+    assert!(redis_says(&wrong, &redis::cmd("PING")).is_err());
+
+    let script = redis::cmd("EVAL")
+        .arg("return redis.call('GET', KEYS[1])")
+        .arg(1)
+        .arg("lock_sale_1")
+        .clone();
+    let info = redis::cmd("INFO").arg("server").clone();
+    for command in [lock, script, forged, info] {
+        redis_says(&apps, &command).unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    }
+    let config = redis::cmd("CONFIG").arg("SET").arg("save").arg("").clone();
+    let keys = redis::cmd("KEYS").arg("*").clone();
+    for command in [redis::cmd("FLUSHALL"), config, keys] {
+        let refused = redis_says(&apps, &command).unwrap_err();
+        assert!(
+            refused.to_lowercase().contains("noperm"),
+            "{command:?}: {refused}"
+        );
+    }
+
+    // The health check, run as the container runs it with the port moved: redis-cli exits 0
+    // on NOAUTH too, so it must read the PONG.
+    let test: Vec<String> = all["redis"]["healthcheck"]["test"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| with_defaults_inside(v.as_str().unwrap()))
+        .collect();
+    assert_eq!(test[0], "CMD-SHELL");
+    let check = |port: u16| {
+        std::process::Command::new("sh")
+            .args([
+                "-c",
+                &test[1].replace("redis-cli ", &format!("redis-cli -p {port} ")),
+            ])
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(check(redis.port), "the check fails on the stack's Redis");
+    let other = StackRedis::start("redis", &[("REDIS_PASSWORD", "another-password")]);
+    assert!(!check(other.port), "the check passes without the password");
+
+    let for_tests = StackRedis::start("redis", &[("REDIS_DEFAULT_USER", "on")]);
+    let pong = redis_says(&for_tests.url(""), &redis::cmd("PING")).unwrap();
+    assert_eq!(pong, redis::Value::SimpleString("PONG".into()));
+}
+
+/// Two apps as compose configures them, one under `redis` and one under `redlock`, each on
+/// Redis servers started with the stack's commands: both start (the lock checks the server's
+/// version with INFO), hear restock news (their /readyz says so) and sell as the ACL user.
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn the_apps_sell_through_the_stacks_redis_as_its_user(pool: PgPool) {
+    let compose = compose();
+    let (name, app) = &app_services(&compose)[0];
+    let main = StackRedis::start("redis", &[]);
+    let masters: Vec<(String, StackRedis)> = profile_services(&compose, "redlock")
+        .into_iter()
+        .map(|m| {
+            let server = StackRedis::start(&m, &[]);
+            (m, server)
+        })
+        .collect();
+    let client = reqwest::Client::new();
+    for strategy in ["redis", "redlock"] {
+        let mut service = (*app).clone();
+        let env = service["environment"].as_mapping_mut().unwrap();
+        // The pool below is the database; nothing to migrate.
+        env.remove("DATABASE_MIGRATION_URL");
+        for key in ["REDIS_URL", "REDLOCK_URLS"] {
+            let mut urls = env[key]
+                .as_str()
+                .unwrap()
+                .replace("@redis:6379", &format!("@127.0.0.1:{}", main.port));
+            for (master, server) in &masters {
+                urls = urls.replace(
+                    &format!("@{master}:6379"),
+                    &format!("@127.0.0.1:{}", server.port),
+                );
+            }
+            env.insert(key.into(), urls.into());
+        }
+        let admin_token = with_defaults(env["ADMIN_TOKEN"].as_str().unwrap());
+        let mut settings = app_settings(name, &service, strategy);
+        settings.http.bind_addr = "127.0.0.1:0".parse().unwrap();
+        settings.http.ops_bind_addr = "127.0.0.1:0".parse().unwrap();
+        let instance = seckill::Application::build_with_pool(settings, pool.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{strategy}: {e:#}"));
+        let buyers = format!("http://{}", instance.address());
+        let ops = format!("http://{}", instance.operations_address());
+        tokio::spawn(instance.run_until_stopped());
+
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ready = client.get(format!("{ops}/readyz")).send().await.unwrap();
+            let status = ready.status();
+            let body: serde_json::Value = ready.json().await.unwrap();
+            if status == 200 && body["redis"] == true && body["restock_news"] == true {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{strategy}: not ready with Redis and its news: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let product = loadtest::attack::create_product(&ops, &admin_token, 1)
+            .await
+            .unwrap();
+        let mut answers = Vec::new();
+        for buyer in [1_i64, 2] {
+            let answer = client
+                .post(format!("{buyers}/api/products/{product}/purchase"))
+                .bearer_auth(loadtest::buyers::token(buyer))
+                .json(&serde_json::json!({"user_id": buyer, "quantity": 1}))
+                .send()
+                .await
+                .unwrap();
+            answers.push(answer.status().as_u16());
+        }
+        assert_eq!(answers, [201, 409], "{strategy}");
     }
 }
 
