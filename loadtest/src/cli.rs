@@ -111,7 +111,8 @@ pub struct DemoArgs {
     pub database_url: Option<String>,
 
     /// Redis for the instances (keys go under a prefix unique to the run). Without it, as
-    /// for PostgreSQL: 127.0.0.1:6379, or a private redis-server.
+    /// for PostgreSQL: 127.0.0.1:6379 if it answers without a password, or a private
+    /// redis-server.
     #[arg(long)]
     pub redis_url: Option<String>,
 

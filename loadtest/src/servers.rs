@@ -124,21 +124,44 @@ pub async fn postgres(given: Option<&str>) -> anyhow::Result<Server> {
     )
 }
 
-/// Redis for the demo, chosen as [`postgres`] chooses.
+/// Redis for the demo, chosen as [`postgres`] chooses: the default address only if a Redis
+/// there answers a `PING` without a password (the compose stack's asks for one).
 ///
 /// # Errors
 /// As [`postgres`].
 pub async fn redis(given: Option<&str>) -> anyhow::Result<Server> {
+    redis_or_private(given, DEFAULT_REDIS)
+}
+
+/// [`redis`] with `default` for the default address.
+fn redis_or_private(given: Option<&str>, default: &str) -> anyhow::Result<Server> {
     if let Some(url) = given {
         return Ok(Server::given(url));
     }
-    if TcpStream::connect(("127.0.0.1", 6379)).is_ok() {
-        return Ok(Server::given(DEFAULT_REDIS));
+    if pongs(default) {
+        return Ok(Server::given(default));
     }
-    start_redis().context(
-        "nothing answers at 127.0.0.1:6379 (pass --redis-url to use another Redis), and the \
-         demo cannot start a private one",
-    )
+    start_redis().with_context(|| {
+        format!(
+            "no Redis at {default} answers without a password (pass --redis-url to use \
+             another Redis, with its password), and the demo cannot start a private one"
+        )
+    })
+}
+
+/// Whether the Redis at `url` answers a `PING` with `PONG` within a second (a Redis that asks
+/// for a password answers with an error).
+fn pongs(url: &str) -> bool {
+    let Ok(client) = redis::Client::open(url) else {
+        return false;
+    };
+    let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_secs(1)) else {
+        return false;
+    };
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
+    redis::cmd("PING")
+        .query::<String>(&mut conn)
+        .is_ok_and(|pong| pong == "PONG")
 }
 
 /// ZooKeeper for the demo: `given` if any (a connect string, not checked here: the instances
@@ -307,5 +330,36 @@ impl ThrowawayDatabase {
             .execute(&mut admin)
             .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Redis at the default address that asks for a password (the compose stack's) is not
+    /// the demo's: it starts a private one, which answers.
+    #[test]
+    fn a_redis_that_asks_for_a_password_is_passed_over_for_a_private_one() {
+        let locked = RedisServer::start();
+        let open_url = locked.url();
+        assert!(pongs(&open_url), "a Redis without a password is used");
+        let mut conn = redis::Client::open(open_url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("requirepass")
+            .arg("pw")
+            .exec(&mut conn)
+            .unwrap();
+
+        let chosen = redis_or_private(None, &open_url).unwrap();
+        assert!(chosen.is_private(), "{} was chosen", chosen.url);
+        assert_ne!(chosen.url, open_url);
+        assert!(pongs(&chosen.url));
+        let given = redis_or_private(Some("redis://:pw@127.0.0.1:1"), &open_url).unwrap();
+        assert_eq!(given.url, "redis://:pw@127.0.0.1:1");
     }
 }

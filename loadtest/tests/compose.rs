@@ -374,19 +374,21 @@ impl StackRedis {
             .map(|arg| with_env_inside(arg.as_str().unwrap(), set))
             .collect();
         assert_eq!(command[0], "redis-server", "{service}");
+        let login = apps_redis_user(&compose, set);
         // A port taken between the pick and the bind costs a retry on another.
         for _ in 0..3 {
             let port = testkit::free_port();
             let mut child = std::process::Command::new("redis-server")
                 .args(&command[1..])
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .spawn()
                 .expect("redis-server is installed");
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline && child.try_wait().unwrap().is_none() {
-                if Self::answers(port) {
+                if Self::is_ours(port, &login, child.id()) {
                     return Self { child, port };
                 }
                 std::thread::sleep(Duration::from_millis(25));
@@ -397,15 +399,19 @@ impl StackRedis {
         panic!("{service}: redis-server did not start on any of three ports");
     }
 
-    /// Something answers a PING on `port` (a PONG or a refusal: either way a Redis).
-    fn answers(port: u16) -> bool {
-        use std::io::{Read, Write};
-        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-            return false;
-        };
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-        let mut reply = [0; 1];
-        stream.write_all(b"PING\r\n").is_ok() && stream.read(&mut reply).is_ok_and(|n| n == 1)
+    /// The Redis that answers on `port`, logged in as the apps' `login`, is process `pid`
+    /// (not another test's server that took the port first).
+    fn is_ours(port: u16, login: &str, pid: u32) -> bool {
+        let url = format!("redis://{login}127.0.0.1:{port}");
+        let info = redis::Client::open(url).and_then(|client| {
+            let mut conn = client.get_connection_with_timeout(Duration::from_secs(1))?;
+            conn.set_read_timeout(Some(Duration::from_secs(1)))?;
+            redis::cmd("INFO").arg("server").query::<String>(&mut conn)
+        });
+        info.is_ok_and(|info| {
+            info.lines()
+                .any(|l| l.trim_end() == format!("process_id:{pid}"))
+        })
     }
 
     /// Its URL, as `user:password@` says (empty: no authentication).
@@ -430,10 +436,10 @@ fn redis_says(url: &str, command: &redis::Cmd) -> Result<redis::Value, String> {
     command.query(&mut conn).map_err(|e| e.to_string())
 }
 
-/// The `user:password@` of the apps' `REDIS_URL`, as compose resolves it by default.
-fn apps_redis_user(compose: &Value) -> String {
+/// The `user:password@` of the apps' `REDIS_URL`, as compose resolves it with `set`.
+fn apps_redis_user(compose: &Value, set: &[(&str, &str)]) -> String {
     let (_, app) = &app_services(compose)[0];
-    let url = with_defaults_inside(app["environment"]["REDIS_URL"].as_str().unwrap());
+    let url = with_env_inside(app["environment"]["REDIS_URL"].as_str().unwrap(), set);
     let (user, host) = url
         .strip_prefix("redis://")
         .and_then(|rest| rest.split_once('@'))
@@ -444,8 +450,8 @@ fn apps_redis_user(compose: &Value) -> String {
 
 /// The stack's Redis (and each Redlock master, which runs the same command) lets a client
 /// that has not authenticated do nothing: not hold a lock key, not publish a forged restock
-/// message, not even PING. The apps' user does what the sale does and nothing that would
-/// wipe or reconfigure the server. The health check logs in; `REDIS_DEFAULT_USER=on` lets the
+/// message, not even PING. The apps' user does what the sale does, and not Redis's dangerous
+/// commands (wiping every database, reconfiguring the server); it can still delete any key. The health check logs in; `REDIS_DEFAULT_USER=on` lets the
 /// test suite in without a password.
 #[test]
 fn the_stacks_redis_admits_only_the_apps_user_unless_told_the_tests_come() {
@@ -463,7 +469,7 @@ fn the_stacks_redis_admits_only_the_apps_user_unless_told_the_tests_come() {
             "{master}"
         );
     }
-    let user = apps_redis_user(&compose);
+    let user = apps_redis_user(&compose, &[]);
     let redis = StackRedis::start("redis", &[]);
     let (anyone, apps) = (redis.url(""), redis.url(&user));
 
