@@ -25,16 +25,19 @@
 //! Each deployment (a set of instances) has a throwaway database and Redis key prefix of its
 //! own, and the service's defaults but for `BATCH_MAX=1` where a row says so. For every run
 //! that sells, the CPU time of the instances, PostgreSQL, Redis, the load generator and the
-//! machine is read around it (`cpu`) and shown per order.
+//! machine is read around it (`cpu`) and shown per order, with what the instances' desks did
+//! (`desks`: batches per second and their size, lock holds per 1,000 orders, the mean write).
 //!
 //! Layout: this module runs the phases ([`run`] cleans up after `measure`, whose phases set
 //! up, create the products and run the rounds); `deployment` starts and removes a set of
 //! instances; `runs` holds one run of each kind; `ceiling` and `wrk` drive pgbench and wrk;
-//! `cpu` reads CPU times; `header` and `report` write the report.
+//! `cpu` reads CPU times and `desks` the instances' batch and lock counters; `header` and
+//! `report` write the report.
 
 mod ceiling;
 mod cpu;
 mod deployment;
+mod desks;
 mod header;
 mod report;
 mod runs;

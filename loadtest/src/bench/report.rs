@@ -10,6 +10,7 @@ use std::fmt::Write as _;
 use seckill::LockStrategy;
 
 use super::cpu::Spent;
+use super::desks::Desks;
 use crate::chart::thousands;
 
 /// Which run a row is.
@@ -55,6 +56,9 @@ pub(crate) struct Round {
     pub cpu: Spent,
     /// The run's wall-clock seconds (the CPU window).
     pub wall_seconds: f64,
+    /// What the instances' desks did (`None` for the ceiling, or an instance that did not
+    /// answer for its metrics).
+    pub desks: Option<Desks>,
 }
 
 /// One run, every round of it.

@@ -9,6 +9,7 @@ use super::FEW;
 use super::ceiling::{self, Ceiling};
 use super::cpu;
 use super::deployment::{Deployment, sold};
+use super::desks::Desks;
 use super::report::{Round, Row};
 use super::wrk;
 use crate::cli::BenchArgs;
@@ -51,6 +52,10 @@ pub(super) fn summary(row: &Row, round: &Round) -> String {
         per_order(round.cpu.other()),
         per_order(round.cpu.machine),
     ));
+    if let Some(desks) = &round.desks {
+        line.push_str("; ");
+        line.push_str(&desks.summary(round.orders, round.wall_seconds));
+    }
     line
 }
 
@@ -88,6 +93,7 @@ impl Bench<'_> {
             orders: run.orders as f64,
             cpu: cpu::spent(&before, &after),
             wall_seconds,
+            desks: None,
         })
     }
 
@@ -121,6 +127,7 @@ impl Bench<'_> {
         for product in products {
             before.push(sold(&deployment.pool, *product).await?);
         }
+        let desks_before = Desks::read(&deployment.instances).await;
         let watch = self.watch(&deployment.instances);
         let at_start = watch.sample();
         let started = Instant::now();
@@ -142,6 +149,7 @@ impl Bench<'_> {
         let reports = futures::future::try_join_all(loads).await?;
         let wall_seconds = started.elapsed().as_secs_f64();
         let at_end = watch.sample();
+        let desks_after = Desks::read(&deployment.instances).await;
         let mut per_product = Vec::new();
         let mut orders = 0;
         for (product, before) in products.iter().zip(before) {
@@ -159,6 +167,9 @@ impl Bench<'_> {
             orders: orders as f64,
             cpu: cpu::spent(&at_start, &at_end),
             wall_seconds,
+            desks: desks_after
+                .zip(desks_before)
+                .map(|(after, before)| after.since(before)),
         })
     }
 
