@@ -34,10 +34,13 @@ pub struct Metrics {
     pub queue_full: IntCounter,
     /// Purchases whose buyer disconnected before their batch was taken (skipped).
     pub buyers_gone: IntCounter,
-    /// Purchases per batch (one transaction).
+    /// Purchases per batch of one product (its own transaction, or under a lock its share of
+    /// the writer's statement).
     pub batch_size: Histogram,
     /// Batches sold per lock hold.
     pub batches_per_hold: Histogram,
+    /// Statements the lock holders' writer sent, each one or more products' batches.
+    pub holder_statements: IntCounter,
     /// Where a batch's time goes, phase by phase (`batch_phase_seconds{phase}`).
     pub phases: BatchPhases,
 }
@@ -163,13 +166,17 @@ impl Metrics {
             ),
             batch_size: families.histogram(
                 "batch_size",
-                "Purchases sold in one transaction",
+                "Purchases in one batch of one product",
                 &COUNT_BUCKETS,
             ),
             batches_per_hold: families.histogram(
                 "batches_per_hold",
                 "Batches sold per lock hold",
                 &COUNT_BUCKETS,
+            ),
+            holder_statements: families.counter(
+                "holder_statements_total",
+                "Statements the lock holders' writer sent, each one or more products' batches",
             ),
             phases: BatchPhases {
                 queue: phase_seconds.with_label_values(&["queue"]),

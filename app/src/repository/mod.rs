@@ -27,7 +27,7 @@ pub use admin::{
 pub use reads::{ForSale, Order, ProductSales, find_product, order_of, product_sales};
 pub use sale::{
     BatchSnapshot, HeldRow, HolderBatch, HolderWrite, Sold, StockWrite, batch_snapshot, held_row,
-    restock_gen, sell_as_holder, sell_orders,
+    restock_gen, sell_as_holder, sell_many_as_holder, sell_orders,
 };
 
 /// Limits on the service's own sessions, so a hung or paused instance cannot freeze a

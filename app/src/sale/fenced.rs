@@ -6,7 +6,8 @@
 //! writes before its fence is refused). So the leader ([`Holder`]) does not read the row
 //! before a batch: it sells the batch with one statement that is its own transaction
 //! ([`repository::sell_as_holder`]), one round trip and one commit, against four for a batch
-//! without a lock of ours. Buyers who have an order already are left out (one probe of the
+//! without a lock of ours; the batches of several products that are ready at once share
+//! one statement ([`super::writer`]). Buyers who have an order already are left out (one probe of the
 //! unique index each); one guarded `UPDATE` takes exactly what the others ask and stores
 //! our fence, only if the row holds no fence above ours and its stock covers those orders;
 //! then their orders are inserted (an order of one of them committed meanwhile by an
@@ -43,6 +44,7 @@ use distlock::{Error as LockError, Fence, FencedGuard};
 use sqlx::PgPool;
 
 use super::batch::{Decision, allocate, sales};
+use super::writer::{HolderWriter, write_alone};
 use super::{Bought, PurchaseError, PurchaseRequest};
 use crate::domain::ProductId;
 use crate::metrics::Metrics;
@@ -89,6 +91,9 @@ pub(crate) fn lock_failed(error: LockError) -> PurchaseError {
 /// stale guard through the real write path.
 pub struct Holder<'a, G> {
     pool: &'a PgPool,
+    /// The instance's writer, which sends the batches of several products' holders as one
+    /// statement; `None`: this holder writes alone, on `pool`.
+    writer: Option<&'a HolderWriter>,
     metrics: &'a Metrics,
     guard: &'a G,
     product: ProductId,
@@ -102,11 +107,19 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
     pub fn new(pool: &'a PgPool, metrics: &'a Metrics, guard: &'a G, product: ProductId) -> Self {
         Self {
             pool,
+            writer: None,
             metrics,
             guard,
             product,
             row: None,
         }
+    }
+
+    /// Send the writes through `writer`, with other products' batches (reads stay on the
+    /// pool).
+    pub fn writing_through(mut self, writer: &'a HolderWriter) -> Self {
+        self.writer = Some(writer);
+        self
     }
 
     /// Sell one batch of `product`; one answer per request, in order. At most one statement
@@ -220,13 +233,13 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
             exact: plan.exact.map(|row| row.version),
             refused: &refused,
         };
-        // A connection first: failing to get one (none in time, or each closed as it was
-        // made) comes before the statement is sent, so nothing can have been written.
-        let mut conn = match self.pool.acquire().await {
-            Ok(conn) => conn,
-            Err(error) => return Attempt::Answered(all(requests, error.into())),
+        // Either way a connection comes first: failing to get one (none in time, or each
+        // closed as it was made) answers before the statement is sent.
+        let written = match self.writer {
+            Some(writer) => writer.write(self.product, batch).await,
+            None => write_alone(self.pool, self.product, batch).await,
         };
-        match repository::sell_as_holder(&mut conn, self.product, batch).await {
+        match written {
             Ok(HolderWrite::Committed {
                 row: left,
                 orders,
@@ -246,13 +259,9 @@ impl<'a, G: FencedGuard> Holder<'a, G> {
                 Err(error) => Attempt::Answered(all(requests, error)),
             },
             Err(error) => {
-                // The commit may or may not have happened: read the row again next time.
+                // The commit may have happened (`OutcomeUnknown`): read the row again next
+                // time.
                 self.row = None;
-                let error = if repository::may_have_committed(&error) {
-                    PurchaseError::OutcomeUnknown
-                } else {
-                    error.into()
-                };
                 Attempt::Answered(all(requests, error))
             }
         }

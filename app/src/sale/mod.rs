@@ -4,7 +4,8 @@
 //!    products and sold-out answers never reach a desk, a lock or Redis.
 //! 2. `desk`: the purchase queues at its product's desk, where one leader task per
 //!    instance sells batches of purchases, each in one transaction ([`fenced`] under a
-//!    lock of ours, [`batch`] otherwise).
+//!    lock of ours, [`batch`] otherwise). Under a lock, the batches of several products
+//!    that are ready at once are written by one statement ([`writer`]).
 //! 3. The strategy decides how batches of different instances are kept apart ([`exclusion`],
 //!    which also connects each lock backend at start-up):
 //!
@@ -29,6 +30,7 @@ pub mod exclusion;
 pub mod fenced;
 pub(crate) mod lookups;
 pub(crate) mod restocks;
+pub mod writer;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -204,6 +206,7 @@ impl Sale {
         );
         let desks = Arc::new(DeskShared {
             pool: parts.pool.clone(),
+            writer: writer::HolderWriter::start(parts.holders_pool.clone(), parts.metrics.clone()),
             holders_pool: parts.holders_pool,
             bounds: parts.bounds,
             exclusion: parts.exclusion,

@@ -338,7 +338,7 @@ pub struct LockSettings {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Sale")]
 pub struct SaleSettings {
-    /// Most purchases sold in one transaction: a batch takes whatever waits, up to this, so
+    /// Most purchases in one batch of a product: a batch takes whatever waits, up to this, so
     /// batches grow only while the queue is long. 1 sells one purchase per lock hold and per
     /// transaction: the per-request baseline.
     #[arg(

@@ -12,6 +12,7 @@ mod consensus;
 mod fencing;
 mod health;
 mod helpers;
+mod holders_together;
 mod listeners;
 mod openapi;
 mod outcomes;

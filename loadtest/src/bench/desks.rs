@@ -14,6 +14,8 @@ pub(crate) struct Desks {
     pub buyers: f64,
     /// Locks taken by desk leaders (`seckill_lock_acquisitions_total`).
     pub holds: f64,
+    /// Statements the lock holders' writer sent (`seckill_holder_statements_total`).
+    pub statements: f64,
     /// Seconds spent in batches' database work (`seckill_batch_phase_seconds_sum` of the
     /// `write` phase).
     pub write_seconds: f64,
@@ -50,6 +52,7 @@ impl Desks {
             batches: value("seckill_batch_size_count"),
             buyers: value("seckill_batch_size_sum"),
             holds: value("seckill_lock_acquisitions_total"),
+            statements: value("seckill_holder_statements_total"),
             write_seconds: value("seckill_batch_phase_seconds_sum{phase=\"write\"}"),
         }
     }
@@ -59,6 +62,7 @@ impl Desks {
             batches: self.batches + other.batches,
             buyers: self.buyers + other.buyers,
             holds: self.holds + other.holds,
+            statements: self.statements + other.statements,
             write_seconds: self.write_seconds + other.write_seconds,
         }
     }
@@ -69,21 +73,30 @@ impl Desks {
             batches: self.batches - before.batches,
             buyers: self.buyers - before.buyers,
             holds: self.holds - before.holds,
+            statements: self.statements - before.statements,
             write_seconds: self.write_seconds - before.write_seconds,
         }
     }
 
-    /// One line: batches per second and their mean size, lock holds per 1,000 orders, and
-    /// the mean write of a batch; `orders` sold over `seconds`.
+    /// One line: batches per second and their mean size, lock holds per 1,000 orders, the
+    /// mean write of a batch, and (under a lock) batches per statement; `orders` sold over
+    /// `seconds`.
     pub(crate) fn summary(&self, orders: f64, seconds: f64) -> String {
         let per = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
-        format!(
+        let mut line = format!(
             "desks: {:.0} batches/s of {:.1} buyers, {:.1} lock holds per 1,000 orders, {:.2} ms per batch's write",
             per(self.batches, seconds),
             per(self.buyers, self.batches),
             per(self.holds * 1000.0, orders),
             per(self.write_seconds * 1000.0, self.batches),
-        )
+        );
+        if self.statements > 0.0 {
+            line.push_str(&format!(
+                ", {:.1} batches per statement",
+                per(self.batches, self.statements)
+            ));
+        }
+        line
     }
 }
 
@@ -96,19 +109,21 @@ mod tests {
     #[test]
     fn a_runs_desk_figures_come_from_two_readings_of_the_metrics() {
         let before = Desks::parse(
-            "# HELP seckill_batch_size Purchases sold in one transaction\n\
+            "# HELP seckill_batch_size Purchases in one batch of one product\n\
              seckill_batch_size_bucket{le=\"1\"} 3\n\
              seckill_batch_size_sum 40\n\
              seckill_batch_size_count 4\n\
              seckill_batch_phase_seconds_sum{phase=\"queue\"} 9\n\
              seckill_batch_phase_seconds_sum{phase=\"write\"} 0.5\n\
-             seckill_lock_acquisitions_total 2\n",
+             seckill_lock_acquisitions_total 2\n\
+             seckill_holder_statements_total 3\n",
         );
         let after = Desks::parse(
             "seckill_batch_size_sum 1040\n\
              seckill_batch_size_count 24\n\
              seckill_batch_phase_seconds_sum{phase=\"write\"} 0.7\n\
-             seckill_lock_acquisitions_total 12\n",
+             seckill_lock_acquisitions_total 12\n\
+             seckill_holder_statements_total 8\n",
         );
         let run = after.since(before);
         assert_eq!(run.batches, 20.0);
@@ -117,7 +132,7 @@ mod tests {
         assert!((run.write_seconds - 0.2).abs() < 1e-9);
         assert_eq!(
             run.summary(1000.0, 2.0),
-            "desks: 10 batches/s of 50.0 buyers, 10.0 lock holds per 1,000 orders, 10.00 ms per batch's write"
+            "desks: 10 batches/s of 50.0 buyers, 10.0 lock holds per 1,000 orders, 10.00 ms per batch's write, 4.0 batches per statement"
         );
         assert_eq!(Desks::parse("").batches, 0.0);
     }

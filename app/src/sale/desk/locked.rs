@@ -103,7 +103,8 @@ impl Leader {
     ) -> bool {
         let held_since = Instant::now();
         let shared = Arc::clone(&self.shared);
-        let mut holder = Holder::new(&shared.holders_pool, &shared.metrics, guard, self.product);
+        let mut holder = Holder::new(&shared.holders_pool, &shared.metrics, guard, self.product)
+            .writing_through(&shared.writer);
         let mut batches = 0;
         let still_waiting = loop {
             let batch = self.take_batch();

@@ -52,6 +52,8 @@ pub(crate) struct DeskShared {
     /// Where a lock holder's batches run: its sessions keep a generic plan of the one
     /// statement, which never scans a table (see `startup::holder_sessions`).
     pub(crate) holders_pool: PgPool,
+    /// Writes the lock holders' batches, several products' in one statement.
+    pub(crate) writer: super::writer::HolderWriter,
     pub(crate) bounds: SessionBounds,
     pub(crate) exclusion: Exclusion,
     /// `REDIS_KEY_PREFIX`, before the lock key.

@@ -1,0 +1,250 @@
+//! Several lock holders' batches in one statement (`repository::sell_many_as_holder`, sent by
+//! the instance's writer): each product's batch is decided by its own row, as if written
+//! alone, and a conflict that undoes the statement leaves each batch to be written alone.
+
+use seckill::domain::ProductId;
+use seckill::repository::{HolderBatch, HolderWrite, sell_as_holder, sell_many_as_holder};
+use sqlx::PgPool;
+
+/// Product `id`'s row: `stock`, `fence`, and `version`.
+async fn product(pool: &PgPool, id: i64, stock: i64, fence: i64, version: i64) -> ProductId {
+    sqlx::query(
+        "INSERT INTO products (id, name, stock, fence, version) VALUES ($1, 'p' || $1, $2, $3, $4)",
+    )
+    .bind(id)
+    .bind(stock)
+    .bind(fence)
+    .bind(version)
+    .execute(pool)
+    .await
+    .unwrap();
+    ProductId::parse(&id.to_string()).unwrap()
+}
+
+async fn order(pool: &PgPool, product: i64, user: i64) {
+    sqlx::query("INSERT INTO orders (product_id, user_id, quantity) VALUES ($1, $2, 1)")
+        .bind(product)
+        .bind(user)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// `(stock, fence, version)` of a product, and the users with an order of it.
+async fn state(pool: &PgPool, id: i64) -> ((i64, i64, i64), Vec<i64>) {
+    let row = sqlx::query_as("SELECT stock, fence, version FROM products WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let users =
+        sqlx::query_scalar("SELECT user_id FROM orders WHERE product_id = $1 ORDER BY user_id")
+            .bind(id)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    (row, users)
+}
+
+fn batch<'a>(
+    users: &'a [i64],
+    quantities: &'a [i32],
+    fence: i64,
+    exact: Option<i64>,
+    refused: &'a [i64],
+) -> HolderBatch<'a> {
+    HolderBatch {
+        users,
+        quantities,
+        fence,
+        exact,
+        refused,
+    }
+}
+
+/// The users a write committed orders for, sorted; `None` for `NotWritten`.
+fn sold_to(write: &HolderWrite) -> Option<Vec<i64>> {
+    match write {
+        HolderWrite::Committed { orders, .. } => {
+            let mut users: Vec<i64> = orders.iter().map(|(u, _)| *u).collect();
+            users.sort_unstable();
+            Some(users)
+        }
+        HolderWrite::NotWritten => None,
+    }
+}
+
+/// Six products in one statement, each refused or written for a reason of its own row: the
+/// statement writes exactly the ones that a statement of their own would have written, and
+/// each answer says what that statement would have said.
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn one_statement_decides_each_products_batch_by_its_own_row(pool: PgPool) {
+    // Arrange: (1) plenty; (2) a fence above the batch's; (3) stock short of the batch;
+    // (4) an exact allocation against a version the row has left; (5) a buyer with an
+    // order already, and a refused buyer with one; (6) an exact allocation that holds.
+    let plenty = product(&pool, 1, 10, 0, 0).await;
+    let fenced_off = product(&pool, 2, 10, 9, 0).await;
+    let short = product(&pool, 3, 1, 0, 0).await;
+    let moved = product(&pool, 4, 10, 0, 7).await;
+    let bought = product(&pool, 5, 10, 0, 0).await;
+    let exact = product(&pool, 6, 2, 0, 3).await;
+    order(&pool, 5, 51).await;
+    order(&pool, 5, 59).await;
+    let (one, two) = ([1, 1], [1, 2]);
+
+    // Act
+    let writes = sell_many_as_holder(
+        &mut pool.acquire().await.unwrap(),
+        &[
+            (plenty, batch(&[11, 12], &one, 5, None, &[])),
+            (fenced_off, batch(&[21], &one[..1], 5, None, &[])),
+            (short, batch(&[31, 32], &one, 5, None, &[])),
+            (moved, batch(&[41], &one[..1], 5, Some(6), &[])),
+            (bought, batch(&[51, 52], &two, 5, None, &[59, 58])),
+            (exact, batch(&[61], &two[1..], 5, Some(3), &[62])),
+        ],
+    )
+    .await
+    .unwrap();
+
+    // Assert: the answers, in the batches' order.
+    let answers: Vec<Option<Vec<i64>>> = writes.iter().map(sold_to).collect();
+    assert_eq!(
+        answers,
+        [
+            Some(vec![11, 12]),
+            None,
+            None,
+            None,
+            Some(vec![52]),
+            Some(vec![61])
+        ]
+    );
+    match &writes[4] {
+        HolderWrite::Committed { row, bought, .. } => {
+            assert_eq!((row.stock, row.version, row.fence), (8, 1, 5));
+            assert_eq!(bought, &[59], "refused buyers who had an order before");
+        }
+        other => panic!("{other:?}"),
+    }
+    match &writes[0] {
+        HolderWrite::Committed { row, bought, .. } => {
+            assert_eq!((row.stock, row.version), (8, 1));
+            assert!(bought.is_empty());
+        }
+        other => panic!("{other:?}"),
+    }
+    // And the rows: written ones took their units and the fence; the others are untouched.
+    assert_eq!(state(&pool, 1).await, ((8, 5, 1), vec![11, 12]));
+    assert_eq!(state(&pool, 2).await, ((10, 9, 0), vec![]));
+    assert_eq!(state(&pool, 3).await, ((1, 0, 0), vec![]));
+    assert_eq!(state(&pool, 4).await, ((10, 0, 7), vec![]));
+    assert_eq!(state(&pool, 5).await, ((8, 5, 1), vec![51, 52, 59]));
+    assert_eq!(state(&pool, 6).await, ((0, 5, 4), vec![61]));
+}
+
+/// The same six cases, each written by a statement of its own: the answers and rows the
+/// statement over all of them gave (the test above) are these.
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn each_product_alone_gives_the_same_answers(pool: PgPool) {
+    let ids = [
+        product(&pool, 1, 10, 0, 0).await,
+        product(&pool, 2, 10, 9, 0).await,
+        product(&pool, 3, 1, 0, 0).await,
+        product(&pool, 4, 10, 0, 7).await,
+        product(&pool, 5, 10, 0, 0).await,
+        product(&pool, 6, 2, 0, 3).await,
+    ];
+    order(&pool, 5, 51).await;
+    order(&pool, 5, 59).await;
+    let (one, two) = ([1, 1], [1, 2]);
+    let batches = [
+        batch(&[11, 12], &one, 5, None, &[]),
+        batch(&[21], &one[..1], 5, None, &[]),
+        batch(&[31, 32], &one, 5, None, &[]),
+        batch(&[41], &one[..1], 5, Some(6), &[]),
+        batch(&[51, 52], &two, 5, None, &[59, 58]),
+        batch(&[61], &two[1..], 5, Some(3), &[62]),
+    ];
+    let mut answers = Vec::new();
+    for (id, batch) in ids.into_iter().zip(batches) {
+        let write = sell_as_holder(&mut pool.acquire().await.unwrap(), id, batch)
+            .await
+            .unwrap();
+        answers.push(sold_to(&write));
+    }
+    assert_eq!(
+        answers,
+        [
+            Some(vec![11, 12]),
+            None,
+            None,
+            None,
+            Some(vec![52]),
+            Some(vec![61])
+        ]
+    );
+    assert_eq!(state(&pool, 5).await, ((8, 5, 1), vec![51, 52, 59]));
+    assert_eq!(state(&pool, 6).await, ((0, 5, 4), vec![61]));
+}
+
+/// An overlapping writer commits an order of a buyer in the statement after it began (a
+/// stale holder of product 1): the statement is undone by the unique index, and each batch
+/// is then written alone, so product 2's buyers still get theirs and product 1's buyer
+/// whose order the other writer made is left out.
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn an_overlapping_writers_order_leaves_each_batch_to_be_written_alone(pool: PgPool) {
+    // Arrange: two products, and another writer's order of buyer 11 of product 1, inserted
+    // and not yet committed: the statement will wait for it on the unique index.
+    let first = product(&pool, 1, 10, 0, 0).await;
+    let second = product(&pool, 2, 10, 0, 0).await;
+    let mut other = pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO orders (product_id, user_id, quantity) VALUES (1, 11, 1)")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+
+    // Act: the statement, which blocks on buyer 11's index entry until the other commits.
+    let writing = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let one = [1, 1];
+            sell_many_as_holder(
+                &mut pool.acquire().await.unwrap(),
+                &[
+                    (first, batch(&[11, 12], &one, 5, None, &[])),
+                    (second, batch(&[21, 22], &one, 5, None, &[])),
+                ],
+            )
+            .await
+        })
+    };
+    // Until the statement waits on the other's lock.
+    let waited = async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), waited)
+        .await
+        .expect("the statement waits for the other writer's order");
+    other.commit().await.unwrap();
+    let writes = writing.await.unwrap().unwrap();
+
+    // Assert: each batch written as if alone: buyer 11 left out (their order is the other
+    // writer's), buyer 12 and product 2's buyers sold to.
+    let answers: Vec<Option<Vec<i64>>> = writes.iter().map(sold_to).collect();
+    assert_eq!(answers, [Some(vec![12]), Some(vec![21, 22])]);
+    assert_eq!(state(&pool, 1).await, ((9, 5, 1), vec![11, 12]));
+    assert_eq!(state(&pool, 2).await, ((8, 5, 1), vec![21, 22]));
+}
