@@ -422,6 +422,9 @@ async fn bound_sessions(pool: &PgPool, database: &DatabaseSettings) {
 /// The longest a healthy batch can take: waiting for a connection, then its four
 /// statements (begin, read, insert-and-write, commit; a lock holder's batch sends at most
 /// four, usually one), each bounded by `statement_timeout` on the server, plus the work.
+/// The lock holders' writer bounds each of its statements by the same (with, when one is
+/// refused, the writes of its batches one by one): past it, every batch in it is answered
+/// `outcome_unknown`.
 fn batch_timeout(database: &DatabaseSettings, work: Duration) -> Duration {
     database.acquire_timeout + database.statement_timeout * 4 + work
 }

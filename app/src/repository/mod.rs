@@ -11,13 +11,15 @@
 //! against a database the migrations ran in (see the README).
 //!
 //! One file per what the SQL serves: `sale.rs` the statements of a batch (read, allocate,
-//! write, as a transaction's steps or as a lock holder's one statement), `admin.rs` the admin
+//! write, as a transaction's steps or as a lock holder's one statement), `together.rs` the
+//! lock holders' batches of several products in one statement, `admin.rs` the admin
 //! writes (with their idempotency keys and the stock ledger), `reads.rs` the public reads.
 //! This file holds what they share: the session bounds, `begin`, and how an error is read.
 
 mod admin;
 mod reads;
 mod sale;
+mod together;
 
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
@@ -27,8 +29,9 @@ pub use admin::{
 pub use reads::{ForSale, Order, ProductSales, find_product, order_of, product_sales};
 pub use sale::{
     BatchSnapshot, HeldRow, HolderBatch, HolderWrite, Sold, StockWrite, batch_snapshot, held_row,
-    restock_gen, sell_as_holder, sell_many_as_holder, sell_orders,
+    restock_gen, sell_as_holder, sell_orders,
 };
+pub use together::sell_many_as_holder;
 
 /// Limits on the service's own sessions, so a hung or paused instance cannot freeze a
 /// product: set on every session of the service's pool (`startup`), and again at the start of

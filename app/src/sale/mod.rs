@@ -206,7 +206,11 @@ impl Sale {
         );
         let desks = Arc::new(DeskShared {
             pool: parts.pool.clone(),
-            writer: writer::HolderWriter::start(parts.holders_pool.clone(), parts.metrics.clone()),
+            writer: writer::HolderWriter::start(
+                parts.holders_pool.clone(),
+                parts.batch_timeout,
+                parts.metrics.clone(),
+            ),
             holders_pool: parts.holders_pool,
             bounds: parts.bounds,
             exclusion: parts.exclusion,

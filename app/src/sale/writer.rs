@@ -11,12 +11,18 @@
 //! statement writes only the products whose holders sent a batch.
 //!
 //! [`WRITERS`] statements may be in flight at once, each on its own connection of the
-//! holders' pool. A holder that stops waiting (its batch timed out) has its batch dropped if
-//! no statement has taken it yet, so nothing is written for buyers it already answered;
-//! one already sent may still commit, as when a holder writes alone.
+//! holders' pool, so a batch goes at once when a writer is idle and otherwise waits for the
+//! first to finish. A statement's batches are sorted by product, so that every such
+//! statement takes its rows' locks in one order. Each statement, with the writes of its
+//! batches one by one when it was refused, is bounded by the batch time-out (a database that
+//! stops answering at the network level cannot hold a writer): past it every batch of the
+//! statement is answered `OutcomeUnknown`. A holder that stops waiting (its batch timed out)
+//! has its batch dropped if no statement has taken it yet, so nothing is written for buyers
+//! it already answered; one taken may still commit, as when a holder writes alone.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::sync::{Mutex, mpsc, oneshot};
@@ -76,8 +82,9 @@ struct Waiting {
 
 impl HolderWriter {
     /// Start [`WRITERS`] writing tasks on the current tokio runtime, writing on `pool` (the
-    /// holders' pool) and counting their statements in `metrics`.
-    pub fn start(pool: PgPool, metrics: Metrics) -> Self {
+    /// holders' pool), each statement bounded by `batch_timeout`, and counting their
+    /// statements in `metrics`.
+    pub fn start(pool: PgPool, batch_timeout: Duration, metrics: Metrics) -> Self {
         let (sender, jobs) = mpsc::unbounded_channel();
         let waiting = Arc::new(Mutex::new(Waiting {
             jobs,
@@ -86,6 +93,7 @@ impl HolderWriter {
         for _ in 0..WRITERS {
             tokio::spawn(write_batches(
                 pool.clone(),
+                batch_timeout,
                 Arc::clone(&waiting),
                 metrics.clone(),
             ));
@@ -106,36 +114,36 @@ impl HolderWriter {
             reply,
         };
         if self.jobs.send(job).is_err() {
+            // Nothing was sent.
             return Err(PurchaseError::Internal(
                 "the batch writer has stopped".into(),
             ));
         }
-        answer.await.unwrap_or(Err(PurchaseError::Internal(
-            "the batch writer has stopped".into(),
-        )))
+        // A writer that stopped without an answer (the runtime shutting down) may have sent
+        // the statement.
+        answer.await.unwrap_or(Err(PurchaseError::OutcomeUnknown))
     }
 }
 
 /// One writing task: take what is ready, write it, answer each holder; until every handle
 /// on the writer is gone.
-async fn write_batches(pool: PgPool, waiting: Arc<Mutex<Waiting>>, metrics: Metrics) {
+async fn write_batches(
+    pool: PgPool,
+    batch_timeout: Duration,
+    waiting: Arc<Mutex<Waiting>>,
+    metrics: Metrics,
+) {
     while let Some(jobs) = next_statement(&waiting).await {
         metrics.holder_statements.inc();
         let batches: Vec<(ProductId, HolderBatch<'_>)> =
             jobs.iter().map(|job| (job.product, job.batch())).collect();
-        let written = write_together(&pool, &batches).await;
+        let written = tokio::time::timeout(batch_timeout, write_together(&pool, &batches))
+            .await
+            // Cut short with a statement in flight: it may still commit.
+            .unwrap_or_else(|_| vec![Err(PurchaseError::OutcomeUnknown); batches.len()]);
         drop(batches);
-        match written {
-            Ok(writes) => {
-                for (job, write) in jobs.into_iter().zip(writes) {
-                    let _ = job.reply.send(Ok(write));
-                }
-            }
-            Err(error) => {
-                for job in jobs {
-                    let _ = job.reply.send(Err(error.clone()));
-                }
-            }
+        for (job, write) in jobs.into_iter().zip(written) {
+            let _ = job.reply.send(write);
         }
     }
 }
@@ -170,30 +178,39 @@ async fn next_statement(waiting: &Mutex<Waiting>) -> Option<Vec<Job>> {
         consider(job, &mut taken, &mut still_deferred);
     }
     *deferred = still_deferred;
+    taken.sort_by_key(|job| job.product.get());
     Some(taken)
 }
 
-/// Write `batches` (one per product) as one statement, or one alone as
-/// [`repository::sell_as_holder`]; a connection first, so that failing to get one answers
-/// before anything is sent.
-async fn write_together(
-    pool: &PgPool,
-    batches: &[(ProductId, HolderBatch<'_>)],
-) -> Result<Vec<HolderWrite>, PurchaseError> {
-    let mut conn = pool.acquire().await?;
-    let written = match batches {
-        [(product, batch)] => repository::sell_as_holder(&mut conn, *product, *batch)
-            .await
-            .map(|write| vec![write]),
-        _ => repository::sell_many_as_holder(&mut conn, batches).await,
+/// Write `batches` (one per product, sorted by product) as one statement, or one alone as
+/// [`repository::sell_as_holder`]; one answer per batch, in order. A connection first, so
+/// that failing to get one answers before anything is sent.
+async fn write_together(pool: &PgPool, batches: &[(ProductId, HolderBatch<'_>)]) -> Vec<Written> {
+    let mut conn = match pool.acquire().await {
+        Ok(conn) => conn,
+        Err(error) => return vec![Err(error.into()); batches.len()],
     };
-    written.map_err(|error| {
-        if repository::may_have_committed(&error) {
-            PurchaseError::OutcomeUnknown
-        } else {
-            error.into()
-        }
-    })
+    match batches {
+        [(product, batch)] => vec![
+            repository::sell_as_holder(&mut conn, *product, *batch)
+                .await
+                .map_err(answer),
+        ],
+        _ => match repository::sell_many_as_holder(&mut conn, batches).await {
+            Ok(writes) => writes.into_iter().map(|w| w.map_err(answer)).collect(),
+            Err(lost) => vec![Err(answer(lost)); batches.len()],
+        },
+    }
+}
+
+/// What a batch's buyers are told of a statement's error: `OutcomeUnknown` when it may have
+/// committed, else the error's own answer.
+fn answer(error: sqlx::Error) -> PurchaseError {
+    if repository::may_have_committed(&error) {
+        PurchaseError::OutcomeUnknown
+    } else {
+        error.into()
+    }
 }
 
 /// A holder's batch written alone on `pool`, without a writer (tests drive a holder so).
@@ -202,9 +219,8 @@ pub(crate) async fn write_alone(
     product: ProductId,
     batch: HolderBatch<'_>,
 ) -> Written {
-    write_together(pool, &[(product, batch)])
-        .await
-        .map(|mut writes| writes.remove(0))
+    let mut written = write_together(pool, &[(product, batch)]).await;
+    written.remove(0)
 }
 
 #[cfg(test)]
@@ -230,7 +246,7 @@ mod tests {
     }
 
     /// A statement takes what is ready, one batch per product (a second batch of a product
-    /// waits for the next statement, and goes first in it), and never a batch whose holder
+    /// waits for the next statement), sorted by product, and never a batch whose holder
     /// stopped waiting.
     #[tokio::test]
     async fn a_statement_takes_one_batch_per_product_and_none_nobody_waits_for() {
@@ -240,7 +256,7 @@ mod tests {
             deferred: VecDeque::new(),
         });
         let mut answers = Vec::new();
-        for product in ["1", "2", "1", "3"] {
+        for product in ["2", "1", "2", "3"] {
             let (job, answer) = job(product);
             sender.send(job).unwrap();
             answers.push(answer);
@@ -250,10 +266,10 @@ mod tests {
 
         let first = next_statement(&waiting).await.unwrap();
         assert_eq!(products(&first), [1, 2]);
-        let (job_four, _answer) = job("4");
-        sender.send(job_four).unwrap();
+        let (job_zero, _answer) = job("4");
+        sender.send(job_zero).unwrap();
         let second = next_statement(&waiting).await.unwrap();
-        assert_eq!(products(&second), [1, 4]);
+        assert_eq!(products(&second), [2, 4]);
 
         drop(sender);
         assert!(

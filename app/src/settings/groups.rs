@@ -87,8 +87,9 @@ pub struct DatabaseSettings {
     pub migrate_only: bool,
 
     /// Size of the PostgreSQL connection pool. Lock holders' batches (the lock strategies)
-    /// have a pool of their own of the same size, which opens a connection only when a
-    /// holder needs one: about one per product being sold.
+    /// have a pool of their own of the same size, which opens a connection only when one is
+    /// needed: two at most for their writes (the instance's writer), and one for each holder
+    /// reading its product's row.
     #[arg(
         long = "database-max-connections",
         id = "database_max_connections",

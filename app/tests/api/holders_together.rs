@@ -62,6 +62,14 @@ fn batch<'a>(
     }
 }
 
+/// Each batch's write, every one of them written or refused by its row (no error).
+fn each(writes: Vec<sqlx::Result<HolderWrite>>) -> Vec<HolderWrite> {
+    writes
+        .into_iter()
+        .map(|w| w.expect("a write, not an error"))
+        .collect()
+}
+
 /// The users a write committed orders for, sorted; `None` for `NotWritten`.
 fn sold_to(write: &HolderWrite) -> Option<Vec<i64>> {
     match write {
@@ -74,22 +82,26 @@ fn sold_to(write: &HolderWrite) -> Option<Vec<i64>> {
     }
 }
 
-/// Six products in one statement, each refused or written for a reason of its own row: the
-/// statement writes exactly the ones that a statement of their own would have written, and
-/// each answer says what that statement would have said.
+/// Seven products in one statement, each refused or written for a reason of its own row:
+/// the statement writes exactly the ones that a statement of their own would have written,
+/// and each answer says what that statement would have said.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn one_statement_decides_each_products_batch_by_its_own_row(pool: PgPool) {
     // Arrange: (1) plenty; (2) a fence above the batch's; (3) stock short of the batch;
     // (4) an exact allocation against a version the row has left; (5) a buyer with an
-    // order already, and a refused buyer with one; (6) an exact allocation that holds.
+    // order already, and a refused buyer with one; (6) an exact allocation that holds;
+    // (7) an exact allocation at the row's version, to a buyer who has an order already
+    // (its sold_out answers would not stand: nothing is written).
     let plenty = product(&pool, 1, 10, 0, 0).await;
     let fenced_off = product(&pool, 2, 10, 9, 0).await;
     let short = product(&pool, 3, 1, 0, 0).await;
     let moved = product(&pool, 4, 10, 0, 7).await;
     let bought = product(&pool, 5, 10, 0, 0).await;
     let exact = product(&pool, 6, 2, 0, 3).await;
+    let exact_bought = product(&pool, 7, 2, 0, 3).await;
     order(&pool, 5, 51).await;
     order(&pool, 5, 59).await;
+    order(&pool, 7, 71).await;
     let (one, two) = ([1, 1], [1, 2]);
 
     // Act
@@ -102,10 +114,12 @@ async fn one_statement_decides_each_products_batch_by_its_own_row(pool: PgPool) 
             (moved, batch(&[41], &one[..1], 5, Some(6), &[])),
             (bought, batch(&[51, 52], &two, 5, None, &[59, 58])),
             (exact, batch(&[61], &two[1..], 5, Some(3), &[62])),
+            (exact_bought, batch(&[71, 72], &one, 5, Some(3), &[])),
         ],
     )
     .await
     .unwrap();
+    let writes = each(writes);
 
     // Assert: the answers, in the batches' order.
     let answers: Vec<Option<Vec<i64>>> = writes.iter().map(sold_to).collect();
@@ -117,7 +131,8 @@ async fn one_statement_decides_each_products_batch_by_its_own_row(pool: PgPool) 
             None,
             None,
             Some(vec![52]),
-            Some(vec![61])
+            Some(vec![61]),
+            None
         ]
     );
     match &writes[4] {
@@ -141,9 +156,10 @@ async fn one_statement_decides_each_products_batch_by_its_own_row(pool: PgPool) 
     assert_eq!(state(&pool, 4).await, ((10, 0, 7), vec![]));
     assert_eq!(state(&pool, 5).await, ((8, 5, 1), vec![51, 52, 59]));
     assert_eq!(state(&pool, 6).await, ((0, 5, 4), vec![61]));
+    assert_eq!(state(&pool, 7).await, ((2, 0, 3), vec![71]));
 }
 
-/// The same six cases, each written by a statement of its own: the answers and rows the
+/// The same seven cases, each written by a statement of its own: the answers and rows the
 /// statement over all of them gave (the test above) are these.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn each_product_alone_gives_the_same_answers(pool: PgPool) {
@@ -154,9 +170,11 @@ async fn each_product_alone_gives_the_same_answers(pool: PgPool) {
         product(&pool, 4, 10, 0, 7).await,
         product(&pool, 5, 10, 0, 0).await,
         product(&pool, 6, 2, 0, 3).await,
+        product(&pool, 7, 2, 0, 3).await,
     ];
     order(&pool, 5, 51).await;
     order(&pool, 5, 59).await;
+    order(&pool, 7, 71).await;
     let (one, two) = ([1, 1], [1, 2]);
     let batches = [
         batch(&[11, 12], &one, 5, None, &[]),
@@ -165,6 +183,7 @@ async fn each_product_alone_gives_the_same_answers(pool: PgPool) {
         batch(&[41], &one[..1], 5, Some(6), &[]),
         batch(&[51, 52], &two, 5, None, &[59, 58]),
         batch(&[61], &two[1..], 5, Some(3), &[62]),
+        batch(&[71, 72], &one, 5, Some(3), &[]),
     ];
     let mut answers = Vec::new();
     for (id, batch) in ids.into_iter().zip(batches) {
@@ -181,11 +200,13 @@ async fn each_product_alone_gives_the_same_answers(pool: PgPool) {
             None,
             None,
             Some(vec![52]),
-            Some(vec![61])
+            Some(vec![61]),
+            None
         ]
     );
     assert_eq!(state(&pool, 5).await, ((8, 5, 1), vec![51, 52, 59]));
     assert_eq!(state(&pool, 6).await, ((0, 5, 4), vec![61]));
+    assert_eq!(state(&pool, 7).await, ((2, 0, 3), vec![71]));
 }
 
 /// An overlapping writer commits an order of a buyer in the statement after it began (a
@@ -239,7 +260,7 @@ async fn an_overlapping_writers_order_leaves_each_batch_to_be_written_alone(pool
         .await
         .expect("the statement waits for the other writer's order");
     other.commit().await.unwrap();
-    let writes = writing.await.unwrap().unwrap();
+    let writes = each(writing.await.unwrap().unwrap());
 
     // Assert: each batch written as if alone: buyer 11 left out (their order is the other
     // writer's), buyer 12 and product 2's buyers sold to.
@@ -247,4 +268,111 @@ async fn an_overlapping_writers_order_leaves_each_batch_to_be_written_alone(pool
     assert_eq!(answers, [Some(vec![12]), Some(vec![21, 22])]);
     assert_eq!(state(&pool, 1).await, ((9, 5, 1), vec![11, 12]));
     assert_eq!(state(&pool, 2).await, ((8, 5, 1), vec![21, 22]));
+}
+
+/// One product of the statement is not on sale yet (its orders are refused by the database,
+/// SQLSTATE SK409, which undoes the whole statement): that product's batch gets that error,
+/// and the others are written as if alone.
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_product_refused_by_the_database_leaves_the_others_written(pool: PgPool) {
+    let open = product(&pool, 1, 10, 0, 0).await;
+    let not_yet = product(&pool, 2, 10, 0, 0).await;
+    let also_open = product(&pool, 3, 10, 0, 0).await;
+    sqlx::query("UPDATE products SET on_sale_at = now() + interval '1 hour' WHERE id = 2")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let one = [1, 1];
+
+    let writes = sell_many_as_holder(
+        &mut pool.acquire().await.unwrap(),
+        &[
+            (open, batch(&[11, 12], &one, 5, None, &[])),
+            (not_yet, batch(&[21, 22], &one, 5, None, &[])),
+            (also_open, batch(&[31], &one[..1], 5, None, &[])),
+        ],
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(writes.len(), 3);
+    assert_eq!(
+        writes[0].as_ref().ok().and_then(sold_to),
+        Some(vec![11, 12])
+    );
+    let refused = writes[1].as_ref().unwrap_err();
+    assert_eq!(
+        refused
+            .as_database_error()
+            .and_then(|e| e.code())
+            .as_deref(),
+        Some("SK409"),
+        "{refused}"
+    );
+    assert_eq!(writes[2].as_ref().ok().and_then(sold_to), Some(vec![31]));
+    assert_eq!(state(&pool, 1).await, ((8, 5, 1), vec![11, 12]));
+    assert_eq!(state(&pool, 2).await, ((10, 0, 0), vec![]));
+    assert_eq!(state(&pool, 3).await, ((9, 5, 1), vec![31]));
+}
+
+/// A statement as large as a writer sends (64 products), each product's batch with 128
+/// buyers sold to and 128 refused, half of whom had an order: every product is written with
+/// its 128 orders, and each is told exactly its own refused buyers who had one. On a session
+/// of the lock holders' pool, as the writer sends it (one generic plan, no sequential scan).
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_full_statement_answers_every_product_with_its_own_buyers(pool: PgPool) {
+    let mut ids = Vec::new();
+    for id in 1..=64 {
+        ids.push(product(&pool, id, 1_000, 0, 0).await);
+    }
+    // Refused buyers 1000..1127 of each product; the even ones had an order.
+    sqlx::query(
+        "INSERT INTO orders (product_id, user_id, quantity)
+         SELECT p, u, 1 FROM generate_series(1, 64) p, generate_series(1000, 1126, 2) u",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let users: Vec<Vec<i64>> = (1..=64)
+        .map(|p| (0..128).map(|u| p * 10_000 + u).collect())
+        .collect();
+    let refused: Vec<i64> = (1000..1128).collect();
+    let quantities = vec![1; 128];
+    let batches: Vec<_> = ids
+        .iter()
+        .zip(&users)
+        .map(|(id, users)| (*id, batch(users, &quantities, 5, None, &refused)))
+        .collect();
+
+    let holders = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(seckill::startup::holder_sessions(&pool))
+        .await
+        .unwrap();
+    let writes = each(
+        sell_many_as_holder(&mut holders.acquire().await.unwrap(), &batches)
+            .await
+            .unwrap(),
+    );
+
+    let had_one: Vec<i64> = (1000..1128).step_by(2).collect();
+    for (write, users) in writes.iter().zip(&users) {
+        match write {
+            HolderWrite::Committed {
+                row,
+                orders,
+                bought,
+                ..
+            } => {
+                assert_eq!(row.stock, 1_000 - 128);
+                let mut sold: Vec<i64> = orders.iter().map(|(u, _)| *u).collect();
+                sold.sort_unstable();
+                assert_eq!(&sold, users);
+                let mut bought = bought.clone();
+                bought.sort_unstable();
+                assert_eq!(bought, had_one);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
