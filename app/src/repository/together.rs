@@ -13,12 +13,16 @@ use crate::domain::ProductId;
 /// nothing leaves the others written. A product must appear once; callers pass the batches
 /// sorted by product, so that every such statement takes its rows' locks in one order.
 ///
-/// The answers come one per batch, in the order of `batches`. When the statement fails with
-/// an error the server answered (it was rolled back: one product's sale not open yet, a
-/// row lock or statement time-out, an overlapping writer's order of one of the buyers, a
-/// deadlock), each batch is written alone, in order, on the same connection, so that only
-/// its own conditions decide it: each gets its own write or its own error. `Err`: the
-/// statement's answer was lost, and it may have committed (see `may_have_committed`);
+/// The answers come one per batch, in the order of `batches`. When PostgreSQL refuses the
+/// statement for what one product's batch met ([`one_product_to_blame`]: its sale not open
+/// yet, its row locked past `lock_timeout`, an overlapping writer's order of one of its
+/// buyers, a deadlock or serialization failure), the statement was rolled back, and each
+/// batch that `still_wanted(i)` is then written alone, in order, on the same connection, so
+/// that only its own conditions decide it: `Some` of its own write or its own error. `None`:
+/// a batch not sent because nobody waits for it any more (its holder answered its buyers
+/// already). `Err`: the statement failed for all alike (its answer lost, when it may have
+/// committed: see `may_have_committed`; or refused for a reason that is no one product's,
+/// a statement time-out above all, which writing each batch alone would only repeat);
 /// nothing more was sent.
 ///
 /// Costs: one statement over many rows costs PostgreSQL far less per order than a statement
@@ -26,18 +30,36 @@ use crate::domain::ProductId;
 pub async fn sell_many_as_holder(
     conn: &mut PgConnection,
     batches: &[(ProductId, HolderBatch<'_>)],
-) -> sqlx::Result<Vec<sqlx::Result<HolderWrite>>> {
+    still_wanted: impl Fn(usize) -> bool,
+) -> sqlx::Result<Vec<Option<sqlx::Result<HolderWrite>>>> {
     match sell_together(conn, batches).await {
-        Ok(writes) => Ok(writes.into_iter().map(Ok).collect()),
-        Err(error) if super::may_have_committed(&error) => Err(error),
-        Err(_rolled_back) => {
+        Ok(writes) => Ok(writes.into_iter().map(|w| Some(Ok(w))).collect()),
+        Err(error) if !one_product_to_blame(&error) => Err(error),
+        Err(_one_products) => {
             let mut writes = Vec::with_capacity(batches.len());
-            for (product, batch) in batches {
-                writes.push(sell_as_holder(conn, *product, *batch).await);
+            for (i, (product, batch)) in batches.iter().enumerate() {
+                if !still_wanted(i) {
+                    writes.push(None);
+                    continue;
+                }
+                writes.push(Some(sell_as_holder(conn, *product, *batch).await));
             }
             Ok(writes)
         }
     }
+}
+
+/// Whether PostgreSQL refused the statement for what one product's batch met, which the
+/// others need not share: SK409 (the sale not open yet), 55P03 (a row lock not granted in
+/// time), 23505 (a unique violation: an overlapping writer's order), 40P01 and 40001 (a
+/// deadlock, a serialization failure).
+fn one_product_to_blame(error: &sqlx::Error) -> bool {
+    error.as_database_error().is_some_and(|e| {
+        matches!(
+            e.code().as_deref(),
+            Some("SK409" | "55P03" | "23505" | "40P01" | "40001")
+        )
+    })
 }
 
 /// Batches as the columns [`sell_together`] binds: one row per batch (`products`, `fences`,

@@ -137,10 +137,12 @@ async fn write_batches(
         metrics.holder_statements.inc();
         let batches: Vec<(ProductId, HolderBatch<'_>)> =
             jobs.iter().map(|job| (job.product, job.batch())).collect();
-        let written = tokio::time::timeout(batch_timeout, write_together(&pool, &batches))
-            .await
-            // Cut short with a statement in flight: it may still commit.
-            .unwrap_or_else(|_| vec![Err(PurchaseError::OutcomeUnknown); batches.len()]);
+        let still_wanted = |i: usize| !jobs[i].reply.is_closed();
+        let written =
+            tokio::time::timeout(batch_timeout, write_together(&pool, &batches, still_wanted))
+                .await
+                // Cut short with a statement in flight: it may still commit.
+                .unwrap_or_else(|_| vec![Err(PurchaseError::OutcomeUnknown); batches.len()]);
         drop(batches);
         for (job, write) in jobs.into_iter().zip(written) {
             let _ = job.reply.send(write);
@@ -184,8 +186,14 @@ async fn next_statement(waiting: &Mutex<Waiting>) -> Option<Vec<Job>> {
 
 /// Write `batches` (one per product, sorted by product) as one statement, or one alone as
 /// [`repository::sell_as_holder`]; one answer per batch, in order. A connection first, so
-/// that failing to get one answers before anything is sent.
-async fn write_together(pool: &PgPool, batches: &[(ProductId, HolderBatch<'_>)]) -> Vec<Written> {
+/// that failing to get one answers before anything is sent. When the statement is refused
+/// for one product's reason and its batches go one by one, those whose holder stopped
+/// waiting (`still_wanted(i)` false) are not sent.
+async fn write_together(
+    pool: &PgPool,
+    batches: &[(ProductId, HolderBatch<'_>)],
+    still_wanted: impl Fn(usize) -> bool,
+) -> Vec<Written> {
     let mut conn = match pool.acquire().await {
         Ok(conn) => conn,
         Err(error) => return vec![Err(error.into()); batches.len()],
@@ -196,9 +204,16 @@ async fn write_together(pool: &PgPool, batches: &[(ProductId, HolderBatch<'_>)])
                 .await
                 .map_err(answer),
         ],
-        _ => match repository::sell_many_as_holder(&mut conn, batches).await {
-            Ok(writes) => writes.into_iter().map(|w| w.map_err(answer)).collect(),
-            Err(lost) => vec![Err(answer(lost)); batches.len()],
+        _ => match repository::sell_many_as_holder(&mut conn, batches, still_wanted).await {
+            Ok(writes) => writes
+                .into_iter()
+                .map(|w| match w {
+                    Some(written) => written.map_err(answer),
+                    // Not sent: its holder answered its buyers already and reads no answer.
+                    None => Err(PurchaseError::OutcomeUnknown),
+                })
+                .collect(),
+            Err(error) => vec![Err(answer(error)); batches.len()],
         },
     }
 }
@@ -219,7 +234,7 @@ pub(crate) async fn write_alone(
     product: ProductId,
     batch: HolderBatch<'_>,
 ) -> Written {
-    let mut written = write_together(pool, &[(product, batch)]).await;
+    let mut written = write_together(pool, &[(product, batch)], |_| true).await;
     written.remove(0)
 }
 

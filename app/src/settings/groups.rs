@@ -88,8 +88,8 @@ pub struct DatabaseSettings {
 
     /// Size of the PostgreSQL connection pool. Lock holders' batches (the lock strategies)
     /// have a pool of their own of the same size, which opens a connection only when one is
-    /// needed: two at most for their writes (the instance's writer), and one for each holder
-    /// reading its product's row.
+    /// needed: two at a time for their writes (the instance's writer), and one for each
+    /// holder reading its product's row.
     #[arg(
         long = "database-max-connections",
         id = "database_max_connections",

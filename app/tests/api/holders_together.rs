@@ -62,11 +62,11 @@ fn batch<'a>(
     }
 }
 
-/// Each batch's write, every one of them written or refused by its row (no error).
-fn each(writes: Vec<sqlx::Result<HolderWrite>>) -> Vec<HolderWrite> {
+/// Each batch's write, every one of them sent, and written or refused by its row (no error).
+fn each(writes: Vec<Option<sqlx::Result<HolderWrite>>>) -> Vec<HolderWrite> {
     writes
         .into_iter()
-        .map(|w| w.expect("a write, not an error"))
+        .map(|w| w.expect("sent").expect("a write, not an error"))
         .collect()
 }
 
@@ -116,6 +116,7 @@ async fn one_statement_decides_each_products_batch_by_its_own_row(pool: PgPool) 
             (exact, batch(&[61], &two[1..], 5, Some(3), &[62])),
             (exact_bought, batch(&[71, 72], &one, 5, Some(3), &[])),
         ],
+        |_| true,
     )
     .await
     .unwrap();
@@ -143,9 +144,24 @@ async fn one_statement_decides_each_products_batch_by_its_own_row(pool: PgPool) 
         other => panic!("{other:?}"),
     }
     match &writes[0] {
-        HolderWrite::Committed { row, bought, .. } => {
+        HolderWrite::Committed {
+            row,
+            bought,
+            orders,
+        } => {
             assert_eq!((row.stock, row.version), (8, 1));
             assert!(bought.is_empty());
+            // Each buyer with the id of their own order, as stored.
+            let mut stored: Vec<(i64, i64)> = sqlx::query_as(
+                "SELECT user_id, id FROM orders WHERE product_id = 1 ORDER BY user_id",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            let mut told = orders.clone();
+            told.sort_unstable();
+            stored.sort_unstable();
+            assert_eq!(told, stored);
         }
         other => panic!("{other:?}"),
     }
@@ -236,6 +252,7 @@ async fn an_overlapping_writers_order_leaves_each_batch_to_be_written_alone(pool
                     (first, batch(&[11, 12], &one, 5, None, &[])),
                     (second, batch(&[21, 22], &one, 5, None, &[])),
                 ],
+                |_| true,
             )
             .await
         })
@@ -272,12 +289,13 @@ async fn an_overlapping_writers_order_leaves_each_batch_to_be_written_alone(pool
 
 /// One product of the statement is not on sale yet (its orders are refused by the database,
 /// SQLSTATE SK409, which undoes the whole statement): that product's batch gets that error,
-/// and the others are written as if alone.
+/// the others are written as if alone, and one whose holder stopped waiting is not sent.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn a_product_refused_by_the_database_leaves_the_others_written(pool: PgPool) {
     let open = product(&pool, 1, 10, 0, 0).await;
     let not_yet = product(&pool, 2, 10, 0, 0).await;
     let also_open = product(&pool, 3, 10, 0, 0).await;
+    let abandoned = product(&pool, 4, 10, 0, 0).await;
     sqlx::query("UPDATE products SET on_sale_at = now() + interval '1 hour' WHERE id = 2")
         .execute(&pool)
         .await
@@ -290,17 +308,24 @@ async fn a_product_refused_by_the_database_leaves_the_others_written(pool: PgPoo
             (open, batch(&[11, 12], &one, 5, None, &[])),
             (not_yet, batch(&[21, 22], &one, 5, None, &[])),
             (also_open, batch(&[31], &one[..1], 5, None, &[])),
+            (abandoned, batch(&[41], &one[..1], 5, None, &[])),
         ],
+        |i| i != 3,
     )
     .await
     .unwrap();
 
-    assert_eq!(writes.len(), 3);
-    assert_eq!(
-        writes[0].as_ref().ok().and_then(sold_to),
-        Some(vec![11, 12])
-    );
-    let refused = writes[1].as_ref().unwrap_err();
+    assert_eq!(writes.len(), 4);
+    let written = |i: usize| {
+        writes[i]
+            .as_ref()
+            .expect("sent")
+            .as_ref()
+            .ok()
+            .and_then(sold_to)
+    };
+    assert_eq!(written(0), Some(vec![11, 12]));
+    let refused = writes[1].as_ref().expect("sent").as_ref().unwrap_err();
     assert_eq!(
         refused
             .as_database_error()
@@ -309,10 +334,12 @@ async fn a_product_refused_by_the_database_leaves_the_others_written(pool: PgPoo
         Some("SK409"),
         "{refused}"
     );
-    assert_eq!(writes[2].as_ref().ok().and_then(sold_to), Some(vec![31]));
+    assert_eq!(written(2), Some(vec![31]));
+    assert!(writes[3].is_none(), "nobody waits for it: not sent");
     assert_eq!(state(&pool, 1).await, ((8, 5, 1), vec![11, 12]));
     assert_eq!(state(&pool, 2).await, ((10, 0, 0), vec![]));
     assert_eq!(state(&pool, 3).await, ((9, 5, 1), vec![31]));
+    assert_eq!(state(&pool, 4).await, ((10, 0, 0), vec![]));
 }
 
 /// A statement as large as a writer sends (64 products), each product's batch with 128
@@ -350,7 +377,7 @@ async fn a_full_statement_answers_every_product_with_its_own_buyers(pool: PgPool
         .await
         .unwrap();
     let writes = each(
-        sell_many_as_holder(&mut holders.acquire().await.unwrap(), &batches)
+        sell_many_as_holder(&mut holders.acquire().await.unwrap(), &batches, |_| true)
             .await
             .unwrap(),
     );
