@@ -260,29 +260,44 @@ mod tests {
         jobs.iter().map(|j| j.product.get()).collect()
     }
 
-    /// A statement takes what is ready, one batch per product (a second batch of a product
-    /// waits for the next statement), sorted by product, and never a batch whose holder
-    /// stopped waiting.
-    #[tokio::test]
-    async fn a_statement_takes_one_batch_per_product_and_none_nobody_waits_for() {
+    /// A writer's queue with a batch of each of `products` sent to it, in order: its sender,
+    /// the queue, and each batch's answer.
+    fn queue_of(
+        products: impl IntoIterator<Item = String>,
+    ) -> (
+        mpsc::UnboundedSender<Job>,
+        Mutex<Waiting>,
+        Vec<oneshot::Receiver<Written>>,
+    ) {
         let (sender, jobs) = mpsc::unbounded_channel();
         let waiting = Mutex::new(Waiting {
             jobs,
             deferred: VecDeque::new(),
         });
-        let mut answers = Vec::new();
-        for product in ["2", "1", "2", "3"] {
-            let (job, answer) = job(product);
-            sender.send(job).unwrap();
-            answers.push(answer);
-        }
+        let answers = products
+            .into_iter()
+            .map(|product| {
+                let (job, answer) = job(&product);
+                sender.send(job).unwrap();
+                answer
+            })
+            .collect();
+        (sender, waiting, answers)
+    }
+
+    /// A statement takes what is ready, one batch per product (a second batch of a product
+    /// waits for the next statement), sorted by product, and never a batch whose holder
+    /// stopped waiting.
+    #[tokio::test]
+    async fn a_statement_takes_one_batch_per_product_and_none_nobody_waits_for() {
+        let (sender, waiting, mut answers) = queue_of(["2", "1", "2", "3"].map(String::from));
         // The holder of product 3's batch stopped waiting.
         drop(answers.pop());
 
         let first = next_statement(&waiting).await.unwrap();
         assert_eq!(products(&first), [1, 2]);
-        let (job_zero, _answer) = job("4");
-        sender.send(job_zero).unwrap();
+        let (job_four, _answer) = job("4");
+        sender.send(job_four).unwrap();
         let second = next_statement(&waiting).await.unwrap();
         assert_eq!(products(&second), [2, 4]);
 
@@ -296,17 +311,7 @@ mod tests {
     /// At most `MOST_PRODUCTS` batches go in one statement; the rest wait for the next.
     #[tokio::test]
     async fn a_statement_carries_at_most_its_share_of_products() {
-        let (sender, jobs) = mpsc::unbounded_channel();
-        let waiting = Mutex::new(Waiting {
-            jobs,
-            deferred: VecDeque::new(),
-        });
-        let mut answers = Vec::new();
-        for product in 1..=MOST_PRODUCTS + 3 {
-            let (job, answer) = job(&product.to_string());
-            sender.send(job).unwrap();
-            answers.push(answer);
-        }
+        let (_sender, waiting, _answers) = queue_of((1..=MOST_PRODUCTS + 3).map(|p| p.to_string()));
         assert_eq!(next_statement(&waiting).await.unwrap().len(), MOST_PRODUCTS);
         assert_eq!(next_statement(&waiting).await.unwrap().len(), 3);
     }

@@ -82,60 +82,69 @@ fn sold_to(write: &HolderWrite) -> Option<Vec<i64>> {
     }
 }
 
-/// Seven products in one statement, each refused or written for a reason of its own row:
-/// the statement writes exactly the ones that a statement of their own would have written,
-/// and each answer says what that statement would have said.
+/// Seven products, each to be refused or written for a reason of its own row, and a batch
+/// for each: (1) plenty; (2) a fence above the batch's; (3) stock short of the batch; (4) an
+/// exact allocation against a version the row has left; (5) a buyer with an order already,
+/// and a refused buyer with one; (6) an exact allocation that holds; (7) an exact allocation
+/// at the row's version, to a buyer who has an order already (its sold_out answers would not
+/// stand: nothing is written).
+async fn seven_cases(pool: &PgPool) -> Vec<(ProductId, HolderBatch<'static>)> {
+    let rows = [
+        (1, 10, 0, 0),
+        (2, 10, 9, 0),
+        (3, 1, 0, 0),
+        (4, 10, 0, 7),
+        (5, 10, 0, 0),
+        (6, 2, 0, 3),
+        (7, 2, 0, 3),
+    ];
+    let mut ids = Vec::new();
+    for (id, stock, fence, version) in rows {
+        ids.push(product(pool, id, stock, fence, version).await);
+    }
+    order(pool, 5, 51).await;
+    order(pool, 5, 59).await;
+    order(pool, 7, 71).await;
+    let batches = [
+        batch(&[11, 12], &[1, 1], 5, None, &[]),
+        batch(&[21], &[1], 5, None, &[]),
+        batch(&[31, 32], &[1, 1], 5, None, &[]),
+        batch(&[41], &[1], 5, Some(6), &[]),
+        batch(&[51, 52], &[1, 2], 5, None, &[59, 58]),
+        batch(&[61], &[2], 5, Some(3), &[62]),
+        batch(&[71, 72], &[1, 1], 5, Some(3), &[]),
+    ];
+    ids.into_iter().zip(batches).collect()
+}
+
+/// The buyers each of the seven cases sells to, as a statement of its own decides them.
+fn seven_answers() -> [Option<Vec<i64>>; 7] {
+    [
+        Some(vec![11, 12]),
+        None,
+        None,
+        None,
+        Some(vec![52]),
+        Some(vec![61]),
+        None,
+    ]
+}
+
+/// The seven cases in one statement: the statement writes exactly the ones that a statement
+/// of their own would have written, and each answer says what that statement would have
+/// said.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn one_statement_decides_each_products_batch_by_its_own_row(pool: PgPool) {
-    // Arrange: (1) plenty; (2) a fence above the batch's; (3) stock short of the batch;
-    // (4) an exact allocation against a version the row has left; (5) a buyer with an
-    // order already, and a refused buyer with one; (6) an exact allocation that holds;
-    // (7) an exact allocation at the row's version, to a buyer who has an order already
-    // (its sold_out answers would not stand: nothing is written).
-    let plenty = product(&pool, 1, 10, 0, 0).await;
-    let fenced_off = product(&pool, 2, 10, 9, 0).await;
-    let short = product(&pool, 3, 1, 0, 0).await;
-    let moved = product(&pool, 4, 10, 0, 7).await;
-    let bought = product(&pool, 5, 10, 0, 0).await;
-    let exact = product(&pool, 6, 2, 0, 3).await;
-    let exact_bought = product(&pool, 7, 2, 0, 3).await;
-    order(&pool, 5, 51).await;
-    order(&pool, 5, 59).await;
-    order(&pool, 7, 71).await;
-    let (one, two) = ([1, 1], [1, 2]);
+    let batches = seven_cases(&pool).await;
 
-    // Act
-    let writes = sell_many_as_holder(
-        &mut pool.acquire().await.unwrap(),
-        &[
-            (plenty, batch(&[11, 12], &one, 5, None, &[])),
-            (fenced_off, batch(&[21], &one[..1], 5, None, &[])),
-            (short, batch(&[31, 32], &one, 5, None, &[])),
-            (moved, batch(&[41], &one[..1], 5, Some(6), &[])),
-            (bought, batch(&[51, 52], &two, 5, None, &[59, 58])),
-            (exact, batch(&[61], &two[1..], 5, Some(3), &[62])),
-            (exact_bought, batch(&[71, 72], &one, 5, Some(3), &[])),
-        ],
-        |_| true,
-    )
-    .await
-    .unwrap();
+    let writes = sell_many_as_holder(&mut pool.acquire().await.unwrap(), &batches, |_| true)
+        .await
+        .unwrap();
     let writes = each(writes);
 
     // Assert: the answers, in the batches' order.
     let answers: Vec<Option<Vec<i64>>> = writes.iter().map(sold_to).collect();
-    assert_eq!(
-        answers,
-        [
-            Some(vec![11, 12]),
-            None,
-            None,
-            None,
-            Some(vec![52]),
-            Some(vec![61]),
-            None
-        ]
-    );
+    assert_eq!(answers, seven_answers());
     match &writes[4] {
         HolderWrite::Committed { row, bought, .. } => {
             assert_eq!((row.stock, row.version, row.fence), (8, 1, 5));
@@ -179,47 +188,15 @@ async fn one_statement_decides_each_products_batch_by_its_own_row(pool: PgPool) 
 /// statement over all of them gave (the test above) are these.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn each_product_alone_gives_the_same_answers(pool: PgPool) {
-    let ids = [
-        product(&pool, 1, 10, 0, 0).await,
-        product(&pool, 2, 10, 9, 0).await,
-        product(&pool, 3, 1, 0, 0).await,
-        product(&pool, 4, 10, 0, 7).await,
-        product(&pool, 5, 10, 0, 0).await,
-        product(&pool, 6, 2, 0, 3).await,
-        product(&pool, 7, 2, 0, 3).await,
-    ];
-    order(&pool, 5, 51).await;
-    order(&pool, 5, 59).await;
-    order(&pool, 7, 71).await;
-    let (one, two) = ([1, 1], [1, 2]);
-    let batches = [
-        batch(&[11, 12], &one, 5, None, &[]),
-        batch(&[21], &one[..1], 5, None, &[]),
-        batch(&[31, 32], &one, 5, None, &[]),
-        batch(&[41], &one[..1], 5, Some(6), &[]),
-        batch(&[51, 52], &two, 5, None, &[59, 58]),
-        batch(&[61], &two[1..], 5, Some(3), &[62]),
-        batch(&[71, 72], &one, 5, Some(3), &[]),
-    ];
+    let batches = seven_cases(&pool).await;
     let mut answers = Vec::new();
-    for (id, batch) in ids.into_iter().zip(batches) {
+    for (id, batch) in batches {
         let write = sell_as_holder(&mut pool.acquire().await.unwrap(), id, batch)
             .await
             .unwrap();
         answers.push(sold_to(&write));
     }
-    assert_eq!(
-        answers,
-        [
-            Some(vec![11, 12]),
-            None,
-            None,
-            None,
-            Some(vec![52]),
-            Some(vec![61]),
-            None
-        ]
-    );
+    assert_eq!(answers, seven_answers());
     assert_eq!(state(&pool, 5).await, ((8, 5, 1), vec![51, 52, 59]));
     assert_eq!(state(&pool, 6).await, ((0, 5, 4), vec![61]));
     assert_eq!(state(&pool, 7).await, ((2, 0, 3), vec![71]));
