@@ -11,6 +11,8 @@
 //!   `QuorumPeerMain` from Debian's jars, standalone or as a quorum.
 //! - [`EtcdServer`] and [`EtcdCluster`] (`etcd.rs`): one member, or members joined by a
 //!   static `--initial-cluster`.
+//! - [`PatroniCluster`] (`patroni.rs`): three PostgreSQL members that fail over, each run
+//!   by Patroni with a private etcd as its store, and HAProxy in front of the primary.
 //! - [`ServerCertificate`] (`tls.rs`): what [`PostgresServer::start_tls_only`],
 //!   [`RedisServer::start_tls`] and [`EtcdServer::start_tls`] present over TLS.
 //! - `process.rs`: how each process is spawned, tied to this one ([`Tie`]), signalled and
@@ -29,6 +31,7 @@
 //! `try_start` (and [`PostgresServer::start`]) return an [`Error`], for programs.
 
 pub mod etcd;
+pub mod patroni;
 mod postgres;
 mod process;
 mod redis;
@@ -37,6 +40,7 @@ mod tls;
 pub mod zookeeper;
 
 pub use etcd::{EtcdCluster, EtcdServer};
+pub use patroni::PatroniCluster;
 pub use postgres::PostgresServer;
 pub use process::{Tie, send_signal};
 pub use redis::{RedisCluster, RedisServer, forget_prefix, server_info_section};

@@ -257,7 +257,7 @@ impl Drop for PostgresServer {
 }
 
 /// As root, the `postgres` account (which then owns `dir`); otherwise ourselves (`None`).
-fn unprivileged_account(dir: &Path) -> Result<Option<(u32, u32)>> {
+pub(crate) fn unprivileged_account(dir: &Path) -> Result<Option<(u32, u32)>> {
     // SAFETY: getuid has no preconditions.
     if unsafe { libc::getuid() } != 0 {
         return Ok(None);
@@ -280,7 +280,7 @@ fn unprivileged_account(dir: &Path) -> Result<Option<(u32, u32)>> {
     Ok(Some((uid, gid)))
 }
 
-fn as_account(mut command: Command, account: Option<(u32, u32)>) -> Command {
+pub(crate) fn as_account(mut command: Command, account: Option<(u32, u32)>) -> Command {
     if let Some((uid, gid)) = account {
         command.uid(uid).gid(gid);
     }
@@ -289,7 +289,7 @@ fn as_account(mut command: Command, account: Option<(u32, u32)>) -> Command {
 
 /// The directory holding `initdb` and `postgres`: on the PATH, or the newest
 /// `/usr/lib/postgresql/<version>/bin`.
-fn bin_dir() -> Option<PathBuf> {
+pub(crate) fn bin_dir() -> Option<PathBuf> {
     let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
         .into_iter()
         .flatten()
