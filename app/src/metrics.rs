@@ -43,6 +43,9 @@ pub struct Metrics {
     pub holder_statements: IntCounter,
     /// Where a batch's time goes, phase by phase (`batch_phase_seconds{phase}`).
     pub phases: BatchPhases,
+    /// Purchases whose commit answer was lost, by what looking their order up answered
+    /// (`created`, `already_purchased`, or still `outcome_unknown`).
+    pub lost_answers: IntCounterVec,
 }
 
 /// The phases of a batch, each a histogram of `batch_phase_seconds` resolved once.
@@ -177,6 +180,11 @@ impl Metrics {
             holder_statements: families.counter(
                 "holder_statements_total",
                 "Statements the lock holders' writer sent, each one or more products' batches",
+            ),
+            lost_answers: families.counter_vec(
+                "lost_answers_total",
+                "Purchases whose commit answer was lost, by what looking the order up found (created, already_purchased, or still outcome_unknown)",
+                "answer",
             ),
             phases: BatchPhases {
                 queue: phase_seconds.with_label_values(&["queue"]),

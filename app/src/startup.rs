@@ -183,6 +183,11 @@ const ADMIN_CONNECTIONS: u32 = 2;
 /// a time, so a few serve a sale's opening of many products.
 const LOOKUP_CONNECTIONS: u32 = 2;
 
+/// Connections for looking up the orders of purchases whose commit answer was lost (a
+/// connection cut, a database failing over): each look-up is one short transaction, and a
+/// batch's buyers take turns.
+const ANSWER_CONNECTIONS: u32 = 2;
+
 /// How long a connection of the occasional pools (admin writes, first look-ups, restock
 /// reads) stays open unused: they serve moments (an operator's write, a sale's opening, a
 /// restock), and five connections per instance held between them would crowd PostgreSQL's
@@ -226,6 +231,12 @@ fn open_sale(
         .acquire_timeout(database.acquire_timeout)
         .test_before_acquire(false)
         .connect_lazy_with(pool.connect_options().as_ref().clone());
+    let answers_pool = PgPoolOptions::new()
+        .max_connections(ANSWER_CONNECTIONS)
+        .idle_timeout(OCCASIONAL_IDLE)
+        .acquire_timeout(database.acquire_timeout)
+        .test_before_acquire(false)
+        .connect_lazy_with(pool.connect_options().as_ref().clone());
     let holders_pool = PgPoolOptions::new()
         .max_connections(database.max_connections)
         .acquire_timeout(database.acquire_timeout)
@@ -238,6 +249,7 @@ fn open_sale(
         lookups_pool,
         restock_reads_pool,
         holders_pool,
+        answers_pool,
         strategy: settings.lock.strategy,
         exclusion,
         metrics: Metrics::new(),

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use crate::etcd::http_request;
 use crate::postgres::{as_account, bin_dir, unprivileged_account};
 use crate::process::{Tie, log_tail, reap, temp_dir};
-use crate::{ATTEMPTS, EtcdServer, Error, Result, distinct_free_ports};
+use crate::{ATTEMPTS, Error, EtcdServer, Result, distinct_free_ports};
 
 const INSTALL: &str = "install it (Debian: apt-get install patroni haproxy etcd-server)";
 
@@ -95,7 +95,9 @@ impl PatroniCluster {
             })?;
         for program in ["patroni", "haproxy"] {
             if crate::process::find(&[program], &[PathBuf::from("/usr/sbin")]).is_none() {
-                return Err(Error::NotInstalled(format!("no {program} on the PATH: {INSTALL}")));
+                return Err(Error::NotInstalled(format!(
+                    "no {program} on the PATH: {INSTALL}"
+                )));
             }
         }
         let mut last = None;
@@ -192,7 +194,9 @@ impl PatroniCluster {
             if let Some((uid, gid)) = self.account {
                 std::os::unix::fs::chown(home, Some(uid), Some(gid))
                     .and_then(|()| std::os::unix::fs::chown(&member.config, Some(uid), Some(gid)))
-                    .map_err(crate::io("giving a member's directory to the postgres account"))?;
+                    .map_err(crate::io(
+                        "giving a member's directory to the postgres account",
+                    ))?;
             }
         }
         let servers: String = self
@@ -229,7 +233,9 @@ impl PatroniCluster {
             .append(true)
             .open(&member.log)
             .map_err(crate::io("opening a member's log"))?;
-        let err = log.try_clone().map_err(crate::io("opening a member's log"))?;
+        let err = log
+            .try_clone()
+            .map_err(crate::io("opening a member's log"))?;
         let mut command = as_account(Command::new("patroni"), self.account);
         command
             .arg(&member.config)
@@ -246,7 +252,9 @@ impl PatroniCluster {
     fn spawn_haproxy(&mut self) -> Result<()> {
         let log = std::fs::File::create(self.dir.join("haproxy.log"))
             .map_err(crate::io("opening haproxy's log"))?;
-        let err = log.try_clone().map_err(crate::io("opening haproxy's log"))?;
+        let err = log
+            .try_clone()
+            .map_err(crate::io("opening haproxy's log"))?;
         let mut command = Command::new("haproxy");
         command
             .arg("-db")
@@ -291,7 +299,10 @@ impl PatroniCluster {
     /// `postgres://postgres@127.0.0.1:<HAProxy's port>/postgres`: the primary, whichever
     /// member it is.
     pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.haproxy_port)
+        format!(
+            "postgres://postgres@127.0.0.1:{}/postgres",
+            self.haproxy_port
+        )
     }
 
     /// HAProxy's port.
@@ -325,7 +336,8 @@ impl PatroniCluster {
 
     /// Whether member `i`'s Patroni answers `GET path` with 200.
     pub fn answers(&self, i: usize, path: &str) -> bool {
-        self.members[i].patroni.is_some() && http_request(self.members[i].api_port, "GET", path, "").is_some()
+        self.members[i].patroni.is_some()
+            && http_request(self.members[i].api_port, "GET", path, "").is_some()
     }
 
     /// Whether a connection through HAProxy reaches a PostgreSQL that takes writes.
@@ -361,7 +373,9 @@ impl PatroniCluster {
     /// # Errors
     /// None within `within`.
     pub fn wait_for_sync_standby(&mut self, within: Duration) -> Result<usize> {
-        self.wait(within, "synchronous standby", |c| c.sync_standby().is_some())?;
+        self.wait(within, "synchronous standby", |c| {
+            c.sync_standby().is_some()
+        })?;
         self.sync_standby()
             .ok_or_else(|| Error::NotServing("the synchronous standby went at once".into()))
     }

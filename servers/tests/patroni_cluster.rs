@@ -47,13 +47,18 @@ fn a_killed_primary_is_replaced_by_its_synchronous_standby_with_every_answered_c
     assert!(pids.len() >= 2, "Patroni and its postmaster: {pids:?}");
     let killed_at = Instant::now();
     cluster.kill(first);
-    let second = cluster.wait_for_primary(WITHIN).unwrap_or_else(|e| panic!("{e}"));
+    let second = cluster
+        .wait_for_primary(WITHIN)
+        .unwrap_or_else(|e| panic!("{e}"));
     let took = killed_at.elapsed();
 
     // Assert: another member took over, in about the lease, with every answered commit.
     assert_ne!(second, first);
     assert!(pids.iter().all(|&pid| !running(pid) || is_zombie(pid)));
-    assert_eq!(psql(&url, "select count(*) from answered").as_deref(), Some("100"));
+    assert_eq!(
+        psql(&url, "select count(*) from answered").as_deref(),
+        Some("100")
+    );
     assert_eq!(
         psql(&url, "select pg_is_in_recovery()").as_deref(),
         Some("f"),
@@ -78,7 +83,10 @@ fn a_killed_primary_is_replaced_by_its_synchronous_standby_with_every_answered_c
     while psql(&cluster.member_url(first), "select count(*) from answered").as_deref()
         != Some("101")
     {
-        assert!(Instant::now() < deadline, "the returned member replays the new commits");
+        assert!(
+            Instant::now() < deadline,
+            "the returned member replays the new commits"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 
@@ -92,6 +100,8 @@ fn a_killed_primary_is_replaced_by_its_synchronous_standby_with_every_answered_c
 }
 
 fn is_zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
 }

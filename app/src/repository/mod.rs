@@ -13,10 +13,12 @@
 //! One file per what the SQL serves: `sale.rs` the statements of a batch (read, allocate,
 //! write, as a transaction's steps or as a lock holder's one statement), `together.rs` the
 //! lock holders' batches of several products in one statement, `admin.rs` the admin
-//! writes (with their idempotency keys and the stock ledger), `reads.rs` the public reads.
+//! writes (with their idempotency keys and the stock ledger), `reads.rs` the public reads, `answers.rs` what a purchase whose commit answer was lost
+//! did.
 //! This file holds what they share: the session bounds, `begin`, and how an error is read.
 
 mod admin;
+mod answers;
 mod reads;
 mod sale;
 mod together;
@@ -26,6 +28,7 @@ use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 pub use admin::{
     IdempotencyKey, Keyed, Product, Restocked, add_stock, insert_product, set_on_sale_at, set_stock,
 };
+pub use answers::{FoundOrder, durable_order_of};
 pub use reads::{ForSale, Order, ProductSales, find_product, order_of, product_sales};
 pub use sale::{
     BatchSnapshot, HeldRow, HolderBatch, HolderWrite, Sold, StockWrite, batch_snapshot, held_row,

@@ -87,3 +87,115 @@ async fn cut_write_is_answered_outcome_unknown_with_the_order_lookup(pool: PgPoo
     );
     assert_eq!(app.purchase(id, 42, 1).await.status(), 201);
 }
+
+/// A commit PostgreSQL carried out whose answer was lost is answered as what it was: the
+/// service looks the order up, durably, and answers 201 with it. The test's PostgreSQL waits
+/// for a synchronous standby that does not exist (`synchronous_standby_names`), as a primary
+/// does for a slow standby: the write commits locally and waits; its session is then ended,
+/// as a failover ends it, so its answer is lost. While no standby confirms, the look-up waits
+/// too (an order only this server has is not answered 201); once the setting is cleared (a
+/// standby confirms), it finds the order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_was_lost_is_answered_with_its_order_once_it_is_durable() {
+    // Arrange: a private PostgreSQL (the setting is the server's), an instance on it.
+    let server = tokio::task::spawn_blocking(|| {
+        testkit::PostgresServer::start(&[], testkit::Tie::Child).unwrap()
+    })
+    .await
+    .unwrap();
+    let pool = PgPool::connect(&server.url()).await.unwrap();
+    let prefix = testkit::unique_prefix("lost-answer");
+    let app = crate::helpers::spawn_with(
+        crate::helpers::settings(&crate::helpers::shared_redis_url(), &prefix),
+        pool.clone(),
+    )
+    .await;
+    let id = app.create_product("Phone", 10).await;
+    let standby = |names: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(&format!(
+                "ALTER SYSTEM SET synchronous_standby_names = '{names}'"
+            ))
+            .execute(&pool)
+            .await
+            .unwrap();
+            sqlx::query("SELECT pg_reload_conf()")
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    standby("a_standby_that_never_comes").await;
+    let buying = {
+        let request = app
+            .client
+            .post(app.url(&format!("/api/products/{id}/purchase")))
+            .bearer_auth(crate::helpers::buyer_token(42))
+            .json(&serde_json::json!({"user_id": 42}));
+        tokio::spawn(async move { request.send().await.expect("an answer") })
+    };
+
+    // Act: end the session whose commit waits for the standby; then, once the look-up waits
+    // for the standby too, let commits through.
+    let writer = wait_for_sessions_waiting_for_a_standby(&pool, 1).await[0];
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(writer)
+        .execute(&pool)
+        .await
+        .unwrap();
+    wait_for_sessions_waiting_for_a_standby(&pool, 1).await;
+    assert!(
+        !buying.is_finished(),
+        "answered before the order was durable"
+    );
+    standby("").await;
+    let answer = buying.await.unwrap();
+
+    // Assert: 201 with the order the lost commit stored.
+    let status = answer.status();
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    let stored: i64 =
+        sqlx::query_scalar("SELECT id FROM orders WHERE product_id = $1 AND user_id = 42")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(body["order_id"], stored, "{body}");
+    let metrics = app
+        .client
+        .get(app.ops_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"seckill_lost_answers_total{answer="created"} 1"#),
+        "{metrics}"
+    );
+    drop(server);
+}
+
+/// The pids of the sessions (other than this pool's) whose commit waits for a synchronous
+/// standby, once there are `n` (within 20 s).
+async fn wait_for_sessions_waiting_for_a_standby(pool: &PgPool, n: usize) -> Vec<i32> {
+    let started = Instant::now();
+    loop {
+        let pids: Vec<i32> =
+            sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        if pids.len() >= n {
+            return pids;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no session waited for the standby"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
