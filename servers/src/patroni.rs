@@ -416,11 +416,18 @@ impl PatroniCluster {
         }
     }
 
-    /// Pause (`SIGSTOP`) or resume (`SIGCONT`) member `i` as a whole: its Patroni, its
-    /// postmaster and the postmaster's children, as a machine that freezes and comes back.
-    pub fn signal(&self, i: usize, sig: libc::c_int) {
+    /// Pause member `i` as a whole (`SIGSTOP` to its Patroni, its postmaster and the
+    /// postmaster's children), as a machine that freezes.
+    pub fn pause(&self, i: usize) {
         for pid in self.pids(i) {
-            signal(pid, sig);
+            signal(pid, libc::SIGSTOP);
+        }
+    }
+
+    /// Resume member `i` after [`pause`](Self::pause) (`SIGCONT`).
+    pub fn resume(&self, i: usize) {
+        for pid in self.pids(i) {
+            signal(pid, libc::SIGCONT);
         }
     }
 

@@ -6,16 +6,17 @@
 //! - [`TestAuthority`]: a certificate authority of the test's own, for servers over TLS.
 //! - The private servers of the `servers` crate, re-exported for the tests that start their
 //!   own ([`RedisServer`], [`RedisCluster`], [`RedisSentinels`], [`ZooKeeperServer`],
-//!   [`ZooKeeperEnsemble`], [`EtcdServer`], [`EtcdCluster`]), and [`free_port`].
+//!   [`ZooKeeperEnsemble`], [`EtcdServer`], [`EtcdCluster`], [`PatroniCluster`]), and
+//!   [`free_port`].
 
 pub mod proxy;
 pub mod tls;
 
 pub use proxy::TcpProxy;
 pub use servers::{
-    EtcdCluster, EtcdServer, PostgresServer, RedisCluster, RedisSentinels, RedisServer,
-    ServerCertificate, Tie, ZooKeeperEnsemble, ZooKeeperServer, etcd, free_port,
-    server_info_section, zookeeper,
+    EtcdCluster, EtcdServer, PatroniCluster, PostgresServer, RedisCluster, RedisSentinels,
+    RedisServer, ServerCertificate, Tie, ZooKeeperEnsemble, ZooKeeperServer, etcd, free_port,
+    send_signal, server_info_section, zookeeper,
 };
 pub use tls::TestAuthority;
 
