@@ -300,7 +300,7 @@ async fn the_primary_killed_mid_sale_loses_no_answered_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_paused_past_its_lease_takes_no_write_when_it_resumes() {
     // Arrange: an instance selling; a table for the probe's write.
-    let mut cluster = start_cluster().await;
+    let cluster = start_cluster().await;
     let prefix = testkit::unique_prefix("failover-pause");
     let _cleanup = testkit::PrefixCleanup::new(&shared_redis_url(), &prefix);
     let instances = start_instances(&cluster, &prefix, 1, 0, &[]).await;
