@@ -543,3 +543,84 @@ async fn a_holder_paused_across_a_failover_is_refused_on_the_new_primary() {
         assert_every_201_has_its_order(&cluster.url(), product, &[fresh.clone(), stale]).await;
     assert_eq!((books.orders, books.stock), (1, 9), "{books:?}");
 }
+
+/// Patroni's store lost: with etcd gone, no Patroni can renew the leader lease, so the
+/// primary is demoted once it runs out (Patroni's failsafe mode, which would keep it, is
+/// off): the service sells nothing and says so in `/readyz`, and no purchase is answered
+/// 201. With etcd back, a primary is elected again and the sale resumes by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_etcd_lost_the_primary_steps_down_and_comes_back_with_it() {
+    // Arrange: an instance selling.
+    let mut cluster = start_cluster().await;
+    let prefix = testkit::unique_prefix("failover-etcd");
+    let _cleanup = testkit::PrefixCleanup::new(&shared_redis_url(), &prefix);
+    let instances = start_instances(&cluster, &prefix, 1, 0, &[]).await;
+    let product = loadtest::attack::create_product(&instances[0].ops_url, ADMIN_TOKEN, 100)
+        .await
+        .unwrap();
+    let client = client();
+    let before = buy(&client, &instances[0].url, product, 1).await;
+    assert_eq!(before.status, 201, "{before:?}");
+
+    // Act: kill etcd; wait until no member is the primary; buy, and ask /readyz.
+    cluster.etcd().kill();
+    let lost_at = Instant::now();
+    let cluster = spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + FAILOVER_WITHIN;
+        while cluster.primary().is_some() || cluster.routes_to_a_primary() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the primary stayed without etcd"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        cluster
+    })
+    .await
+    .unwrap();
+    let stepped_down_after = lost_at.elapsed();
+    let without = buy(&client, &instances[0].url, product, 2).await;
+    tokio::time::sleep(Duration::from_millis(1_100)).await; // past /readyz's cached answer
+    let ready: Value = client
+        .get(format!("{}/readyz", instances[0].ops_url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut cluster = cluster;
+    cluster.etcd().restart();
+    let cluster = spawn_blocking(move || {
+        cluster.wait_for_primary(FAILOVER_WITHIN).unwrap();
+        cluster
+    })
+    .await
+    .unwrap();
+    let mut after = Vec::new();
+    let deadline = Instant::now() + FAILOVER_WITHIN;
+    while after.last().is_none_or(|a: &Answer| a.status != 201) {
+        assert!(
+            Instant::now() < deadline,
+            "no sale after etcd came back: {after:?}"
+        );
+        after.push(buy(&client, &instances[0].url, product, 10 + after.len() as i64).await);
+    }
+
+    // Assert: nothing sold while the cluster had no primary, and /readyz said why; sales
+    // resumed; the books balance.
+    assert_eq!(without.status, 503, "{without:?}");
+    assert_eq!(ready["status"], "not_ready", "{ready}");
+    assert_eq!(ready["postgres"], false, "{ready}");
+    let answers: Vec<Answer> = [before, without].into_iter().chain(after).collect();
+    let books = assert_every_201_has_its_order(&cluster.url(), product, &answers).await;
+    let pool = PgPool::connect(&cluster.url()).await.unwrap();
+    let of_2: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM orders WHERE product_id = $1 AND user_id = 2")
+            .bind(product)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(of_2, 0, "a purchase was stored while there was no primary");
+    eprintln!("without etcd the primary stepped down after {stepped_down_after:?}; {books:?}");
+}
