@@ -266,6 +266,15 @@ pub struct ChaosArgs {
     #[arg(long)]
     pub sentinel: bool,
 
+    /// The instances' PostgreSQL: `single`, one server, which the nemesis restarts; or
+    /// `ha`, three members run by Patroni (etcd its store, `synchronous_mode_strict`) with
+    /// HAProxy in front of the primary, as production fails a database over. Under `ha`
+    /// the nemesis kills the primary (its synchronous standby is promoted), pauses it past
+    /// Patroni's 10 s lease (a standby is promoted, and the old primary demoted when it
+    /// resumes), and kills the synchronous standby, instead of restarting the server.
+    #[arg(long, value_enum, default_value_t = ChaosDatabase::Single)]
+    pub database: ChaosDatabase,
+
     /// The quiet spell before each fault, in ms (each fault is healed before it starts).
     #[arg(long, default_value_t = 3_000, value_parser = clap::value_parser!(u64).range(500..=600_000))]
     pub fault_every_ms: u64,
@@ -307,6 +316,24 @@ pub struct ChaosArgs {
     /// this file.
     #[arg(long)]
     pub summary: Option<PathBuf>,
+}
+
+/// The soak's PostgreSQL (`chaos --database`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ChaosDatabase {
+    /// One server.
+    Single,
+    /// Three members that fail over (Patroni, HAProxy in front).
+    Ha,
+}
+
+impl ChaosDatabase {
+    pub fn name(self) -> &'static str {
+        match self {
+            ChaosDatabase::Single => "single",
+            ChaosDatabase::Ha => "ha",
+        }
+    }
 }
 
 /// `--minutes`: a positive number of minutes, at most a day.

@@ -17,7 +17,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use ::servers::zookeeper::{DEPLOYED_MAX_SESSION_TIMEOUT, Profile};
-use ::servers::{EtcdServer, PostgresServer, RedisServer, Tie, ZooKeeperServer};
+use ::servers::{EtcdServer, PatroniCluster, PostgresServer, RedisServer, Tie, ZooKeeperServer};
 use anyhow::Context;
 use reqwest::Url;
 use sqlx::{Connection, PgConnection};
@@ -53,6 +53,7 @@ enum Private {
     Redis(RedisServer),
     ZooKeeper(ZooKeeperServer),
     Etcd(EtcdServer),
+    Patroni(PatroniCluster),
 }
 
 impl Server {
@@ -90,6 +91,9 @@ impl Server {
             Some(Private::Redis(server)) => server.try_restart_empty()?,
             Some(Private::ZooKeeper(server)) => server.restart(),
             Some(Private::Etcd(server)) => server.restart(),
+            Some(Private::Patroni(_)) => {
+                anyhow::bail!("a Patroni cluster is failed over, not restarted")
+            }
         }
         Ok(())
     }
@@ -101,6 +105,15 @@ impl Server {
             Private::Redis(server) => Some(server.pid()),
             Private::ZooKeeper(server) => Some(server.pid()),
             Private::Etcd(server) => Some(server.pid()),
+            Private::Patroni(cluster) => cluster.primary().and_then(|p| cluster.postmaster(p)),
+        }
+    }
+
+    /// The private Patroni cluster behind this server, if it is one (to fail it over).
+    pub fn patroni_mut(&mut self) -> Option<&mut PatroniCluster> {
+        match self.private.as_mut()? {
+            Private::Patroni(cluster) => Some(cluster),
+            _ => None,
         }
     }
 }
@@ -204,6 +217,18 @@ pub fn start_redis() -> anyhow::Result<Server> {
 pub async fn start_postgres_with(settings: &[(&str, &str)]) -> anyhow::Result<Server> {
     let server = PostgresServer::start(settings, TIE)?;
     Ok(Server::private(server.url(), Private::Postgres(server)))
+}
+
+/// A private PostgreSQL that fails over: three members run by Patroni in
+/// `synchronous_mode_strict`, HAProxy in front of the primary ([`PatroniCluster`]); its
+/// [`Server::url`] is HAProxy's. `settings` as for [`start_postgres_with`].
+///
+/// # Errors
+/// Patroni, HAProxy, etcd or PostgreSQL not installed (the message says what to install),
+/// or the cluster does not serve within two minutes.
+pub async fn start_patroni_with(settings: &[(&str, &str)]) -> anyhow::Result<Server> {
+    let cluster = tokio::task::block_in_place(|| PatroniCluster::start(settings, TIE))?;
+    Ok(Server::private(cluster.url(), Private::Patroni(cluster)))
 }
 
 /// A private, standalone ZooKeeper tuned as deployed; its [`Server::url`] is the connect

@@ -75,7 +75,9 @@ pub struct PatroniCluster {
 impl PatroniCluster {
     /// Start one and wait until a primary and a synchronous standby serve, and HAProxy
     /// reaches the primary; `settings` are PostgreSQL settings of every member besides the
-    /// usual ones (`("max_connections", "300")`, say).
+    /// usual ones (`("track_commit_timestamp", "on")`, say), written into Patroni's dynamic
+    /// configuration, which its members share (Patroni overrides a member's own value of
+    /// the settings that must agree across a cluster with it).
     ///
     /// # Errors
     /// Patroni, HAProxy, etcd or PostgreSQL not installed (the message says what to
@@ -159,7 +161,7 @@ impl PatroniCluster {
         let parameters: String = [("max_connections", "300"), ("wal_log_hints", "on")]
             .iter()
             .chain(settings)
-            .map(|(name, value)| format!("    {name}: \"{value}\"\n"))
+            .map(|(name, value)| format!("        {name}: \"{value}\"\n"))
             .collect();
         for member in &self.members {
             let home = member.config.parent().expect("in its member's directory");
@@ -173,6 +175,7 @@ impl PatroniCluster {
                  \x20   maximum_lag_on_failover: 1048576\n\
                  \x20   synchronous_mode: true\n    synchronous_mode_strict: true\n\
                  \x20   postgresql:\n      use_pg_rewind: true\n      use_slots: true\n\
+                 \x20     parameters:\n{parameters}\
                  \x20 initdb:\n  - encoding: UTF8\n  - auth: trust\n\
                  \x20 pg_hba:\n  - local all all trust\n  - host all all 127.0.0.1/32 trust\n\
                  \x20 - host replication all 127.0.0.1/32 trust\n\
@@ -180,7 +183,7 @@ impl PatroniCluster {
                  \x20 data_dir: {data}\n  bin_dir: {bin}\n  pgpass: {home}/pgpass\n\
                  \x20 authentication:\n    superuser: {{username: postgres}}\n\
                  \x20   replication: {{username: postgres}}\n    rewind: {{username: postgres}}\n\
-                 \x20 parameters:\n    unix_socket_directories: \"{home}\"\n{parameters}",
+                 \x20 parameters:\n    unix_socket_directories: \"{home}\"\n",
                 name = member.name,
                 api = member.api_port,
                 etcd = self.etcd.port(),

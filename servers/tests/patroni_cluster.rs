@@ -32,7 +32,8 @@ fn running(pid: u32) -> bool {
 #[test]
 fn a_killed_primary_is_replaced_by_its_synchronous_standby_with_every_answered_commit() {
     // Arrange: a cluster serving through HAProxy, and commits answered before the kill.
-    let mut cluster = PatroniCluster::start(&[], Tie::Child).unwrap_or_else(|e| panic!("{e}"));
+    let mut cluster = PatroniCluster::start(&[("track_commit_timestamp", "on")], Tie::Child)
+        .unwrap_or_else(|e| panic!("{e}"));
     let first = cluster.primary().expect("a primary");
     let standby = cluster.wait_for_sync_standby(WITHIN).unwrap();
     assert_ne!(first, standby);
@@ -58,6 +59,15 @@ fn a_killed_primary_is_replaced_by_its_synchronous_standby_with_every_answered_c
     assert_eq!(
         psql(&url, "select count(*) from answered").as_deref(),
         Some("100")
+    );
+    assert_eq!(
+        psql(
+            &url,
+            "select count(pg_xact_commit_timestamp(xmin)) from answered"
+        )
+        .as_deref(),
+        Some("100"),
+        "the settings given hold on every member: commit times kept, and replayed"
     );
     assert_eq!(
         psql(&url, "select pg_is_in_recovery()").as_deref(),

@@ -5,6 +5,9 @@
 //! cluster is dropped: the instances (by pid), the proxies, the servers (and their data
 //! directories).
 //!
+//! Under the `ha` database PostgreSQL is a Patroni cluster with HAProxy in front: the
+//! instances' proxies lead to HAProxy, which leads to the primary.
+//!
 //! The private PostgreSQL keeps commit timestamps (`track_commit_timestamp`), so that the
 //! checker can rebuild the stock's history from the rows themselves.
 
@@ -43,6 +46,8 @@ pub struct ClusterConfig {
     pub sentinel: bool,
     pub lock_ttl_ms: u64,
     pub sold_out_recheck_ms: u64,
+    /// PostgreSQL that fails over (Patroni, HAProxy in front) instead of one server.
+    pub ha: bool,
 }
 
 /// The instances' addresses, by slot, shared with the load (a restarted instance listens on
@@ -107,9 +112,16 @@ impl Cluster {
     /// # Errors
     /// When a server or an instance does not start.
     pub async fn start(config: ClusterConfig) -> anyhow::Result<Self> {
-        let postgres = servers::start_postgres_with(&[("track_commit_timestamp", "on")])
-            .await
-            .context("starting the soak's own PostgreSQL")?;
+        let keep_commit_times = [("track_commit_timestamp", "on")];
+        let postgres = if config.ha {
+            servers::start_patroni_with(&keep_commit_times)
+                .await
+                .context("starting the soak's own Patroni cluster")?
+        } else {
+            servers::start_postgres_with(&keep_commit_times)
+                .await
+                .context("starting the soak's own PostgreSQL")?
+        };
         let redis = servers::start_redis().context("starting the soak's own Redis")?;
         let members =
             tokio::task::block_in_place(|| Members::start(config.strategy, config.sentinel))?;
@@ -334,6 +346,11 @@ impl Cluster {
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }
+    }
+
+    /// The Patroni cluster, under the `ha` database (to fail it over).
+    pub fn patroni_mut(&mut self) -> Option<&mut ::servers::PatroniCluster> {
+        self.postgres.patroni_mut()
     }
 
     /// `pg_terminate_backend` every session of the app's database; how many were ended.

@@ -9,7 +9,7 @@
 //! - `proxy`: the TCP proxy in front of each of an instance's links.
 //! - `members`: the lock's own ensemble, under `zookeeper`, `etcd`, `redlock` and Sentinel.
 //! - `cluster`: the private servers, the proxies and the instances.
-//! - `nemesis`: injects and heals each fault.
+//! - `nemesis`: injects and heals each fault; `failover` the `ha` database's.
 //! - `load`: the buyers and the restocks.
 //! - `evidence`: the rows and the lookups gathered after the load.
 //! - `checker`: the rules and their violations (pure).
@@ -24,6 +24,7 @@
 pub mod checker;
 pub mod cluster;
 pub mod evidence;
+pub mod failover;
 pub mod history;
 pub mod load;
 pub mod members;
@@ -40,7 +41,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::attack::{self, Cancel};
-use crate::cli::ChaosArgs;
+use crate::cli::{ChaosArgs, ChaosDatabase};
 use cluster::{ADMIN_TOKEN, Cluster, ClusterConfig};
 use history::now_us;
 use schedule::{FaultKind, Schedule};
@@ -55,11 +56,12 @@ pub async fn run(args: ChaosArgs, cancel: Cancel) -> anyhow::Result<bool> {
     refuse_what_the_servers_would_not_take(&args)?;
     let seed = args.seed.unwrap_or_else(rand::random);
     let settings = format!(
-        "--minutes {} --seed {seed} --instances {} --strategy {}{} --fault-every-ms {} --stock {} --restock-every-ms {} --restock-units {} --buyers-per-sec {} --concurrency {} --lock-ttl-ms {} --sold-out-recheck-ms {}",
+        "--minutes {} --seed {seed} --instances {} --strategy {}{} --database {} --fault-every-ms {} --stock {} --restock-every-ms {} --restock-units {} --buyers-per-sec {} --concurrency {} --lock-ttl-ms {} --sold-out-recheck-ms {}",
         args.minutes,
         args.instances,
         args.strategy.name(),
         if args.sentinel { " --sentinel" } else { "" },
+        args.database.name(),
         args.fault_every_ms,
         args.stock,
         args.restock_every_ms,
@@ -79,11 +81,12 @@ pub async fn run(args: ChaosArgs, cancel: Cancel) -> anyhow::Result<bool> {
         sentinel: args.sentinel,
         lock_ttl_ms: args.lock_ttl_ms,
         sold_out_recheck_ms: args.sold_out_recheck_ms,
+        ha: args.database == ChaosDatabase::Ha,
     })
     .await?;
     println!(
         "chaos: a private {}, {} instances: {}",
-        servers_started(&cluster),
+        servers_started(&cluster, args.database == ChaosDatabase::Ha),
         cluster.instances(),
         cluster
             .urls()
@@ -144,8 +147,13 @@ fn refuse_what_the_servers_would_not_take(args: &ChaosArgs) -> anyhow::Result<()
 }
 
 /// The servers the soak started, for its first lines.
-fn servers_started(cluster: &Cluster) -> String {
-    match cluster.members() {
+fn servers_started(cluster: &Cluster, ha: bool) -> String {
+    let postgres = if ha {
+        "PostgreSQL of three members under Patroni (etcd, HAProxy in front)"
+    } else {
+        "PostgreSQL"
+    };
+    let servers = match cluster.members() {
         Some(members) if members.behind_sentinel() => format!(
             "PostgreSQL and {} Redis nodes behind three Sentinels (the instances' REDIS_URL stands idle)",
             members.count()
@@ -156,7 +164,8 @@ fn servers_started(cluster: &Cluster) -> String {
             members.name()
         ),
         None => "PostgreSQL and Redis".to_owned(),
-    }
+    };
+    servers.replacen("PostgreSQL", postgres, 1)
 }
 
 /// The soak in phases: a product, the load under the nemesis's faults, the evidence once
@@ -255,7 +264,11 @@ async fn load_under_faults(
         product_id,
         started_us,
     };
-    let kinds = FaultKind::applicable(args.strategy, args.sentinel);
+    let kinds = FaultKind::applicable(
+        args.strategy,
+        args.sentinel,
+        args.database == ChaosDatabase::Ha,
+    );
     let ensemble = schedule::Ensemble::of(args.strategy, args.sentinel);
     let schedule = Schedule::new(seed, cluster.instances(), ensemble, &kinds);
     let faults = nemesis::run(cluster, schedule, &plan, cancel).await;
@@ -286,7 +299,11 @@ fn write_report(
         started_us: soaked.started_us,
         ended_us: soaked.ended_us,
         sold_out_recheck_us: (args.sold_out_recheck_ms * 1000) as i64,
-        kinds: FaultKind::applicable(args.strategy, args.sentinel),
+        kinds: FaultKind::applicable(
+            args.strategy,
+            args.sentinel,
+            args.database == ChaosDatabase::Ha,
+        ),
     };
     let report = report::Report {
         header: &header,

@@ -18,6 +18,9 @@
 //! | cut-network | the instance's links dropped and refused for `lasts`; its links to the lock's ensemble (every member; one Redlock master) for `claim + lasts / 2` (past its session or lease) | passing again |
 //! | kill-member | SIGKILL the ensemble's leader or another member (a Redlock master; behind Sentinel the primary or the replica), down for `lasts / 2` (a killed primary until the Sentinels have failed over from it) | started again (a Redis node empty), every member serving with one leader (primary) |
 //! | pause-member | SIGSTOP the leader or another member (a Redlock master; behind Sentinel the primary, past the Sentinels' 1 s: usually failed over) for `claim + lasts / 2` | SIGCONT, and every member serving with one leader (primary) |
+//! | kill-primary (`ha` database) | SIGKILL the primary's Patroni and PostgreSQL; its synchronous standby is promoted; down `lasts / 2` after that | started again, streaming as a standby |
+//! | pause-primary (`ha` database) | SIGSTOP the primary's Patroni and PostgreSQL for Patroni's 10 s lease `+ lasts / 2`: a standby is promoted | SIGCONT; demoted by its Patroni, streaming as a standby |
+//! | kill-standby (`ha` database) | SIGKILL the synchronous standby, down `lasts / 2` | started again, streaming |
 //! | pause-member of the replica behind Sentinel | the replica stopped and its link filled for `lasts / 2` while the load goes on, then the primary SIGKILLed and the replica continued: promoted without the writes it missed (the fence on each, reported) | the old primary started again, empty, and following the new one |
 //!
 //! A member fault starts from an ensemble that serves (it waits for that first), and picks
@@ -33,6 +36,7 @@ use anyhow::Context;
 use tokio::time::Instant;
 
 use super::cluster::{Cluster, KEY_PREFIX};
+use super::failover;
 use super::history::{FaultRecord, Micros, now_us};
 use super::members::{self, Members};
 use super::proxy::Mode;
@@ -105,7 +109,7 @@ pub async fn run(
 }
 
 /// Sleep `duration`, or less if Ctrl-C comes.
-async fn hold(duration: Duration, cancel: &Cancel) {
+pub(super) async fn hold(duration: Duration, cancel: &Cancel) {
     let until = Instant::now() + duration;
     while Instant::now() < until && !cancel.is_set() {
         tokio::time::sleep((until - Instant::now()).min(Duration::from_millis(50))).await;
@@ -160,6 +164,9 @@ async fn inject(
         }
         FaultKind::KillMember => kill_member(cluster, fault, cancel).await?,
         FaultKind::PauseMember => pause_member(cluster, fault, plan, cancel).await?,
+        FaultKind::KillPrimary => failover::kill_primary(cluster, fault, cancel).await?,
+        FaultKind::PausePrimary => failover::pause_primary(cluster, fault, cancel).await?,
+        FaultKind::KillStandby => failover::kill_standby(cluster, fault, cancel).await?,
     })
 }
 

@@ -46,10 +46,20 @@ pub enum FaultKind {
     /// replica is stopped so that it misses writes, and then promoted: the primary is
     /// killed.
     PauseMember,
+    /// With the `ha` database: SIGKILL the primary (Patroni and PostgreSQL, as a machine
+    /// that dies); its synchronous standby is promoted; then start it again (it rejoins as
+    /// a standby, rewound).
+    KillPrimary,
+    /// With the `ha` database: SIGSTOP the primary (Patroni and PostgreSQL) past Patroni's
+    /// lease, so that a standby is promoted meanwhile, then SIGCONT (Patroni demotes it).
+    PausePrimary,
+    /// With the `ha` database: SIGKILL the synchronous standby (commits wait until Patroni
+    /// names the other standby), then start it again.
+    KillStandby,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 10] = [
+    pub const ALL: [FaultKind; 13] = [
         FaultKind::KillInstance,
         FaultKind::PauseInstance,
         FaultKind::RestartRedis,
@@ -60,6 +70,9 @@ impl FaultKind {
         FaultKind::CutNetwork,
         FaultKind::KillMember,
         FaultKind::PauseMember,
+        FaultKind::KillPrimary,
+        FaultKind::PausePrimary,
+        FaultKind::KillStandby,
     ];
 
     /// The kinds that do something under `strategy` (with `sentinel`: `redis` behind
@@ -67,8 +80,9 @@ impl FaultKind {
     /// instances, PostgreSQL, and Redis, which carries restock news under all of them);
     /// `fence-back` rewrites a Redis lock's keys, which only `redis` and `redlock` have;
     /// the member kinds hit the ensemble that only `zookeeper`, `etcd`, `redlock` and
-    /// Sentinel lock in ([`Ensemble::of`]).
-    pub fn applicable(strategy: LockStrategy, sentinel: bool) -> Vec<FaultKind> {
+    /// Sentinel lock in ([`Ensemble::of`]). With the `ha` database (`ha`), the primary and
+    /// standby kinds replace `restart-postgres` (Patroni, not the soak, restarts its members).
+    pub fn applicable(strategy: LockStrategy, sentinel: bool, ha: bool) -> Vec<FaultKind> {
         let has_members = Ensemble::of(strategy, sentinel).is_some();
         Self::ALL
             .into_iter()
@@ -77,6 +91,8 @@ impl FaultKind {
                     matches!(strategy, LockStrategy::Redis | LockStrategy::Redlock)
                 }
                 FaultKind::KillMember | FaultKind::PauseMember => has_members,
+                FaultKind::RestartPostgres => !ha,
+                FaultKind::KillPrimary | FaultKind::PausePrimary | FaultKind::KillStandby => ha,
                 _ => true,
             })
             .collect()
@@ -94,6 +110,9 @@ impl FaultKind {
             FaultKind::CutNetwork => "cut-network",
             FaultKind::KillMember => "kill-member",
             FaultKind::PauseMember => "pause-member",
+            FaultKind::KillPrimary => "kill-primary",
+            FaultKind::PausePrimary => "pause-primary",
+            FaultKind::KillStandby => "kill-standby",
         }
     }
 
@@ -391,8 +410,24 @@ mod tests {
     }
 
     #[test]
+    fn the_ha_database_is_failed_over_instead_of_restarted() {
+        let single = FaultKind::applicable(LockStrategy::Redis, false, false);
+        let ha = FaultKind::applicable(LockStrategy::Redis, false, true);
+        let database_kinds = [
+            FaultKind::KillPrimary,
+            FaultKind::PausePrimary,
+            FaultKind::KillStandby,
+        ];
+        assert!(single.contains(&FaultKind::RestartPostgres));
+        assert!(database_kinds.iter().all(|k| !single.contains(k)));
+        assert!(!ha.contains(&FaultKind::RestartPostgres));
+        assert!(database_kinds.iter().all(|k| ha.contains(k)));
+        assert_eq!(ha.len(), single.len() + 2);
+    }
+
+    #[test]
     fn a_fault_that_cannot_apply_to_the_strategy_is_never_drawn() {
-        let under_pg_atomic = FaultKind::applicable(LockStrategy::PgAtomic, false);
+        let under_pg_atomic = FaultKind::applicable(LockStrategy::PgAtomic, false, false);
         let faults: Vec<Fault> = Schedule::new(7, 3, None, &under_pg_atomic)
             .take(300)
             .collect();
@@ -406,7 +441,7 @@ mod tests {
         assert_eq!(drawn.len(), 7, "every other kind is drawn");
         assert_eq!(first.len(), 7, "each once in the first round");
         let member_kinds = [FaultKind::KillMember, FaultKind::PauseMember];
-        let under_redis = FaultKind::applicable(LockStrategy::Redis, false);
+        let under_redis = FaultKind::applicable(LockStrategy::Redis, false, false);
         assert!(!member_kinds.iter().any(|k| under_redis.contains(k)));
         assert_eq!(under_redis.len(), 8);
         for strategy in [
@@ -418,7 +453,7 @@ mod tests {
             LockStrategy::Etcd,
             LockStrategy::Redlock,
         ] {
-            let kinds = FaultKind::applicable(strategy, false);
+            let kinds = FaultKind::applicable(strategy, false, false);
             let redis_lock = matches!(strategy, LockStrategy::Redis | LockStrategy::Redlock);
             assert_eq!(
                 kinds.contains(&FaultKind::FenceBack),
@@ -437,7 +472,7 @@ mod tests {
     fn a_seed_replays_the_schedule_it_drew_before_ensembles_were_faulted() {
         // As a run of seed 20261203 under `redis` printed them before the member kinds
         // existed (CI's one-minute soak, 2026-12-05).
-        let kinds = FaultKind::applicable(LockStrategy::Redis, false);
+        let kinds = FaultKind::applicable(LockStrategy::Redis, false, false);
         let faults: Vec<Fault> = Schedule::new(20261203, 3, None, &kinds).take(8).collect();
         let names: Vec<&str> = faults.iter().map(|f| f.kind.name()).collect();
         assert_eq!(
@@ -473,7 +508,7 @@ mod tests {
 
     #[test]
     fn with_an_ensemble_every_member_the_leader_and_the_members_links_are_drawn() {
-        let kinds = FaultKind::applicable(LockStrategy::Etcd, false);
+        let kinds = FaultKind::applicable(LockStrategy::Etcd, false, false);
         let faults: Vec<Fault> =
             Schedule::new(7, 3, Ensemble::of(LockStrategy::Etcd, false), &kinds)
                 .take(300)
@@ -500,7 +535,7 @@ mod tests {
 
     #[test]
     fn behind_sentinel_every_kind_is_drawn_and_network_faults_hit_the_postgres_link() {
-        let kinds = FaultKind::applicable(LockStrategy::Redis, true);
+        let kinds = FaultKind::applicable(LockStrategy::Redis, true, false);
         assert_eq!(
             kinds,
             FaultKind::ALL,
