@@ -217,11 +217,13 @@ fn is_unavailable(error: &sqlx::Error) -> bool {
             // connect now (pg_terminate_backend, a restart); 57P05: the session sat idle
             // longer than the server's idle_session_timeout (pooled connections are not
             // pinged before use); 25P03: the session sat idle in a transaction too long and
-            // PostgreSQL ended it (this instance was paused).
+            // PostgreSQL ended it (this instance was paused); 25006: the server takes no
+            // writes (a standby: behind HAProxy, a member that holds Patroni's lease but has
+            // not finished its promotion takes connections for a moment).
             code.starts_with("08")
                 || matches!(
                     code.as_ref(),
-                    "57P01" | "57P02" | "57P03" | "57P05" | "25P03"
+                    "57P01" | "57P02" | "57P03" | "57P05" | "25P03" | "25006"
                 )
         }),
         _ => false,

@@ -187,6 +187,75 @@ async fn pooled_connections_the_server_closed_while_idle_answer_503_never_500(
     );
 }
 
+/// A server that takes no writes (a standby: behind HAProxy, a member that holds Patroni's
+/// lease but has not finished its promotion takes connections for a moment; found by the
+/// fault soak on the `ha` database, which answered 500) refuses a batch with SQLSTATE 25006:
+/// nothing was written, and the answer is 503 `database_unavailable`, to retry.
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn a_server_that_takes_no_writes_answers_503_never_500(
+    _pool_options: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    // Arrange: a product; then every new session of the database is read-only, as on a
+    // standby; the service opens its sessions after that.
+    let admin = PgPool::connect_with(connect.clone()).await.unwrap();
+    let product = insert_product(&admin).await;
+    let database = connect.get_database().expect("a test database").to_owned();
+    sqlx::query(&format!(
+        "ALTER DATABASE \"{database}\" SET default_transaction_read_only = on"
+    ))
+    .execute(&admin)
+    .await
+    .unwrap();
+    let mut url = reqwest::Url::parse(
+        &std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into()),
+    )
+    .unwrap();
+    url.set_path(&format!("/{database}"));
+    for strategy in [
+        LockStrategy::Redis,
+        LockStrategy::PgRow,
+        LockStrategy::PgAtomic,
+    ] {
+        let prefix = testkit::unique_prefix("read-only");
+        let _cleanup = testkit::PrefixCleanup::new(&shared_redis_url(), &prefix);
+        let mut settings = settings(&shared_redis_url(), &prefix);
+        settings.database.url = Some(url.to_string().into());
+        settings.lock.strategy = strategy;
+        // Migrations write: they ran before the database turned read-only.
+        let app = seckill::Application::build_with_pool(
+            settings,
+            PgPool::connect(url.as_str()).await.unwrap(),
+        )
+        .await
+        .expect("the app builds");
+        let address = format!("http://127.0.0.1:{}", app.port());
+        tokio::spawn(app.run_until_stopped());
+
+        // Act
+        let response = reqwest::Client::new()
+            .post(format!("{address}/api/products/{product}/purchase"))
+            .bearer_auth(crate::helpers::buyer_token(1))
+            .json(&serde_json::json!({"user_id": 1}))
+            .send()
+            .await
+            .unwrap();
+
+        // Assert
+        assert_eq!(
+            error_code(response).await,
+            (503, "database_unavailable".to_owned()),
+            "{strategy:?}"
+        );
+    }
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+    assert_eq!(orders, 0);
+}
+
 /// PostgreSQL restarting closes every session, and can close a new connection after its
 /// first request, before any reply. Nothing is written then, and the answers say so. sqlx asks a new connection for TLS first
 /// (`sslmode=prefer`, its default) and takes that close for a reply of 0x00: a protocol

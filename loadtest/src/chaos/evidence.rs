@@ -58,9 +58,12 @@ pub async fn database(pool: &PgPool, product_id: i64) -> anyhow::Result<Database
     .fetch_all(pool)
     .await
     .context("reading the orders")?;
-    let ledger: Vec<(i64, String, Option<Micros>)> = sqlx::query_as(
-        "SELECT delta, reason, (EXTRACT(EPOCH FROM pg_xact_commit_timestamp(xmin)) * 1000000)::BIGINT
-         FROM stock_changes WHERE product_id = $1 ORDER BY id",
+    // A restock's idempotency key is stored by the same transaction as its ledger row.
+    let ledger: Vec<(i64, String, Option<Micros>, Option<String>)> = sqlx::query_as(
+        "SELECT s.delta, s.reason,
+                (EXTRACT(EPOCH FROM pg_xact_commit_timestamp(s.xmin)) * 1000000)::BIGINT, a.key
+         FROM stock_changes s LEFT JOIN admin_requests a ON a.xmin = s.xmin
+         WHERE s.product_id = $1 ORDER BY s.id",
     )
     .bind(product_id)
     .fetch_all(pool)
@@ -82,11 +85,12 @@ pub async fn database(pool: &PgPool, product_id: i64) -> anyhow::Result<Database
             .collect::<anyhow::Result<_>>()?,
         ledger: ledger
             .into_iter()
-            .map(|(delta, reason, committed)| {
+            .map(|(delta, reason, committed, key)| {
                 Ok(LedgerEntry {
                     delta,
                     reason,
                     committed_us: committed.ok_or_else(missing)?,
+                    key,
                 })
             })
             .collect::<anyhow::Result<_>>()?,

@@ -47,6 +47,7 @@ pub fn ledger(delta: i64, reason: &str, committed: f64) -> LedgerEntry {
         delta,
         reason: reason.to_owned(),
         committed_us: at(committed),
+        key: None,
     }
 }
 

@@ -71,6 +71,9 @@ pub struct LedgerEntry {
     /// `create`, `restock` or `set`.
     pub reason: String,
     pub committed_us: Micros,
+    /// The `Idempotency-Key` of the admin write that made it (the key stored in the same
+    /// transaction), if it had one.
+    pub key: Option<String>,
 }
 
 /// What the order lookup (`GET /api/products/{id}/orders/{user_id}`) said about a buyer.

@@ -1,7 +1,15 @@
 //! The stock over time, rebuilt from the commit times of the ledger's rows and the orders:
 //! when it was zero, and how low it went in a span.
+//!
+//! A commit is stamped before it becomes visible, and under synchronous replication it
+//! stays invisible until a standby confirms it, which takes seconds when the standby is
+//! away (a database failing over): a restock stamped at 12 s may be seen by nobody until
+//! 13 s. So a change that raises the stock counts from the moment it was surely visible:
+//! the first 2xx answer to its admin write (found by its idempotency key), when there was
+//! one; a change that lowers it counts from its commit's stamp, the earliest it could be
+//! seen. The stock is then above zero in this history only when it was surely so.
 
-use super::super::history::Micros;
+use super::super::history::{Micros, Restock};
 use super::Database;
 
 /// The stock over time, from the commit times of the ledger's rows and the orders.
@@ -15,11 +23,18 @@ pub(super) struct StockHistory {
 }
 
 impl StockHistory {
-    pub(super) fn of(db: &Database) -> Self {
+    pub(super) fn of(db: &Database, restocks: &[Restock]) -> Self {
+        let answered = |key: &Option<String>| {
+            let key = key.as_deref()?;
+            restocks.iter().find(|r| r.key == key)?.applied_by()
+        };
         let mut changes: Vec<(Micros, i64)> = db
             .ledger
             .iter()
-            .map(|l| (l.committed_us, l.delta))
+            .map(|l| match answered(&l.key) {
+                Some(by) if l.delta > 0 => (by.max(l.committed_us), l.delta),
+                _ => (l.committed_us, l.delta),
+            })
             .chain(db.orders.iter().map(|o| (o.committed_us, -o.quantity)))
             .collect();
         // Within one microsecond, sales first: the stock may have touched zero there.
@@ -70,8 +85,44 @@ impl StockHistory {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fixtures::{at, ledger, order};
+    use super::super::super::history::RestockAttempt;
+    use super::super::fixtures::{at, http, ledger, order};
     use super::*;
+
+    /// A restock stamped at 2 s and first answered 2xx at 3 s (its commit waited for a
+    /// standby): the stock is surely above zero from 3 s only; an order counts from its stamp.
+    #[test]
+    fn a_restock_counts_from_its_answer_and_an_order_from_its_stamp() {
+        let mut restock = ledger(5, "restock", 2.0);
+        restock.key = Some("k".into());
+        let db = Database {
+            stock: 4,
+            orders: vec![order(1, 1, 3.5)],
+            ledger: vec![ledger(0, "create", 0.0), restock],
+        };
+        let answered = Restock {
+            key: "k".into(),
+            units: 5,
+            attempts: vec![RestockAttempt {
+                instance: 0,
+                sent_us: at(1.9),
+                answered_us: at(3.0),
+                answer: http(200, "", None),
+            }],
+        };
+        let h = StockHistory::of(&db, std::slice::from_ref(&answered));
+        assert!(
+            !h.positive_throughout(at(2.1), at(2.9)),
+            "stamped, not yet seen"
+        );
+        assert!(h.positive_throughout(at(3.0), at(4.0)));
+        assert_eq!(h.min_stock(at(3.6), at(4.0)), 4);
+        let by_stamp = StockHistory::of(&db, &[]);
+        assert!(
+            by_stamp.positive_throughout(at(2.1), at(2.9)),
+            "without its answer: its stamp"
+        );
+    }
 
     #[test]
     fn the_stock_history_knows_when_it_was_zero() {
@@ -80,7 +131,7 @@ mod tests {
             orders: vec![order(1, 1, 1.0), order(2, 2, 3.0)],
             ledger: vec![ledger(1, "create", 0.0), ledger(1, "restock", 2.0)],
         };
-        let h = StockHistory::of(&db);
+        let h = StockHistory::of(&db, &[]);
         assert!(h.positive_throughout(at(0.1), at(0.9)));
         assert!(!h.positive_throughout(at(0.1), at(1.0)));
         assert!(!h.positive_throughout(at(1.5), at(1.6)));
