@@ -181,11 +181,7 @@ impl Metrics {
                 "holder_statements_total",
                 "Statements the lock holders' writer sent, each one or more products' batches",
             ),
-            lost_answers: families.counter_vec(
-                "lost_answers_total",
-                "Purchases whose commit answer was lost, by what looking the order up found (created, already_purchased, or still outcome_unknown)",
-                "answer",
-            ),
+            lost_answers: lost_answers(&families),
             phases: BatchPhases {
                 queue: phase_seconds.with_label_values(&["queue"]),
                 write: phase_seconds.with_label_values(&["write"]),
@@ -203,6 +199,20 @@ impl Metrics {
             .expect("encoding to a Vec cannot fail");
         String::from_utf8(out).expect("the text format is UTF-8")
     }
+}
+
+/// `lost_answers_total`, with each answer's series at 0 from the start (a series appears
+/// only once it has a label, and a dashboard wants the zero).
+fn lost_answers(families: &Families) -> IntCounterVec {
+    let counters = families.counter_vec(
+        "lost_answers_total",
+        "Purchases whose commit answer was lost, by what looking the order up found (created, already_purchased, or still outcome_unknown)",
+        "answer",
+    );
+    for answer in ["created", "already_purchased", "outcome_unknown"] {
+        counters.with_label_values(&[answer]);
+    }
+    counters
 }
 
 /// The purchase counters by outcome, and the latency histogram of one strategy, looked up

@@ -270,7 +270,7 @@ pub struct ChaosArgs {
     /// `ha`, three members run by Patroni (etcd its store, `synchronous_mode_strict`) with
     /// HAProxy in front of the primary, as production fails a database over. Under `ha`
     /// the nemesis kills the primary (its synchronous standby is promoted), pauses it past
-    /// Patroni's 10 s lease (a standby is promoted, and the old primary demoted when it
+    /// Patroni's 20 s lease (a standby is promoted, and the old primary demoted when it
     /// resumes), and kills the synchronous standby, instead of restarting the server.
     #[arg(long, value_enum, default_value_t = ChaosDatabase::Single)]
     pub database: ChaosDatabase,

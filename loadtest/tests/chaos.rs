@@ -1,6 +1,7 @@
 //! The fault soak (`loadtest chaos`), short: a minute with a fixed seed, every kind of fault
 //! injected at least once, and no violation, under `redis`, and under `zookeeper`, `etcd`,
-//! `redlock` and Redis behind Sentinel with their own servers' faults; and the negative
+//! `redlock` and Redis behind Sentinel with their own servers' faults, and on a database that
+//! fails over (`--database ha`) with its primary killed and paused; and the negative
 //! control, a soak under the unsafe `none` strategy, which must find the lost updates it
 //! makes. That the checker catches each kind of violation (a 201 without its order, an
 //! oversell, a lost update, a wrong sold_out, ...) is shown on fabricated histories by the
@@ -272,6 +273,49 @@ fn a_soak_behind_sentinel_with_failovers_finds_no_violation() {
         .iter()
         .any(|d| d.contains("(the replica) stalled") && d.contains("promoted"));
     assert!(killed_primary && promoted, "{details:#?}");
+}
+
+/// The kinds that fail the `ha` database over, drawn with `--database ha` only (instead of
+/// `restart-postgres`).
+const DATABASE_KINDS: [&str; 3] = ["kill-primary", "pause-primary", "kill-standby"];
+
+#[test]
+fn a_soak_on_a_database_that_fails_over_finds_no_violation() {
+    let _alone = ONE_SOAK_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // Act: PostgreSQL run by Patroni, its primary killed and paused, its standby killed.
+    // TIMING: a failover takes about 20 s (Patroni's lease) and the old primary's return as
+    // a standby some 5 s more; the ten kinds take about 100 s with their quiet spells: two
+    // and a half minutes leave room.
+    let (code, report, said) = soak(&[
+        "--database",
+        "ha",
+        "--minutes",
+        "2.5",
+        "--seed",
+        SEED,
+        "--fault-every-ms",
+        "2000",
+        "--restock-units",
+        "100",
+    ]);
+
+    // Assert: it passed, every kind that applies ran (the database's own instead of
+    // restart-postgres), and the sale both sold and sold out.
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(report["violations"], 0, "{said}");
+    let expected: Vec<&str> = KINDS
+        .into_iter()
+        .filter(|kind| *kind != "restart-postgres")
+        .chain(DATABASE_KINDS)
+        .collect();
+    for kind in &expected {
+        let injected = report["faults"][kind]["injected"].as_u64().unwrap_or(0);
+        assert!(injected >= 1, "{kind} was not injected:\n{said}");
+    }
+    let counted = report["faults"].as_object().unwrap().len();
+    assert_eq!(counted, expected.len(), "only the kinds that apply: {said}");
+    assert!(report["orders"].as_u64().unwrap() > 100, "{said}");
+    assert!(report["sold_out_answers"].as_u64().unwrap() > 0, "{said}");
 }
 
 #[test]

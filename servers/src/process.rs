@@ -5,7 +5,7 @@
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::{Error, Result};
 
@@ -112,6 +112,51 @@ pub(crate) fn find(names: &[&str], extra: &[PathBuf]) -> Option<PathBuf> {
         .chain(extra.iter().cloned())
         .find(|dir| names.iter().all(|name| dir.join(name).is_file()))
         .map(|dir| dir.join(names[0]))
+}
+
+/// The pids whose parent is `parent` (from `/proc/<pid>/stat`).
+pub(crate) fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                // `pid (comm) state ppid ...`: comm may hold spaces, so read after its `)`.
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
+}
+
+/// Send `sig` to `pid` (a process this one started, or one of its descendants, looked up
+/// just before); a pid already gone is no error.
+pub(crate) fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: a signal to a pid of ours or of our children's, read just before.
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+/// Whether `pid` runs (a zombie does not: a killed postmaster waits for init to reap it).
+pub(crate) fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
+/// Wait (ten seconds at most) until `pid` no longer runs.
+pub(crate) fn wait_gone(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[cfg(test)]

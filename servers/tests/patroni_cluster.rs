@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use servers::{PatroniCluster, Tie};
 
-/// TIMING: a failover waits out the leader lease (10 s) and a Patroni loop or two; a
+/// TIMING: a failover waits out the leader lease (20 s) and a Patroni loop or two; a
 /// returning member rewinds and streams again within a few loops. A minute for each holds
 /// on a busy two-core machine.
 const WITHIN: Duration = Duration::from_secs(60);
@@ -30,7 +30,7 @@ fn running(pid: u32) -> bool {
 }
 
 #[test]
-fn a_killed_primary_is_replaced_by_its_synchronous_standby_with_every_answered_commit() {
+fn a_killed_primary_is_replaced_with_every_answered_commit() {
     // Arrange: a cluster serving through HAProxy, and commits answered before the kill.
     let mut cluster = PatroniCluster::start(&[("track_commit_timestamp", "on")], Tie::Child)
         .unwrap_or_else(|e| panic!("{e}"));

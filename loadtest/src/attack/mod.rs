@@ -62,6 +62,15 @@ impl Cancel {
     pub fn is_set(&self) -> bool {
         self.0.load(Ordering::SeqCst)
     }
+
+    /// Sleep `duration`, or less if Ctrl-C comes.
+    pub async fn hold(&self, duration: std::time::Duration) {
+        let until = tokio::time::Instant::now() + duration;
+        while tokio::time::Instant::now() < until && !self.is_set() {
+            let left = until - tokio::time::Instant::now();
+            tokio::time::sleep(left.min(std::time::Duration::from_millis(50))).await;
+        }
+    }
 }
 
 /// What the attack does besides buying.

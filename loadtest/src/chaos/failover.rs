@@ -11,11 +11,10 @@ use servers::patroni::{MEMBERS, TTL_SECS};
 use tokio::time::Instant;
 
 use super::cluster::Cluster;
-use super::nemesis::hold;
 use super::schedule::Fault;
 use crate::attack::Cancel;
 
-/// TIMING: a failover waits out the 10 s lease and a Patroni loop or two; a returning
+/// TIMING: a failover waits out the 20 s lease and a Patroni loop or two; a returning
 /// member rewinds and streams within a few loops. Two minutes hold on a busy machine.
 const WITHIN: Duration = Duration::from_secs(120);
 
@@ -32,7 +31,7 @@ pub async fn kill_primary(
     patroni.kill(old);
     let new = tokio::task::block_in_place(|| promoted_other_than(patroni, old))?;
     let promoted_after = killed.elapsed();
-    hold(fault.lasts / 2, cancel).await;
+    cancel.hold(fault.lasts / 2).await;
     patroni.restart(old)?;
     tokio::task::block_in_place(|| back_as_a_standby(patroni, old))?;
     Ok(format!(
@@ -56,7 +55,7 @@ pub async fn pause_primary(
     let old = tokio::task::block_in_place(|| serving(patroni))?;
     let paused = Duration::from_secs(TTL_SECS + 2) + fault.lasts / 2;
     patroni.pause(old);
-    hold(paused, cancel).await;
+    cancel.hold(paused).await;
     patroni.resume(old);
     let resumed = Instant::now();
     let now = tokio::task::block_in_place(|| serving(patroni))?;
@@ -88,7 +87,7 @@ pub async fn kill_standby(
         .sync_standby()
         .context("no synchronous standby to kill")?;
     patroni.kill(standby);
-    hold(fault.lasts / 2, cancel).await;
+    cancel.hold(fault.lasts / 2).await;
     patroni.restart(standby)?;
     let restarted = Instant::now();
     tokio::task::block_in_place(|| back_as_a_standby(patroni, standby))?;

@@ -19,7 +19,7 @@
 //! | kill-member | SIGKILL the ensemble's leader or another member (a Redlock master; behind Sentinel the primary or the replica), down for `lasts / 2` (a killed primary until the Sentinels have failed over from it) | started again (a Redis node empty), every member serving with one leader (primary) |
 //! | pause-member | SIGSTOP the leader or another member (a Redlock master; behind Sentinel the primary, past the Sentinels' 1 s: usually failed over) for `claim + lasts / 2` | SIGCONT, and every member serving with one leader (primary) |
 //! | kill-primary (`ha` database) | SIGKILL the primary's Patroni and PostgreSQL; its synchronous standby is promoted; down `lasts / 2` after that | started again, streaming as a standby |
-//! | pause-primary (`ha` database) | SIGSTOP the primary's Patroni and PostgreSQL for Patroni's 10 s lease `+ lasts / 2`: a standby is promoted | SIGCONT; demoted by its Patroni, streaming as a standby |
+//! | pause-primary (`ha` database) | SIGSTOP the primary's Patroni and PostgreSQL for Patroni's 20 s lease `+ lasts / 2`: a standby is promoted | SIGCONT; demoted by its Patroni, streaming as a standby |
 //! | kill-standby (`ha` database) | SIGKILL the synchronous standby, down `lasts / 2` | started again, streaming |
 //! | pause-member of the replica behind Sentinel | the replica stopped and its link filled for `lasts / 2` while the load goes on, then the primary SIGKILLed and the replica continued: promoted without the writes it missed (the fence on each, reported) | the old primary started again, empty, and following the new one |
 //!
@@ -77,7 +77,7 @@ pub async fn run(
     let mut records = Vec::new();
     for fault in schedule {
         let left = plan.until.saturating_duration_since(Instant::now());
-        hold(plan.fault_every.min(left), cancel).await;
+        cancel.hold(plan.fault_every.min(left)).await;
         if Instant::now() >= plan.until || cancel.is_set() {
             break;
         }
@@ -108,14 +108,6 @@ pub async fn run(
     Ok(records)
 }
 
-/// Sleep `duration`, or less if Ctrl-C comes.
-pub(super) async fn hold(duration: Duration, cancel: &Cancel) {
-    let until = Instant::now() + duration;
-    while Instant::now() < until && !cancel.is_set() {
-        tokio::time::sleep((until - Instant::now()).min(Duration::from_millis(50))).await;
-    }
-}
-
 /// Inject one fault and heal it; what was done.
 async fn inject(
     cluster: &mut Cluster,
@@ -136,7 +128,7 @@ async fn inject(
         }
         FaultKind::DelayNetwork => {
             cluster.set_links(slot, fault.links, fault.member, Mode::Delay(fault.delay));
-            hold(fault.lasts, cancel).await;
+            cancel.hold(fault.lasts).await;
             cluster.set_links(slot, fault.links, fault.member, Mode::Pass);
             format!(
                 "instance {slot}'s {} delayed {} ms each way for {} ms",
@@ -154,7 +146,7 @@ async fn inject(
                 fault.lasts
             };
             cluster.set_links(slot, fault.links, fault.member, Mode::Cut);
-            hold(lasts, cancel).await;
+            cancel.hold(lasts).await;
             cluster.set_links(slot, fault.links, fault.member, Mode::Pass);
             format!(
                 "instance {slot}'s {} cut for {} ms",
@@ -217,7 +209,7 @@ async fn kill_member(
     let (pid, before) = (members.pid(i), members.leader());
     let down = fault.lasts / 2;
     members.kill(i);
-    hold(down, cancel).await;
+    cancel.hold(down).await;
     let started = Instant::now();
     // Blocks until the ensemble serves again; the load goes on on the other worker.
     tokio::task::block_in_place(|| members.restart(i))?;
@@ -251,7 +243,7 @@ async fn pause_member(
     members.signal(i, "-STOP");
     // TIMING: the pause outlasts a session or lease by at least 500 ms: the clients
     // connected to it move to another member, or lose what they held.
-    hold(paused, cancel).await;
+    cancel.hold(paused).await;
     members.signal(i, "-CONT");
     let continued = Instant::now();
     tokio::task::block_in_place(|| members.wait_until_serving())?;
@@ -281,7 +273,7 @@ async fn stale_replica_promoted(
     let started = Instant::now();
     let members = cluster.members_mut().context("no ensemble")?;
     let replica = tokio::task::block_in_place(|| members.stall_the_replica())?;
-    hold(stalled, cancel).await;
+    cancel.hold(stalled).await;
     if cancel.is_set() {
         tokio::task::block_in_place(|| members.resume_the_replica(replica))?;
         return Ok(format!(
@@ -333,7 +325,7 @@ async fn kill_instance(
     let pid = cluster.pid(slot);
     let down = fault.lasts / 4;
     cluster.kill(slot);
-    hold(down, cancel).await;
+    cancel.hold(down).await;
     let started = Instant::now();
     cluster.restart(slot).await?;
     Ok(format!(
@@ -356,7 +348,7 @@ async fn pause_instance(
     // TIMING: the pause outlasts the lock's claim (LOCK_TTL_MS, the session or the lease)
     // by at least 500 ms, so another instance can take the lock while this one still
     // thinks it holds it.
-    hold(paused, cancel).await;
+    cancel.hold(paused).await;
     cluster.signal(slot, libc::SIGCONT);
     format!(
         "instance {slot} (pid {}) SIGSTOPped for {} ms (the lock's claim: {} ms; LOCK_TTL_MS {})",
@@ -384,7 +376,7 @@ async fn fence_back(
     }
     let mut conn = cluster.lock_redis(fault.member).await?;
     let then = keys.read(&mut conn).await?;
-    hold(fault.lasts, cancel).await;
+    cancel.hold(fault.lasts).await;
     // Again to the Redis that keeps the lock now (behind Sentinel, after a failover of its
     // own meanwhile, the new primary).
     let mut conn = cluster.lock_redis(fault.member).await?;

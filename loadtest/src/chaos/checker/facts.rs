@@ -49,7 +49,7 @@ impl<'a> Facts<'a> {
             sold: db.orders.iter().map(|o| o.quantity).sum(),
             restocked_units: applied.iter().map(|r| r.units).sum(),
             applied,
-            stock: StockHistory::of(db, &e.restocks),
+            stock: StockHistory::of(db, e.restocks),
         }
     }
 

@@ -8,8 +8,10 @@
 //! standby has it, so the standby Patroni promotes holds every commit that was answered;
 //! with no standby left, commits wait.
 //!
-//! Assumes Debian's `patroni` (3.0), `haproxy` and `etcd-server`, and PostgreSQL's binaries
-//! (as [`PostgresServer`](crate::PostgresServer) finds them). As root, Patroni and its
+//! Assumes `patroni` on the PATH, newer than Debian bookworm's 3.0 (which loses track of its
+//! synchronous standby after a failover, and is refused: `.ci/run` installs 4.1 from PyPI
+//! into a virtual environment), Debian's `haproxy` and `etcd-server`, and PostgreSQL's
+//! binaries (as [`PostgresServer`](crate::PostgresServer) finds them). As root, Patroni and its
 //! PostgreSQL run as the `postgres` account, which initdb needs.
 //!
 //! A member is Patroni (our child) and the PostgreSQL it starts, which Patroni detaches from
@@ -24,10 +26,13 @@ use std::time::{Duration, Instant};
 
 use crate::etcd::http_request;
 use crate::postgres::{as_account, bin_dir, unprivileged_account};
-use crate::process::{Tie, log_tail, reap, temp_dir};
+use crate::process::{Tie, alive, children_of, log_tail, reap, signal, temp_dir, wait_gone};
 use crate::{ATTEMPTS, Error, EtcdServer, Result, distinct_free_ports};
 
-const INSTALL: &str = "install it (Debian: apt-get install patroni haproxy etcd-server)";
+mod files;
+
+const INSTALL: &str =
+    "install it (Debian: apt-get install haproxy etcd-server; Patroni from PyPI, see .ci/run)";
 
 /// The members of every cluster.
 pub const MEMBERS: usize = 3;
@@ -35,10 +40,10 @@ pub const MEMBERS: usize = 3;
 /// Patroni's leader lease in etcd, in seconds: a primary whose Patroni stops renewing it is
 /// replaced once it runs out.
 ///
-/// TIMING: with `loop_wait` 1 s and `retry_timeout` 4 s, Patroni's rule (`loop_wait + 2 ×
-/// retry_timeout ≤ ttl`) holds with a second to spare; a lease short enough that a failover
-/// takes seconds, long enough that a busy two-core machine does not lose it by accident.
-pub const TTL_SECS: u64 = 10;
+/// TIMING: the shortest Patroni takes (it raises a shorter one to 20 s); with `loop_wait` 1 s
+/// and `retry_timeout` 4 s, its rule (`loop_wait + 2 × retry_timeout ≤ ttl`) holds with room
+/// to spare, and a busy two-core machine does not lose the lease by accident.
+pub const TTL_SECS: u64 = 20;
 
 /// How long a start may take until a primary and a synchronous standby serve, and HAProxy
 /// sends connections to the primary.
@@ -102,6 +107,7 @@ impl PatroniCluster {
                 )));
             }
         }
+        refuse_patroni_3_0()?;
         let mut last = None;
         for _ in 0..ATTEMPTS.min(2) {
             match Self::try_start(settings, tie, &bin) {
@@ -156,42 +162,22 @@ impl PatroniCluster {
         Ok(cluster)
     }
 
-    /// Each member's `patroni.yml` (owned by the account it runs as), and HAProxy's file.
+    /// Each member's `patroni.yml` (owned by the account it runs as), and HAProxy's file
+    /// ([`files`]).
     fn write_files(&self, settings: &[(&str, &str)]) -> Result<()> {
-        let parameters: String = [("max_connections", "300"), ("wal_log_hints", "on")]
-            .iter()
-            .chain(settings)
-            .map(|(name, value)| format!("        {name}: \"{value}\"\n"))
-            .collect();
         for member in &self.members {
             let home = member.config.parent().expect("in its member's directory");
             std::fs::create_dir_all(home).map_err(crate::io("making a member's directory"))?;
-            let config = format!(
-                "scope: seckill\n\
-                 name: {name}\n\
-                 restapi:\n  listen: 127.0.0.1:{api}\n  connect_address: 127.0.0.1:{api}\n\
-                 etcd3:\n  hosts: 127.0.0.1:{etcd}\n\
-                 bootstrap:\n  dcs:\n    ttl: {TTL_SECS}\n    loop_wait: 1\n    retry_timeout: 4\n\
-                 \x20   maximum_lag_on_failover: 1048576\n\
-                 \x20   synchronous_mode: true\n    synchronous_mode_strict: true\n\
-                 \x20   postgresql:\n      use_pg_rewind: true\n      use_slots: true\n\
-                 \x20     parameters:\n{parameters}\
-                 \x20 initdb:\n  - encoding: UTF8\n  - auth: trust\n\
-                 \x20 pg_hba:\n  - local all all trust\n  - host all all 127.0.0.1/32 trust\n\
-                 \x20 - host replication all 127.0.0.1/32 trust\n\
-                 postgresql:\n  listen: 127.0.0.1:{pg}\n  connect_address: 127.0.0.1:{pg}\n\
-                 \x20 data_dir: {data}\n  bin_dir: {bin}\n  pgpass: {home}/pgpass\n\
-                 \x20 authentication:\n    superuser: {{username: postgres}}\n\
-                 \x20   replication: {{username: postgres}}\n    rewind: {{username: postgres}}\n\
-                 \x20 parameters:\n    unix_socket_directories: \"{home}\"\n",
-                name = member.name,
-                api = member.api_port,
-                etcd = self.etcd.port(),
-                pg = member.pg_port,
-                data = member.data.display(),
-                bin = self.bin.display(),
-                home = home.display(),
-            );
+            let config = files::patroni_yml(&files::MemberFile {
+                name: &member.name,
+                api_port: member.api_port,
+                etcd_port: self.etcd.port(),
+                pg_port: member.pg_port,
+                data: &member.data,
+                bin: &self.bin,
+                home,
+                settings,
+            });
             std::fs::write(&member.config, config)
                 .map_err(crate::io("writing a member's patroni.yml"))?;
             if let Some((uid, gid)) = self.account {
@@ -202,31 +188,16 @@ impl PatroniCluster {
                     ))?;
             }
         }
-        let servers: String = self
+        let servers: Vec<(&str, u16, u16)> = self
             .members
             .iter()
-            .map(|m| {
-                format!(
-                    "    server {} 127.0.0.1:{} check port {}\n",
-                    m.name, m.pg_port, m.api_port
-                )
-            })
+            .map(|m| (m.name.as_str(), m.pg_port, m.api_port))
             .collect();
-        // Checks every 500 ms; a member is out after two failed checks and in after one
-        // good one; the sessions of a member marked out are cut, so that no client goes on
-        // writing to a demoted primary.
-        let haproxy = format!(
-            "global\n    maxconn 2000\n\
-             defaults\n    mode tcp\n    timeout connect 1s\n    timeout client 1h\n\
-             \x20   timeout server 1h\n    timeout check 1s\n\
-             listen primary\n    bind 127.0.0.1:{port}\n\
-             \x20   option httpchk GET /primary\n    http-check expect status 200\n\
-             \x20   default-server inter 500ms fall 2 rise 1 on-marked-down shutdown-sessions\n\
-             {servers}",
-            port = self.haproxy_port,
-        );
-        std::fs::write(self.dir.join("haproxy.cfg"), haproxy)
-            .map_err(crate::io("writing haproxy.cfg"))
+        std::fs::write(
+            self.dir.join("haproxy.cfg"),
+            files::haproxy_cfg(self.haproxy_port, &servers),
+        )
+        .map_err(crate::io("writing haproxy.cfg"))
     }
 
     fn spawn_patroni(&mut self, i: usize) -> Result<()> {
@@ -471,52 +442,31 @@ impl Drop for PatroniCluster {
     }
 }
 
+/// Patroni 3.0 (Debian bookworm's package) keeps a stale copy of etcd's keys after a
+/// failover and then fails every update of the synchronous standby's key ("Synchronous
+/// replication key updated by someone else", patroni#2779, fixed in a later release): the
+/// cluster serves without a synchronous standby until its Patroni restarts. Refused, with
+/// how to install a newer one.
+fn refuse_patroni_3_0() -> Result<()> {
+    let output = Command::new("patroni")
+        .arg("--version")
+        .output()
+        .map_err(crate::io("running patroni --version"))?;
+    let version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    if version.starts_with("patroni 3.0.") || version.starts_with("patroni 2.") {
+        return Err(Error::NotInstalled(format!(
+            "{version} on the PATH loses track of its synchronous standby after a failover \
+             (patroni#2779): install a newer one (python3 -m venv /opt/patroni-venv && \
+             /opt/patroni-venv/bin/pip install 'patroni[etcd3,psycopg3]' 'psycopg[binary]' && \
+             ln -s /opt/patroni-venv/bin/patroni /usr/local/bin/patroni)"
+        )));
+    }
+    Ok(())
+}
+
 /// The postmaster's pid, from the first line of `data/postmaster.pid`, if that process runs.
 fn postmaster_pid(data: &Path) -> Option<u32> {
     let file = std::fs::read_to_string(data.join("postmaster.pid")).ok()?;
     let pid: u32 = file.lines().next()?.trim().parse().ok()?;
     alive(pid).then_some(pid)
-}
-
-/// The pids whose parent is `parent` (from `/proc/<pid>/stat`).
-fn children_of(parent: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                // `pid (comm) state ppid ...`: comm may hold spaces, so read after its `)`.
-                stat.rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
-                    == Some(parent)
-            })
-        })
-        .collect()
-}
-
-fn signal(pid: u32, sig: libc::c_int) {
-    // SAFETY: a signal to a pid of ours (a member's process), read just before.
-    unsafe {
-        libc::kill(pid as i32, sig);
-    }
-}
-
-/// Whether `pid` runs (a zombie does not: a killed postmaster waits for init to reap it).
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X")
-    })
-}
-
-/// Wait (ten seconds at most) until `pid` no longer runs.
-fn wait_gone(pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alive(pid) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
