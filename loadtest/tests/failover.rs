@@ -449,6 +449,13 @@ async fn with_no_standby_left_a_purchase_waits_and_is_never_answered_201() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let unconfirmed = waiting.await.unwrap();
+    // Answered without cancelling the commit: it still waits for a standby.
+    let still_waiting: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
+            .fetch_one(&direct)
+            .await
+            .unwrap();
+    assert!(still_waiting >= 1, "the commit's wait was cancelled");
     // A standby comes back; its Patroni makes it the synchronous standby.
     let back = standbys[0];
     cluster.restart(back).unwrap();
@@ -546,8 +553,8 @@ async fn a_holder_paused_across_a_failover_is_refused_on_the_new_primary() {
 }
 
 /// Patroni's store lost: with etcd gone, no Patroni can renew the leader lease, so the
-/// primary is demoted once it runs out (Patroni's failsafe mode, which would keep it, is
-/// off): the service sells nothing and says so in `/readyz`, and no purchase is answered
+/// primary's Patroni demotes it once it has failed to update its leader key for
+/// `retry_timeout` (Patroni's failsafe mode, which would keep it, is off): the service sells nothing and says so in `/readyz`, and no purchase is answered
 /// 201. With etcd back, a primary is elected again and the sale resumes by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_etcd_lost_the_primary_steps_down_and_comes_back_with_it() {

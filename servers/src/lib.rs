@@ -11,7 +11,7 @@
 //!   `QuorumPeerMain` from Debian's jars, standalone or as a quorum.
 //! - [`EtcdServer`] and [`EtcdCluster`] (`etcd.rs`): one member, or members joined by a
 //!   static `--initial-cluster`.
-//! - [`PatroniCluster`] (`patroni.rs`): three PostgreSQL members that fail over, each run
+//! - [`PatroniCluster`] (`patroni/`): three PostgreSQL members that fail over, each run
 //!   by Patroni with a private etcd as its store, and HAProxy in front of the primary.
 //! - [`ServerCertificate`] (`tls.rs`): what [`PostgresServer::start_tls_only`],
 //!   [`RedisServer::start_tls`] and [`EtcdServer::start_tls`] present over TLS.

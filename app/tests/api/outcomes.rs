@@ -138,13 +138,16 @@ async fn a_commit_whose_answer_was_lost_is_answered_with_its_order_once_it_is_du
 
     // Act: end the session whose commit waits for the standby; then, once the look-up waits
     // for the standby too, let commits through.
-    let writer = wait_for_sessions_waiting_for_a_standby(&pool, 1).await[0];
-    sqlx::query("SELECT pg_terminate_backend($1)")
+    let writer = wait_for_sessions_waiting_for_a_standby(&pool, None).await;
+    // Waits (5 s at most) until the session is gone.
+    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 5000)")
         .bind(writer)
-        .execute(&pool)
+        .fetch_one(&pool)
         .await
         .unwrap();
-    wait_for_sessions_waiting_for_a_standby(&pool, 1).await;
+    assert!(ended, "the writer's session ended");
+    wait_for_sessions_waiting_for_a_standby(&pool, Some(writer)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !buying.is_finished(),
         "answered before the order was durable"
@@ -179,9 +182,9 @@ async fn a_commit_whose_answer_was_lost_is_answered_with_its_order_once_it_is_du
     drop(server);
 }
 
-/// The pids of the sessions (other than this pool's) whose commit waits for a synchronous
-/// standby, once there are `n` (within 20 s).
-async fn wait_for_sessions_waiting_for_a_standby(pool: &PgPool, n: usize) -> Vec<i32> {
+/// The pid of a session whose commit waits for a synchronous standby, other than `not`,
+/// once there is one (within 20 s).
+async fn wait_for_sessions_waiting_for_a_standby(pool: &PgPool, not: Option<i32>) -> i32 {
     let started = Instant::now();
     loop {
         let pids: Vec<i32> =
@@ -189,8 +192,8 @@ async fn wait_for_sessions_waiting_for_a_standby(pool: &PgPool, n: usize) -> Vec
                 .fetch_all(pool)
                 .await
                 .unwrap();
-        if pids.len() >= n {
-            return pids;
+        if let Some(pid) = pids.into_iter().find(|pid| Some(*pid) != not) {
+            return pid;
         }
         assert!(
             started.elapsed() < Duration::from_secs(20),

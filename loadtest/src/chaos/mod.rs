@@ -217,6 +217,7 @@ async fn soak(
         pauses: &pauses,
         request_timeout_us: (cluster::REQUEST_TIMEOUT_MS * 1000) as i64,
         started_us: soaked.started_us,
+        commits_wait_for_a_standby: args.database == ChaosDatabase::Ha,
     });
     write_report(args, seed, settings, &soaked, &verdict)?;
     Ok(verdict.passed())

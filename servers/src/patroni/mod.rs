@@ -229,7 +229,9 @@ impl PatroniCluster {
         let err = log
             .try_clone()
             .map_err(crate::io("opening haproxy's log"))?;
-        let mut command = Command::new("haproxy");
+        let haproxy = crate::process::find(&["haproxy"], &[PathBuf::from("/usr/sbin")])
+            .ok_or_else(|| Error::NotInstalled(format!("no haproxy: {INSTALL}")))?;
+        let mut command = Command::new(haproxy);
         command
             .arg("-db")
             .arg("-f")
@@ -320,6 +322,7 @@ impl PatroniCluster {
             return false;
         };
         Command::new(psql)
+            .arg("-X")
             .args(["-h", "127.0.0.1", "-p", &self.haproxy_port.to_string()])
             .args(["-U", "postgres", "-d", "postgres", "-Atqc"])
             .arg("select not pg_is_in_recovery()")
@@ -445,20 +448,24 @@ impl Drop for PatroniCluster {
 /// Patroni 3.0 (Debian bookworm's package) keeps a stale copy of etcd's keys after a
 /// failover and then fails every update of the synchronous standby's key ("Synchronous
 /// replication key updated by someone else", patroni#2779, fixed in a later release): the
-/// cluster serves without a synchronous standby until its Patroni restarts. Refused, with
-/// how to install a newer one.
+/// cluster serves without a synchronous standby until its Patroni restarts. Anything older
+/// than 4 (4.1.5 is what runs here) is refused, with how to install it.
 fn refuse_patroni_3_0() -> Result<()> {
     let output = Command::new("patroni")
         .arg("--version")
         .output()
         .map_err(crate::io("running patroni --version"))?;
     let version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-    if version.starts_with("patroni 3.0.") || version.starts_with("patroni 2.") {
+    let major: Option<u32> = version
+        .strip_prefix("patroni ")
+        .and_then(|v| v.split('.').next()?.parse().ok());
+    if major.is_none_or(|major| major < 4) {
         return Err(Error::NotInstalled(format!(
-            "{version} on the PATH loses track of its synchronous standby after a failover \
-             (patroni#2779): install a newer one (python3 -m venv /opt/patroni-venv && \
-             /opt/patroni-venv/bin/pip install 'patroni[etcd3,psycopg3]' 'psycopg[binary]' && \
-             ln -s /opt/patroni-venv/bin/patroni /usr/local/bin/patroni)"
+            "{version:?} on the PATH: Patroni 3.0 (Debian bookworm's) loses track of its \
+             synchronous standby after a failover (patroni#2779), and 4.1 is what runs here: \
+             install it (python3 -m venv /opt/patroni-venv && /opt/patroni-venv/bin/pip \
+             install 'patroni[etcd3,psycopg3]' 'psycopg[binary]' && ln -s \
+             /opt/patroni-venv/bin/patroni /usr/local/bin/patroni)"
         )));
     }
     Ok(())

@@ -49,7 +49,11 @@ impl<'a> Facts<'a> {
             sold: db.orders.iter().map(|o| o.quantity).sum(),
             restocked_units: applied.iter().map(|r| r.units).sum(),
             applied,
-            stock: StockHistory::of(db, e.restocks),
+            stock: if e.commits_wait_for_a_standby {
+                StockHistory::of(db, e.restocks)
+            } else {
+                StockHistory::of(db, &[])
+            },
         }
     }
 

@@ -127,6 +127,7 @@ impl Soak {
             pauses: &self.pauses,
             request_timeout_us: 5_000_000,
             started_us: T0,
+            commits_wait_for_a_standby: false,
         }
     }
 

@@ -104,6 +104,10 @@ pub struct Evidence<'a> {
     pub request_timeout_us: Micros,
     /// When the soak started: times in messages count from it.
     pub started_us: Micros,
+    /// Whether a commit may stay invisible for seconds after its stamp (synchronous
+    /// replication, which waits for a standby): then a restock counts from its first 2xx
+    /// answer, not its stamp (see `stock.rs`).
+    pub commits_wait_for_a_standby: bool,
 }
 
 /// An instance the nemesis stopped (SIGSTOP), from when until it was continued.

@@ -4,10 +4,12 @@
 //! A commit is stamped before it becomes visible, and under synchronous replication it
 //! stays invisible until a standby confirms it, which takes seconds when the standby is
 //! away (a database failing over): a restock stamped at 12 s may be seen by nobody until
-//! 13 s. So a change that raises the stock counts from the moment it was surely visible:
-//! the first 2xx answer to its admin write (found by its idempotency key), when there was
-//! one; a change that lowers it counts from its commit's stamp, the earliest it could be
-//! seen. The stock is then above zero in this history only when it was surely so.
+//! 13 s. So on such a database (the soak's `ha`), a change that raises the stock counts
+//! from the moment it was surely visible: the first 2xx answer to its admin write (found by
+//! its idempotency key), when there was one; a change that lowers it counts from its
+//! commit's stamp, the earliest it could be seen. The stock is then above zero in this
+//! history only when it was surely so. On one server a commit is visible within moments of
+//! its stamp, and every change counts from its stamp (the caller passes no restocks).
 
 use super::super::history::{Micros, Restock};
 use super::Database;
