@@ -84,11 +84,15 @@ pub struct StockSeen {
     pub restock_gen: i64,
 }
 
-pub async fn ping(conn: &mut PgConnection) -> sqlx::Result<()> {
-    sqlx::query!("SELECT 1 AS one")
-        .fetch_one(conn)
-        .await
-        .map(|_| ())
+/// Whether the server answers and would take a write: not a standby (`pg_is_in_recovery`,
+/// as a demoted primary, or a member mid-promotion, is) and not read-only
+/// (`default_transaction_read_only`).
+pub async fn takes_writes(conn: &mut PgConnection) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off' AS "writable!""#
+    )
+    .fetch_one(conn)
+    .await
 }
 
 /// A transaction that lost a deadlock (40P01) or a serialization race (40001): nothing was

@@ -81,12 +81,12 @@ impl Health {
     }
 }
 
-/// Connect, `SELECT 1`, close.
+/// Connect, ask whether the server would take a write ([`repository::takes_writes`]), close.
 async fn postgres_answers(options: &PgConnectOptions) -> bool {
     let Ok(mut conn) = PgConnection::connect_with(options).await else {
         return false;
     };
-    let answered = repository::ping(&mut conn).await.is_ok();
+    let answered = repository::takes_writes(&mut conn).await.unwrap_or(false);
     let _ = conn.close().await;
     answered
 }

@@ -190,7 +190,8 @@ async fn pooled_connections_the_server_closed_while_idle_answer_503_never_500(
 /// A server that takes no writes (a standby: behind HAProxy, a member that holds Patroni's
 /// lease but has not finished its promotion takes connections for a moment; found by the
 /// fault soak on the `ha` database, which answered 500) refuses a batch with SQLSTATE 25006:
-/// nothing was written, and the answer is 503 `database_unavailable`, to retry.
+/// nothing was written, and the answer is 503 `database_unavailable`, to retry; `/readyz`
+/// says the instance cannot sell (it asked `SELECT 1`, which a standby answers).
 #[sqlx::test(migrator = "seckill::MIGRATOR")]
 async fn a_server_that_takes_no_writes_answers_503_never_500(
     _pool_options: sqlx::postgres::PgPoolOptions,
@@ -231,23 +232,33 @@ async fn a_server_that_takes_no_writes_answers_503_never_500(
         .await
         .expect("the app builds");
         let address = format!("http://127.0.0.1:{}", app.port());
+        let operations = format!("http://{}", app.operations_address());
         tokio::spawn(app.run_until_stopped());
 
         // Act
-        let response = reqwest::Client::new()
+        let client = reqwest::Client::new();
+        let response = client
             .post(format!("{address}/api/products/{product}/purchase"))
             .bearer_auth(crate::helpers::buyer_token(1))
             .json(&serde_json::json!({"user_id": 1}))
             .send()
             .await
             .unwrap();
+        let ready = client
+            .get(format!("{operations}/readyz"))
+            .send()
+            .await
+            .unwrap();
 
-        // Assert
+        // Assert: refused as unavailable, and /readyz says the database cannot sell.
         assert_eq!(
             error_code(response).await,
             (503, "database_unavailable".to_owned()),
             "{strategy:?}"
         );
+        assert_eq!(ready.status(), 503, "{strategy:?}");
+        let ready: serde_json::Value = ready.json().await.unwrap();
+        assert_eq!(ready["postgres"], false, "{strategy:?}: {ready}");
     }
     let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
         .fetch_one(&admin)
