@@ -471,9 +471,34 @@ fn refuse_patroni_3_0() -> Result<()> {
     Ok(())
 }
 
-/// The postmaster's pid, from the first line of `data/postmaster.pid`, if that process runs.
+/// The postmaster's pid, from the first line of `data/postmaster.pid`, if that process runs
+/// and is the postmaster of `data` (its command line names the directory): a file left by a
+/// killed postmaster may name a pid the system has since given to another process.
 fn postmaster_pid(data: &Path) -> Option<u32> {
     let file = std::fs::read_to_string(data.join("postmaster.pid")).ok()?;
     let pid: u32 = file.lines().next()?.trim().parse().ok()?;
-    alive(pid).then_some(pid)
+    let command_line = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let ours = String::from_utf8_lossy(&command_line).contains(&*data.to_string_lossy());
+    (ours && alive(pid)).then_some(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `postmaster.pid` left by a killed postmaster may name a pid now given to another
+    /// process: that process (here, this test's) is not taken for the postmaster, so it is
+    /// never signalled.
+    #[test]
+    fn a_pid_file_naming_another_process_is_not_taken_for_the_postmaster() {
+        let data = temp_dir("patroni-pid-file").unwrap();
+        std::fs::write(
+            data.join("postmaster.pid"),
+            format!("{}\n", std::process::id()),
+        )
+        .unwrap();
+        let found = postmaster_pid(&data);
+        std::fs::remove_dir_all(&data).unwrap();
+        assert_eq!(found, None);
+    }
 }
