@@ -107,6 +107,24 @@ async fn buy(client: &reqwest::Client, host: &str, product: i64, user: i64) -> A
     }
 }
 
+/// Buyers `first_user`, `first_user + 1`, ... until one is sold (within
+/// [`FAILOVER_WITHIN`]): the first purchases after a failover may meet a pooled connection to
+/// the old primary, which HAProxy cut (503, to retry). Every answer, the sale last.
+async fn buy_until_sold(
+    client: &reqwest::Client,
+    host: &str,
+    product: i64,
+    first_user: i64,
+) -> Vec<Answer> {
+    let mut answers = Vec::new();
+    let deadline = Instant::now() + FAILOVER_WITHIN;
+    while answers.last().is_none_or(|a: &Answer| a.status != 201) {
+        assert!(Instant::now() < deadline, "no sale: {answers:?}");
+        answers.push(buy(client, host, product, first_user + answers.len() as i64).await);
+    }
+    answers
+}
+
 #[derive(Debug, Clone)]
 struct Answer {
     user: i64,
@@ -324,29 +342,15 @@ async fn a_primary_paused_past_its_lease_takes_no_write_when_it_resumes() {
     // and write to it directly at once.
     cluster.pause(old);
     let cluster = spawn_blocking(move || {
-        let deadline = std::time::Instant::now() + FAILOVER_WITHIN;
-        while cluster.primary().is_none_or(|p| p == old) || !cluster.routes_to_a_primary() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no standby was promoted"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        let mut cluster = cluster;
+        cluster
+            .wait_for_primary_other_than(old, FAILOVER_WITHIN)
+            .unwrap_or_else(|e| panic!("no standby was promoted: {e}"));
         cluster
     })
     .await
     .unwrap();
-    // The first purchases after a failover may meet a pooled connection to the old primary,
-    // which HAProxy cut (503, to retry): buy until one is sold.
-    let mut during = Vec::new();
-    let deadline = Instant::now() + FAILOVER_WITHIN;
-    while during.last().is_none_or(|a: &Answer| a.status != 201) {
-        assert!(
-            Instant::now() < deadline,
-            "no sale on the new primary: {during:?}"
-        );
-        during.push(buy(&client, &instances[0].url, product, 2 + during.len() as i64).await);
-    }
+    let during = buy_until_sold(&client, &instances[0].url, product, 2).await;
     cluster.resume(old);
     let write = tokio::time::timeout(Duration::from_secs(20), async {
         let pool = PgPoolOptions::new()
@@ -605,15 +609,7 @@ async fn with_etcd_lost_the_primary_steps_down_and_comes_back_with_it() {
     })
     .await
     .unwrap();
-    let mut after = Vec::new();
-    let deadline = Instant::now() + FAILOVER_WITHIN;
-    while after.last().is_none_or(|a: &Answer| a.status != 201) {
-        assert!(
-            Instant::now() < deadline,
-            "no sale after etcd came back: {after:?}"
-        );
-        after.push(buy(&client, &instances[0].url, product, 10 + after.len() as i64).await);
-    }
+    let after = buy_until_sold(&client, &instances[0].url, product, 10).await;
 
     // Assert: nothing sold while the cluster had no primary, and /readyz said why; sales
     // resumed; the books balance.

@@ -29,7 +29,7 @@ pub async fn kill_primary(
     let old = tokio::task::block_in_place(|| serving(patroni))?;
     let killed = Instant::now();
     patroni.kill(old);
-    let new = tokio::task::block_in_place(|| promoted_other_than(patroni, old))?;
+    let new = tokio::task::block_in_place(|| patroni.wait_for_primary_other_than(old, WITHIN))?;
     let promoted_after = killed.elapsed();
     cancel.hold(fault.lasts / 2).await;
     patroni.restart(old)?;
@@ -109,22 +109,6 @@ fn patroni(cluster: &mut Cluster) -> anyhow::Result<&mut PatroniCluster> {
 fn serving(patroni: &mut PatroniCluster) -> anyhow::Result<usize> {
     patroni.wait_for_sync_standby(WITHIN)?;
     Ok(patroni.wait_for_primary(WITHIN)?)
-}
-
-/// Wait until a member other than `old` is the primary, behind HAProxy. Blocks.
-fn promoted_other_than(patroni: &mut PatroniCluster, old: usize) -> anyhow::Result<usize> {
-    let deadline = Instant::now() + WITHIN;
-    loop {
-        if let Some(primary) = patroni.primary().filter(|&p| p != old)
-            && patroni.routes_to_a_primary()
-        {
-            return Ok(primary);
-        }
-        if Instant::now() > deadline {
-            bail!("no member other than {old} was promoted within {WITHIN:?}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Wait until member `i` streams as a standby (its Patroni answers `/replica`), with a

@@ -345,6 +345,20 @@ impl PatroniCluster {
             .ok_or_else(|| Error::NotServing("the primary stepped down at once".into()))
     }
 
+    /// Wait until a member other than `old` is the primary and HAProxy sends connections
+    /// to it (after `old` was killed or paused); its index.
+    ///
+    /// # Errors
+    /// None within `within` (with the end of each member's log).
+    pub fn wait_for_primary_other_than(&mut self, old: usize, within: Duration) -> Result<usize> {
+        let promoted = |c: &Self| c.primary().filter(|&p| p != old);
+        self.wait(within, "new primary behind HAProxy", |c| {
+            promoted(c).is_some() && c.routes_to_a_primary()
+        })?;
+        promoted(self)
+            .ok_or_else(|| Error::NotServing("the new primary stepped down at once".into()))
+    }
+
     /// Wait until a member is the synchronous standby; its index.
     ///
     /// # Errors
