@@ -136,13 +136,7 @@ async fn pooled_connections_the_server_closed_while_idle_answer_503_never_500(
     let prefix = testkit::unique_prefix("idle");
     let _cleanup = testkit::PrefixCleanup::new(&shared_redis_url(), &prefix);
     let mut settings = settings(&shared_redis_url(), &prefix);
-    let mut url = reqwest::Url::parse(
-        &std::env::var("DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into()),
-    )
-    .unwrap();
-    url.set_path(&format!("/{database}"));
-    settings.database.url = Some(url.to_string().into());
+    settings.database.url = Some(server_url_with(&database).into());
     settings.lock.strategy = LockStrategy::PgAtomic;
     settings.database.max_connections = 3;
     let app = seckill::Application::build(settings)
@@ -208,12 +202,7 @@ async fn a_server_that_takes_no_writes_answers_503_never_500(
     .execute(&admin)
     .await
     .unwrap();
-    let mut url = reqwest::Url::parse(
-        &std::env::var("DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into()),
-    )
-    .unwrap();
-    url.set_path(&format!("/{database}"));
+    let url = server_url_with(&database);
     for strategy in [
         LockStrategy::Redis,
         LockStrategy::PgRow,
@@ -222,15 +211,13 @@ async fn a_server_that_takes_no_writes_answers_503_never_500(
         let prefix = testkit::unique_prefix("read-only");
         let _cleanup = testkit::PrefixCleanup::new(&shared_redis_url(), &prefix);
         let mut settings = settings(&shared_redis_url(), &prefix);
-        settings.database.url = Some(url.to_string().into());
+        settings.database.url = Some(url.clone().into());
         settings.lock.strategy = strategy;
         // Migrations write: they ran before the database turned read-only.
-        let app = seckill::Application::build_with_pool(
-            settings,
-            PgPool::connect(url.as_str()).await.unwrap(),
-        )
-        .await
-        .expect("the app builds");
+        let app =
+            seckill::Application::build_with_pool(settings, PgPool::connect(&url).await.unwrap())
+                .await
+                .expect("the app builds");
         let address = format!("http://127.0.0.1:{}", app.port());
         let operations = format!("http://{}", app.operations_address());
         tokio::spawn(app.run_until_stopped());
@@ -337,6 +324,18 @@ async fn connections_closed_as_they_are_made_answer_503_never_500(
 
 /// A product of 100 units, written straight into the database (not through the service,
 /// which these tests start on a pool of their own); its id.
+/// `DATABASE_URL` (the tests' server, its user, password and parameters kept) with the
+/// database `name`.
+fn server_url_with(name: &str) -> String {
+    let mut url = reqwest::Url::parse(
+        &std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into()),
+    )
+    .unwrap();
+    url.set_path(&format!("/{name}"));
+    url.to_string()
+}
+
 async fn insert_product(admin: &PgPool) -> i64 {
     sqlx::query_scalar("INSERT INTO products (name, stock) VALUES ('p', 100) RETURNING id")
         .fetch_one(admin)
