@@ -7,6 +7,11 @@
 # The builder and the runtime are both Debian bookworm, so the binaries find the glibc they
 # were linked against.
 FROM rust:1-bookworm AS chef
+# protoc and its well-known types, which etcd-client's build script needs (it compiles
+# etcd's protocol files); the official image has neither.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends protobuf-compiler libprotobuf-dev \
+ && rm -rf /var/lib/apt/lists/*
 RUN cargo install cargo-chef --locked
 WORKDIR /src
 # The query macros check SQL against the committed `.sqlx/` data: no database at build time.
@@ -18,7 +23,9 @@ RUN cargo chef prepare --recipe-path recipe.json
 
 FROM chef AS builder
 COPY --from=planner /src/recipe.json recipe.json
-RUN cargo chef cook --release --recipe-path recipe.json
+# The same packages as the build below: the dependencies are compiled with the features
+# these two need, so the build that follows finds them all compiled.
+RUN cargo chef cook --release --locked --recipe-path recipe.json --package seckill --package loadtest
 COPY . .
 RUN cargo build --release --locked -p seckill -p loadtest
 
