@@ -99,6 +99,13 @@ pub struct AttackArgs {
     /// The instances' PostgreSQL, read directly to check the books.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
+
+    /// Seconds to wait after printing the verdict, before exiting. The compose stack waits
+    /// 3: `docker compose up --exit-code-from loadtest` stops every service when the load
+    /// test exits, and the sale lasts about a second, so without the wait Prometheus (which
+    /// scrapes every second) might not see the instances after it.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub linger_secs: u64,
 }
 
 /// How the demo runs.

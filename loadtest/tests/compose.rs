@@ -9,11 +9,14 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{CommandFactory, Parser as _};
 use serde_norway::Value;
 use sqlx::PgPool;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -205,11 +208,14 @@ fn urls_in_the_stack_name_services_it_defines() {
         for (key, value) in env {
             let (key, value) = (key.as_str().unwrap(), value.as_str().unwrap_or_default());
             if key.ends_with("_URL") {
-                let host = host_of(value);
-                assert!(
-                    defined.contains(&host),
-                    "{name:?}: {key} points at undefined service {host}"
-                );
+                // As compose resolves it: by default, and on the `ha` database.
+                for set in [&[][..], &[("DATABASE_HOST", "haproxy")][..]] {
+                    let host = host_of(&with_env_inside(value, set));
+                    assert!(
+                        defined.contains(&host),
+                        "{name:?}: {key} points at undefined service {host} ({set:?})"
+                    );
+                }
             }
         }
         for dependency in service["depends_on"].as_mapping().into_iter().flatten() {
@@ -231,12 +237,8 @@ fn urls_in_the_stack_name_services_it_defines() {
 fn the_load_test_targets_every_app_and_uses_real_flags() {
     let compose = compose();
     let loadtest = &services(&compose)["loadtest"];
-    let command: Vec<&str> = loadtest["command"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap())
-        .collect();
+    let command = loadtest_command(&compose, &[]);
+    let command: Vec<&str> = command.iter().map(String::as_str).collect();
     assert_eq!(command[0], "loadtest");
 
     // Every flag it passes is one the binary parses.
@@ -279,6 +281,16 @@ fn the_load_test_targets_every_app_and_uses_real_flags() {
     );
     let env = loadtest["environment"].as_mapping().unwrap();
     assert!(env.contains_key("ADMIN_TOKEN") && env.contains_key("DATABASE_URL"));
+}
+
+/// The load test's command as compose runs it with the variables `set`.
+fn loadtest_command(compose: &Value, set: &[(&str, &str)]) -> Vec<String> {
+    services(compose)["loadtest"]["command"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| with_env_inside(v.as_str().unwrap(), set))
+        .collect()
 }
 
 /// Each app's health check, run as the container runs it (bash, with the port moved to a
@@ -777,7 +789,9 @@ fn each_image_holds_only_the_binary_its_service_runs_and_is_not_root() {
     let compose = compose();
     let mut built = Vec::new();
     for (name, service) in services(&compose) {
-        if service["build"].is_null() {
+        // The services built from this Dockerfile (the `ha` profile's members build from
+        // deploy/patroni/).
+        if service["build"]["context"].as_str() != Some(".") {
             continue;
         }
         let target = service["build"]["target"].as_str().expect("a build target");
@@ -1106,11 +1120,18 @@ fn the_monitoring_profile_adds_prometheus_and_grafana_and_nothing_else() {
         monitoring,
         BTreeSet::from(["grafana".to_owned(), "prometheus".to_owned()])
     );
-    // Without the profile the demo does not depend on them.
+    // Without the profile the demo does not need them: a dependency on one (the load test
+    // waits for Prometheus's first scrapes) is not required.
     for (name, service) in services(&compose) {
-        for dependency in service["depends_on"].as_mapping().into_iter().flatten() {
-            let dep = dependency.0.as_str().unwrap();
-            assert!(!monitoring.contains(dep), "{name:?} depends on {dep}");
+        for (dep, how) in service["depends_on"].as_mapping().into_iter().flatten() {
+            let dep = dep.as_str().unwrap();
+            if monitoring.contains(dep) {
+                assert_eq!(
+                    how["required"].as_bool(),
+                    Some(false),
+                    "{name:?} needs {dep}"
+                );
+            }
         }
     }
 }
@@ -1357,4 +1378,420 @@ async fn every_metric_and_outcome_the_rules_read_is_served_by_a_real_instance(po
             );
         }
     }
+}
+
+/// The `ha` profile: three Patroni members whose leader lease is in the profile's etcd, and
+/// HAProxy in front of them, checking each member's Patroni for `GET /primary`; with
+/// DATABASE_HOST=haproxy the apps (migrations included) and the load test reach PostgreSQL
+/// through HAProxy, and the apps wait for it to have a primary.
+#[test]
+fn the_ha_profile_puts_haproxy_in_front_of_three_patroni_members() {
+    let compose = compose();
+    let ha = profile_services(&compose, "ha");
+    let members: BTreeSet<String> = ["patroni1", "patroni2", "patroni3"]
+        .map(str::to_owned)
+        .into();
+    let mut expected = members.clone();
+    expected.extend(["etcd".to_owned(), "haproxy".to_owned()]);
+    assert_eq!(ha, expected);
+    apps_wait_for_the_optional(&compose, "haproxy");
+
+    let patroni = yaml("deploy/patroni/patroni.yml");
+    let dcs = &patroni["bootstrap"]["dcs"];
+    assert_eq!(dcs["synchronous_mode"].as_bool(), Some(true));
+    assert_eq!(dcs["synchronous_mode_strict"].as_bool(), Some(true));
+    // Patroni's own rule: a lease outlives a loop and two retries.
+    let (ttl, loop_wait, retry) = (
+        dcs["ttl"].as_u64().unwrap(),
+        dcs["loop_wait"].as_u64().unwrap(),
+        dcs["retry_timeout"].as_u64().unwrap(),
+    );
+    assert!(loop_wait + 2 * retry <= ttl, "ttl {ttl}");
+    assert_eq!(patroni["etcd3"]["hosts"].as_str(), Some("etcd:2379"));
+    let rest_port = patroni["restapi"]["listen"]
+        .as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_owned();
+    let pg_port = patroni["postgresql"]["listen"]
+        .as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_owned();
+    for member in &members {
+        let service = &services(&compose)[member.as_str()];
+        let env = &service["environment"];
+        assert_eq!(env["PATRONI_NAME"].as_str(), Some(member.as_str()));
+        assert_eq!(
+            env["PATRONI_RESTAPI_CONNECT_ADDRESS"].as_str(),
+            Some(format!("{member}:{rest_port}").as_str())
+        );
+        assert_eq!(
+            env["PATRONI_POSTGRESQL_CONNECT_ADDRESS"].as_str(),
+            Some(format!("{member}:{pg_port}").as_str())
+        );
+        let volumes: Vec<&str> = service["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert!(volumes.contains(&"./deploy/patroni/patroni.yml:/etc/patroni/patroni.yml:ro"));
+        assert!(volumes.contains(&"./deploy/postgres/roles.sql:/seckill/roles.sql:ro"));
+        assert_eq!(
+            service["depends_on"]["etcd"]["condition"].as_str(),
+            Some("service_healthy")
+        );
+    }
+
+    // HAProxy reads the mounted file where its image looks, and sends connections only to
+    // a member whose Patroni answers 200 to GET /primary, on the member's REST port.
+    let haproxy = &services(&compose)["haproxy"];
+    assert!(
+        haproxy["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|v| v.as_str()
+                == Some("./deploy/haproxy/postgres.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro"))
+    );
+    let cfg = std::fs::read_to_string(root().join("deploy/haproxy/postgres.cfg")).unwrap();
+    assert!(cfg.contains("option httpchk GET /primary"), "{cfg}");
+    assert!(cfg.contains("on-marked-down shutdown-sessions"), "{cfg}");
+    assert!(cfg.contains(&format!("bind :{pg_port}")), "{cfg}");
+    let servers: BTreeSet<String> = cfg
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("server "))
+        .map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(words[1], format!("{}:{pg_port}", words[0]), "{line}");
+            assert_eq!(words[2..], ["check", "port", rest_port.as_str()], "{line}");
+            words[0].to_owned()
+        })
+        .collect();
+    assert_eq!(servers, members);
+
+    let host_of = |url: &str| -> String {
+        let url = with_env_inside(url, &[("DATABASE_HOST", "haproxy")]);
+        let rest = url.split_once('@').unwrap().1;
+        rest.split([':', '/']).next().unwrap().to_owned()
+    };
+    for (name, service) in app_services(&compose) {
+        for key in ["DATABASE_URL", "DATABASE_MIGRATION_URL"] {
+            let url = service["environment"][key].as_str().unwrap();
+            assert_eq!(host_of(url), "haproxy", "{name}: {key}");
+        }
+    }
+    let loadtest = services(&compose)["loadtest"]["environment"]["DATABASE_URL"]
+        .as_str()
+        .unwrap();
+    assert_eq!(host_of(loadtest), "haproxy");
+}
+
+/// The `router` profile: HAProxy in front of the three apps, hashing each request on the path
+/// consistently, sending only to an app whose operators' listener answers /readyz with 200;
+/// with LOADTEST_HOSTS=http://router:8080 the load test attacks it alone, once it is healthy.
+#[test]
+fn the_router_profile_sends_each_product_to_one_ready_instance() {
+    let compose = compose();
+    assert_eq!(
+        profile_services(&compose, "router"),
+        BTreeSet::from(["router".to_owned()])
+    );
+    let router = &services(&compose)["router"];
+    assert!(
+        router["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|v| v.as_str()
+                == Some("./deploy/haproxy/router.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro"))
+    );
+    assert!(
+        router["healthcheck"]["test"]
+            .as_sequence()
+            .is_some_and(|t| !t.is_empty())
+    );
+
+    let cfg = std::fs::read_to_string(root().join("deploy/haproxy/router.cfg")).unwrap();
+    let lines: Vec<&str> = cfg.lines().map(str::trim).collect();
+    assert!(lines.contains(&"hash-type consistent"), "{cfg}");
+    assert!(lines.contains(&"option httpchk GET /readyz"), "{cfg}");
+    assert!(lines.contains(&"http-check expect status 200"), "{cfg}");
+
+    // Each app once, on its buyers' port, checked on its operators' port.
+    let port_of = |name: &str, key: &str| -> String {
+        let bind = services(&compose)[name]["environment"][key]
+            .as_str()
+            .unwrap();
+        bind.rsplit(':').next().unwrap().to_owned()
+    };
+    let servers: BTreeSet<String> = lines
+        .iter()
+        .filter_map(|line| line.strip_prefix("server "))
+        .map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let app = words[0];
+            let buyers = port_of(app, "BIND_ADDR");
+            let ops = port_of(app, "OPS_BIND_ADDR");
+            assert_eq!(words[1], format!("{app}:{buyers}"), "{line}");
+            assert_eq!(words[2..], ["check", "port", ops.as_str()], "{line}");
+            app.to_owned()
+        })
+        .collect();
+    let apps: BTreeSet<String> = app_services(&compose).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(servers, apps);
+    let bind = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("bind :"))
+        .expect("the buyers' frontend binds");
+    let published = router["ports"][0].as_str().unwrap();
+    assert!(published.ends_with(&format!(":{bind}")), "{published}");
+
+    // The load test attacks the router alone when told to, and waits for it to be healthy.
+    let command = loadtest_command(&compose, &[("LOADTEST_HOSTS", "http://router:8080")]);
+    let hosts_at = command.iter().position(|a| a == "--hosts").unwrap() + 1;
+    assert_eq!(command[hosts_at], format!("http://router:{bind}"));
+    let waits = &services(&compose)["loadtest"]["depends_on"]["router"];
+    assert_eq!(waits["condition"].as_str(), Some("service_healthy"));
+    assert_eq!(waits["required"].as_bool(), Some(false));
+}
+
+/// The router hashes the path up to its `depth`-th segment: in every route about one product
+/// that a real instance's OpenAPI document lists, that segment is the product id, so a
+/// product's purchases, page and orders reach one instance.
+#[sqlx::test(migrator = "seckill::MIGRATOR")]
+async fn the_routers_hash_ends_at_the_product_id_of_every_product_route(pool: PgPool) {
+    let cfg = std::fs::read_to_string(root().join("deploy/haproxy/router.cfg")).unwrap();
+    let depth: usize = cfg
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("balance uri path-only depth "))
+        .expect("balance uri path-only depth N")
+        .parse()
+        .unwrap();
+    let (ops_port, _cleanup) = spawn_instance(pool, "router").await;
+    let document: serde_json::Value =
+        reqwest::get(format!("http://127.0.0.1:{ops_port}/api-docs/openapi.json"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+    let product_routes: Vec<&String> = document["paths"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|path| path.starts_with("/api/products/"))
+        .collect();
+    assert!(
+        product_routes.iter().any(|p| p.ends_with("/purchase")),
+        "{product_routes:?}"
+    );
+    for path in product_routes {
+        // "/api/products/{id}/purchase".split('/') is "", "api", "products", "{id}", ...
+        assert_eq!(path.split('/').nth(depth), Some("{id}"), "{path}");
+    }
+}
+
+/// A stand-in instance for the router's test: answers every request with its name, and
+/// `/readyz` with 200 while `ready` holds, 503 otherwise.
+async fn named_instance(name: &'static str, ready: Arc<AtomicBool>) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let ready = ready.clone();
+            tokio::spawn(async move {
+                // One request per connection: read its head (and a body, if announced).
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match socket.read(&mut byte).await {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).to_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap_or(0));
+                let mut body = vec![0u8; length];
+                if socket.read_exact(&mut body).await.is_err() {
+                    return;
+                }
+                let status = if head.starts_with("get /readyz ") && !ready.load(Ordering::SeqCst) {
+                    "503 Service Unavailable"
+                } else {
+                    "200 OK"
+                };
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{name}",
+                    name.len()
+                );
+                let _ = socket.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    port
+}
+
+/// The committed router.cfg run by a real HAProxy (Debian's `haproxy`) in front of three
+/// stand-in instances on loopback: every request about one product (its page, a purchase,
+/// a buyer's order) reaches one instance; products spread over all three; when an instance's
+/// /readyz fails, its products move to the others and no other product moves, and when it
+/// answers again they come back.
+#[tokio::test]
+async fn the_router_keeps_each_product_on_one_instance_and_moves_only_a_dead_ones() {
+    let haproxy = ["/usr/sbin/haproxy", "/usr/local/sbin/haproxy"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("haproxy is installed (Debian: apt-get install haproxy)");
+    let names = ["app1", "app2", "app3"];
+    let ready: Vec<Arc<AtomicBool>> = names
+        .iter()
+        .map(|_| Arc::new(AtomicBool::new(true)))
+        .collect();
+    let mut ports = Vec::new();
+    for (name, ready) in names.iter().zip(&ready) {
+        ports.push(named_instance(name, ready.clone()).await);
+    }
+    let [front, health] = [servers::free_port(), servers::free_port()];
+    let mut cfg = std::fs::read_to_string(root().join("deploy/haproxy/router.cfg")).unwrap();
+    for (name, port) in names.iter().zip(&ports) {
+        let line = format!("server {name} {name}:8080 check port 9080");
+        assert!(cfg.contains(&line), "{line}");
+        cfg = cfg.replace(
+            &line,
+            &format!("server {name} 127.0.0.1:{port} check port {port}"),
+        );
+    }
+    cfg = cfg
+        .replace("bind :8080", &format!("bind 127.0.0.1:{front}"))
+        .replace("bind :8404", &format!("bind 127.0.0.1:{health}"));
+    let dir = std::env::temp_dir().join(format!("seckill-router-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("haproxy.cfg"), cfg).unwrap();
+    let child = std::process::Command::new(haproxy)
+        .args(["-db", "-f"])
+        .arg(dir.join("haproxy.cfg"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Stopped by the pid started, whatever the test's outcome.
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _haproxy = Stop(child);
+
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{front}");
+    let owner = |product: u32| {
+        let (client, base) = (client.clone(), base.clone());
+        async move {
+            let page = client
+                .get(format!("{base}/api/products/{product}"))
+                .send()
+                .await
+                .ok()?;
+            page.status().is_success().then_some(())?;
+            let page = page.text().await.ok()?;
+            let buy = client
+                .post(format!("{base}/api/products/{product}/purchase"))
+                .body("{}")
+                .send()
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            let order = client
+                .get(format!("{base}/api/products/{product}/orders/7"))
+                .send()
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            assert!(
+                page == buy && buy == order,
+                "product {product}: {page}, {buy}, {order}"
+            );
+            Some(page)
+        }
+    };
+    let products = 1..=60u32;
+    let owners = |products: std::ops::RangeInclusive<u32>| {
+        let owner = &owner;
+        async move {
+            let mut map = std::collections::BTreeMap::new();
+            for product in products {
+                map.insert(product, owner(product).await?);
+            }
+            Some(map)
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let before = loop {
+        if let Some(map) = owners(products.clone()).await {
+            break map;
+        }
+        assert!(Instant::now() < deadline, "the router never answered");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for name in names {
+        let count = before.values().filter(|o| *o == name).count();
+        assert!(count >= 5, "{name} owns {count} of 60 products: {before:?}");
+    }
+
+    // The owner of product 1 fails its /readyz.
+    let gone = before[&1].clone();
+    let gone_at = names.iter().position(|n| *n == gone).unwrap();
+    ready[gone_at].store(false, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let during = loop {
+        let map = owners(products.clone()).await;
+        if let Some(map) = map.filter(|m| m[&1] != gone) {
+            break map;
+        }
+        assert!(Instant::now() < deadline, "{gone} never went out");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for (product, was) in &before {
+        let now = &during[product];
+        if *was == gone {
+            assert_ne!(
+                now, &gone,
+                "product {product} stayed on the instance that went out"
+            );
+        } else {
+            assert_eq!(
+                now, was,
+                "product {product} moved although its instance stayed in"
+            );
+        }
+    }
+
+    // It answers again: its products come back.
+    ready[gone_at].store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(map) = owners(products.clone()).await.filter(|m| m[&1] == gone) {
+            assert_eq!(map, before);
+            break;
+        }
+        assert!(Instant::now() < deadline, "{gone} never came back");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import yaml
 
-from standins import Standins, qualified
+from standins import Standins
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -371,8 +371,11 @@ class PrometheusCheck:
     value above zero from at least one. A panel whose rule is missing, or an instance that is not scraped,
     fails it."""
 
-    def __init__(self, port):
+    def __init__(self, port, within_s=None):
         self.base = f"http://127.0.0.1:{port}"
+        # How long Prometheus may take to scrape every instance twice, from `start`.
+        self.within_s = within_s or SCRAPED_WITHIN_S
+        self.start_failure = None
         self.panels = dashboard_panels()
         self.instances = scrape_targets()
         # expression -> instance -> largest finite value seen
@@ -388,11 +391,21 @@ class PrometheusCheck:
         self.started = time.monotonic()
         self.thread.start()
 
+    def start_in_background(self):
+        """`start` on a thread of its own, for a stack that comes up in one command: a
+        failure to see the first scrapes is kept for `finish`."""
+        def start():
+            try:
+                self.start()
+            except Failure as error:
+                self.start_failure = error
+        threading.Thread(target=start, daemon=True).start()
+
     def wait_for_first_scrapes(self):
         """Before the attack: every instance scraped, twice. A sale lasts about a second;
         a Prometheus whose first scrape came after it would see only final counters (a rate
         of 0, no quantile) and fail the check although the panels work."""
-        deadline = time.monotonic() + SCRAPED_WITHIN_S
+        deadline = time.monotonic() + self.within_s
         while True:
             try:
                 scraped = {series["metric"].get("instance")
@@ -402,7 +415,7 @@ class PrometheusCheck:
             if set(self.instances) <= scraped:
                 return
             if time.monotonic() > deadline:
-                raise Failure(f"Prometheus had not scraped every instance twice within {SCRAPED_WITHIN_S} s: "
+                raise Failure(f"Prometheus had not scraped every instance twice within {self.within_s} s: "
                               f"{sorted(scraped)} of {self.instances}")
             time.sleep(0.5)
 
@@ -441,12 +454,20 @@ class PrometheusCheck:
             self.stop.wait(1)
 
     def finish(self):
+        if self.start_failure:
+            raise self.start_failure
+        if self.started is None:
+            raise Failure("Prometheus was never seen scraping every instance")
         self.thread.join(PROMETHEUS_GRACE_S)
         self.stop.set()
         self.thread.join()
-        targets = json.load(urllib.request.urlopen(f"{self.base}/api/v1/targets", timeout=5))
-        for target in targets["data"]["activeTargets"]:
-            print(f"PROMETHEUS target {target['labels'].get('instance')}: {target['health']}", flush=True)
+        try:
+            targets = json.load(urllib.request.urlopen(f"{self.base}/api/v1/targets", timeout=5))
+            for target in targets["data"]["activeTargets"]:
+                print(f"PROMETHEUS target {target['labels'].get('instance')}: {target['health']}", flush=True)
+        except OSError:
+            # Under Docker, `--exit-code-from` has stopped Prometheus with the stack.
+            print("PROMETHEUS targets: not listed (Prometheus has stopped with the stack)", flush=True)
         failed = []
         for title, expr in self.panels:
             ok = self.satisfied(title, expr)
@@ -486,15 +507,16 @@ def scrape_targets():
     return sorted(t for job in config["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"])
 
 
-def image_ids(stack):
-    return set(stack.podman_out("images", "-a", "-q", "--no-trunc", check=False).split())
+def image_ids(engine_out):
+    """Every local image's id; `engine_out` runs the engine's command and returns its output."""
+    return set(engine_out("images", "-a", "-q", "--no-trunc", check=False).split())
 
 
-def image_names(stack):
+def image_names(engine_out):
     """Image id -> its `repository:tag` names (none for an intermediate layer)."""
     names = {}
-    listing = stack.podman_out("images", "-a", "--no-trunc", "--format",
-                               "{{.ID}} {{.Repository}}:{{.Tag}}", check=False)
+    listing = engine_out("images", "-a", "--no-trunc", "--format",
+                         "{{.ID}} {{.Repository}}:{{.Tag}}", check=False)
     for line in listing.splitlines():
         image, _, name = line.partition(" ")
         names.setdefault(image, set())
@@ -511,21 +533,24 @@ def ours(names, wanted):
 
 def stack_image_names(compose, runs):
     """Every image the committed files name for `runs`: the images of the services those
-    runs' profiles start, and the Dockerfile's `FROM`s (stage names excepted), less the one
-    the stack builds. The services of profiles no run uses (`zookeeper`, `etcd`) have no
-    stand-in, and need none."""
+    runs' profiles start, and the `FROM`s (stage names excepted) of the Dockerfiles those
+    services build from, less the images the stack builds itself. The services of profiles
+    no run uses need no stand-in."""
     profiles = {p for _, _, run_profiles in runs for p in run_profiles}
     services = active_services(compose, profiles).values()
     built = {s.get("image") for s in compose["services"].values() if s.get("build")}
     names = {s["image"] for s in services if s.get("image") and s["image"] not in built}
-    stages_seen = set()
-    for line in (ROOT / "Dockerfile").read_text().splitlines():
-        match = re.match(r"FROM\s+(\S+)(?:\s+AS\s+(\S+))?", line.strip(), re.IGNORECASE)
-        if match:
-            if match.group(1) not in stages_seen:
-                names.add(match.group(1))
-            if match.group(2):
-                stages_seen.add(match.group(2))
+    dockerfiles = sorted({ROOT / s["build"]["context"] / s["build"].get("dockerfile", "Dockerfile")
+                          for s in services if s.get("build")})
+    for dockerfile in dockerfiles:
+        stages_seen = set()
+        for line in dockerfile.read_text().splitlines():
+            match = re.match(r"FROM\s+(\S+)(?:\s+AS\s+(\S+))?", line.strip(), re.IGNORECASE)
+            if match:
+                if match.group(1) not in stages_seen:
+                    names.add(match.group(1))
+                if match.group(2):
+                    stages_seen.add(match.group(2))
     return sorted(names)
 
 
@@ -552,7 +577,7 @@ def main():
     signal.signal(signal.SIGINT, interrupted)
     signal.signal(signal.SIGTERM, interrupted)
 
-    before = image_ids(stack)
+    before = image_ids(stack.podman_out)
     standins = Standins(stack.podman, cache, "host")
     results, failure = [], None
     current, last_label = None, None
@@ -597,8 +622,8 @@ def main():
                 compose = load_compose()
                 built = {s["image"] for s in compose["services"].values() if s.get("build")}
                 wanted = {n.split("/")[-1] for n in stack_image_names(compose, runs)} | built
-                listed = image_names(stack)
-                made = sorted(i for i in image_ids(stack) - before if ours(listed.get(i, set()), wanted))
+                listed = image_names(stack.podman_out)
+                made = sorted(i for i in image_ids(stack.podman_out) - before if ours(listed.get(i, set()), wanted))
                 if made:
                     stack.podman_out("rmi", "-f", *made, check=False)
                 print(f"removed {len(made)} images this run made; the stand-ins stay cached in {standins.cache}",

@@ -37,6 +37,9 @@ KNOWN = {
     "docker.io/library/redis": ("redis.Containerfile", ["redis-entrypoint.sh"]),
     "docker.io/prom/prometheus": ("prometheus.Containerfile", []),
     "docker.io/grafana/grafana": ("grafana.Containerfile", ["grafana-standin.py"]),
+    "docker.io/library/haproxy": ("haproxy.Containerfile", []),
+    "quay.io/coreos/etcd": ("etcd.Containerfile", []),
+    "docker.io/library/zookeeper": ("zookeeper.Containerfile", ["zookeeper-entrypoint.sh"]),
 }
 
 
@@ -80,11 +83,11 @@ def run(cmd, **kwargs):
     return subprocess.run([str(c) for c in cmd], check=True, **kwargs)
 
 
-def label_of(podman, tag: str):
+def label_of(engine, tag: str):
     """The stand-in label of the local image `tag`: None if there is no such image, "" if
     it is not a stand-in."""
     inspect = subprocess.run(
-        [*podman, "image", "inspect", "--format", "{{ json .Labels }}", tag],
+        [*engine, "image", "inspect", "--format", "{{ json .Config.Labels }}", tag],
         capture_output=True,
         text=True,
     )
@@ -96,12 +99,13 @@ def label_of(podman, tag: str):
 
 
 class Standins:
-    def __init__(self, podman, cache: Path, build_network: str):
-        self.podman = podman
+    def __init__(self, engine, cache: Path, build_network: str):
+        # The engine's command: ["podman"] or ["docker"]; both take the same arguments here.
+        self.engine = engine
         self.cache = cache / "images"
         self.cache.mkdir(parents=True, exist_ok=True)
         self.build_network = build_network
-        # Tags this run put into podman's storage (built or loaded): what teardown removes.
+        # Tags this run put into the engine's storage (built or loaded): what teardown removes.
         self.made = []
 
     def recipe_hash(self, repo: str, parent_hash: str) -> str:
@@ -138,7 +142,7 @@ class Standins:
         for tag in ordered:
             repo = repository(tag)
             recipe_hash = self.recipe_hash(repo, "" if tag == BASE else base_hash)
-            present = label_of(self.podman, tag)
+            present = label_of(self.engine, tag)
             if present == "":
                 print(f"{tag}: a real image is present; using it", flush=True)
                 recipe_hash = "real"
@@ -153,8 +157,8 @@ class Standins:
     def load_or_build(self, tag, repo, recipe_hash):
         archive = self.cache / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', tag)}-{recipe_hash}.tar"
         if archive.is_file():
-            run([*self.podman, "load", "-q", "-i", archive])
-            if label_of(self.podman, tag) == recipe_hash:
+            run([*self.engine, "load", "-q", "-i", archive])
+            if label_of(self.engine, tag) == recipe_hash:
                 print(f"{tag}: stand-in {recipe_hash} loaded from {archive}", flush=True)
                 self.made.append(tag)
                 return
@@ -167,7 +171,7 @@ class Standins:
         for old in self.cache.glob(f"{re.sub(r'[^A-Za-z0-9_.-]', '_', tag)}-*.tar"):
             old.unlink()
         partial = archive.with_suffix(".partial")
-        run([*self.podman, "save", "-q", "-o", partial, tag])
+        run([*self.engine, "save", "-o", partial, tag])
         partial.rename(archive)
 
     def build_base(self, tag, recipe_hash):
@@ -193,7 +197,7 @@ class Standins:
                         item.unlink()
             tar = subprocess.Popen(["tar", "-C", root, "-c", "."], stdout=subprocess.PIPE)
             run(
-                [*self.podman, "import",
+                [*self.engine, "import",
                  "--change", f"LABEL {LABEL}={recipe_hash}",
                  "--change", 'CMD ["bash"]',
                  "-", tag],
@@ -219,7 +223,7 @@ class Standins:
                     if (toolchain / part).exists():
                         run([*copy, toolchain / part, context / "toolchain" / part])
             run(
-                [*self.podman, "build", "--network", self.build_network,
+                [*self.engine, "build", "--network", self.build_network,
                  "--label", f"{LABEL}={recipe_hash}",
                  "-f", RECIPES / containerfile, "-t", tag, context],
             )
