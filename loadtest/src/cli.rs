@@ -101,7 +101,7 @@ pub struct AttackArgs {
     pub database_url: Option<String>,
 
     /// Seconds to wait after printing the verdict, before exiting. The compose stack waits
-    /// 3: `docker compose up --exit-code-from loadtest` stops every service when the load
+    /// 5: `docker compose up --exit-code-from loadtest` stops every service when the load
     /// test exits, and the sale lasts about a second, so without the wait Prometheus (which
     /// scrapes every second) might not see the instances after it.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=3600))]

@@ -74,8 +74,8 @@ async fn attack(
     .await?;
     let verdict = books::judge(&report, &args.hosts[0], database_url).await?;
     println!("{}", verdict.render(&report));
+    // The verdict stays the last line of the output.
     if args.linger_secs > 0 {
-        println!("exiting in {} s (--linger-secs)", args.linger_secs);
         tokio::time::sleep(std::time::Duration::from_secs(args.linger_secs)).await;
     }
     Ok(verdict.passed())

@@ -1442,6 +1442,13 @@ fn the_ha_profile_puts_haproxy_in_front_of_three_patroni_members() {
             .collect();
         assert!(volumes.contains(&"./deploy/patroni/patroni.yml:/etc/patroni/patroni.yml:ro"));
         assert!(volumes.contains(&"./deploy/postgres/roles.sql:/seckill/roles.sql:ro"));
+        let post_bootstrap = patroni["bootstrap"]["post_bootstrap"].as_str().unwrap();
+        assert!(
+            volumes.contains(
+                &format!("./deploy/patroni/post-bootstrap.sh:{post_bootstrap}:ro").as_str()
+            ),
+            "{member}: {volumes:?}"
+        );
         assert_eq!(
             service["depends_on"]["etcd"]["condition"].as_str(),
             Some("service_healthy")
@@ -1462,6 +1469,13 @@ fn the_ha_profile_puts_haproxy_in_front_of_three_patroni_members() {
     let cfg = std::fs::read_to_string(root().join("deploy/haproxy/postgres.cfg")).unwrap();
     assert!(cfg.contains("option httpchk GET /primary"), "{cfg}");
     assert!(cfg.contains("on-marked-down shutdown-sessions"), "{cfg}");
+    // Healthy (the apps start) only when a commit can be acknowledged: a primary, and a
+    // synchronous standby (GET /sync answers 200 only there).
+    assert!(cfg.contains("option httpchk GET /sync"), "{cfg}");
+    assert!(
+        cfg.contains("monitor fail if { nbsrv(primary) lt 1 } || { nbsrv(sync_standby) lt 1 }"),
+        "{cfg}"
+    );
     assert!(cfg.contains(&format!("bind :{pg_port}")), "{cfg}");
     let servers: BTreeSet<String> = cfg
         .lines()
@@ -1559,6 +1573,15 @@ fn the_router_profile_sends_each_product_to_one_ready_instance() {
     let waits = &services(&compose)["loadtest"]["depends_on"]["router"];
     assert_eq!(waits["condition"].as_str(), Some("service_healthy"));
     assert_eq!(waits["required"].as_bool(), Some(false));
+    // The router starts once every app is ready: every instance is in from its first
+    // check, so no product moves as instances come up.
+    for app in &apps {
+        assert_eq!(
+            router["depends_on"][app.as_str()]["condition"].as_str(),
+            Some("service_healthy"),
+            "router -> {app}"
+        );
+    }
 }
 
 /// The router hashes the path up to its `depth`-th segment: in every route about one product

@@ -414,7 +414,7 @@ class PrometheusCheck:
                 scraped = set()
             if set(self.instances) <= scraped:
                 return
-            if time.monotonic() > deadline:
+            if self.stop.is_set() or time.monotonic() > deadline:
                 raise Failure(f"Prometheus had not scraped every instance twice within {self.within_s} s: "
                               f"{sorted(scraped)} of {self.instances}")
             time.sleep(0.5)
@@ -457,6 +457,7 @@ class PrometheusCheck:
         if self.start_failure:
             raise self.start_failure
         if self.started is None:
+            self.stop.set()
             raise Failure("Prometheus was never seen scraping every instance")
         self.thread.join(PROMETHEUS_GRACE_S)
         self.stop.set()
