@@ -37,7 +37,8 @@ pub enum Command {
     /// Measure instances with wrk (Debian's `wrk` package) against the ceiling, PostgreSQL
     /// selling from one row with nothing in front of it (pgbench, from Debian's
     /// `postgresql-client`): `redis` on one instance at 64 and 1,000 connections, on three
-    /// instances, and --products products at once on three instances and on one; the other
+    /// instances, and --products products at once on three instances (round robin, and
+    /// through the compose stack's router, Debian's `haproxy`) and on one; the other
     /// strategies, batched and per request; the sold-out path against `/healthz`; and the CPU
     /// each order costs, split by where it is spent.
     BenchHttp(BenchArgs),

@@ -11,6 +11,8 @@
 //! - `demo`: every strategy, one comparison table, `chart`: its SVG.
 //! - `bench`: instances measured with wrk against the ceiling (pgbench), with the CPU per
 //!   order by where it is spent.
+//! - `router`: the compose stack's router (HAProxy) run in front of local instances, for the
+//!   bench and the tests.
 //! - `chaos`: a fault soak: a seeded nemesis, every answer recorded, a checker of the whole
 //!   history against PostgreSQL.
 //!
@@ -25,4 +27,5 @@ pub mod chart;
 pub mod cli;
 pub mod demo;
 pub mod instances;
+pub mod router;
 pub mod servers;

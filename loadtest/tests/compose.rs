@@ -1671,54 +1671,30 @@ async fn named_instance(name: &'static str, ready: Arc<AtomicBool>) -> u16 {
 /// answers again they come back.
 #[tokio::test]
 async fn the_router_keeps_each_product_on_one_instance_and_moves_only_a_dead_ones() {
-    let haproxy = ["/usr/sbin/haproxy", "/usr/local/sbin/haproxy"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .expect("haproxy is installed (Debian: apt-get install haproxy)");
     let names = ["app1", "app2", "app3"];
     let ready: Vec<Arc<AtomicBool>> = names
         .iter()
         .map(|_| Arc::new(AtomicBool::new(true)))
         .collect();
-    let mut ports = Vec::new();
+    let mut backends = Vec::new();
     for (name, ready) in names.iter().zip(&ready) {
-        ports.push(named_instance(name, ready.clone()).await);
+        let port = named_instance(name, ready.clone()).await;
+        backends.push(loadtest::router::Backend {
+            buyers: port,
+            ops: port,
+        });
     }
-    let [front, health] = [servers::free_port(), servers::free_port()];
-    let mut cfg = std::fs::read_to_string(root().join("deploy/haproxy/router.cfg")).unwrap();
-    for (name, port) in names.iter().zip(&ports) {
-        let line = format!("server {name} {name}:8080 check port 9080");
-        assert!(cfg.contains(&line), "{line}");
-        cfg = cfg.replace(
-            &line,
-            &format!("server {name} 127.0.0.1:{port} check port {port}"),
-        );
+    let committed = std::fs::read_to_string(loadtest::router::COMMITTED).unwrap();
+    for name in names {
+        assert!(committed.contains(&format!("server {name} {name}:8080 check port 9080")));
     }
-    cfg = cfg
-        .replace("bind :8080", &format!("bind 127.0.0.1:{front}"))
-        .replace("bind :8404", &format!("bind 127.0.0.1:{health}"));
-    let dir = std::env::temp_dir().join(format!("seckill-router-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("haproxy.cfg"), cfg).unwrap();
-    let child = std::process::Command::new(haproxy)
-        .args(["-db", "-f"])
-        .arg(dir.join("haproxy.cfg"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
+    // The committed file, addresses aside, by a real HAProxy; stopped when dropped.
+    let router = loadtest::router::Router::start(&backends, false)
+        .await
         .unwrap();
-    // Stopped by the pid started, whatever the test's outcome.
-    struct Stop(std::process::Child);
-    impl Drop for Stop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _haproxy = Stop(child);
 
     let client = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{front}");
+    let base = router.url.clone();
     let owner = |product: u32| {
         let (client, base) = (client.clone(), base.clone());
         async move {
@@ -1816,5 +1792,4 @@ async fn the_router_keeps_each_product_on_one_instance_and_moves_only_a_dead_one
         assert!(Instant::now() < deadline, "{gone} never came back");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let _ = std::fs::remove_dir_all(dir);
 }

@@ -17,6 +17,9 @@
 //!   sells slowly then sells less, and shows).
 //! - (e) the instance of (a) and (b), `--products` products at once, 1,000 connections: what
 //!   many products cost one instance, against (b).
+//! - (g) (d) through the router: the compose stack's HAProxy configuration in front of the
+//!   three instances, sending each product to one instance; one wrk process, a thread per
+//!   product, 1,000 connections to the router.
 //! - The other strategies on one instance, 64 connections: `pg-atomic`, `pg-row` and
 //!   `pg-lock` batched, `redis` and `pg-atomic` with `BATCH_MAX=1` (the per-request
 //!   baseline). Batched `redis` is (a).
@@ -55,6 +58,7 @@ use sqlx::postgres::PgPoolOptions;
 use crate::attack::create_product;
 use crate::cli::BenchArgs;
 use crate::instances::Instance;
+use crate::router::{Backend, Router};
 use crate::servers;
 use ceiling::Ceiling;
 use deployment::{Deployment, deploy};
@@ -78,6 +82,8 @@ const THREE: usize = 3;
 struct Started {
     deployments: Vec<Deployment>,
     ceiling: Option<Ceiling>,
+    /// In front of the three instances of (c), (d) and (g); stopped when dropped.
+    router: Option<Router>,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -95,6 +101,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         outcome = measure(&args, &postgres.url, &redis.url, &dir, &mut started) => outcome,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("stopped by Ctrl-C")),
     };
+    drop(started.router.take());
     for deployment in started.deployments {
         if let Err(error) = deployment.remove(&redis.url).await {
             eprintln!("cleanup: {error:#}");
@@ -221,7 +228,28 @@ async fn set_up(
         let deployment = deploy(postgres_url, redis_url, name, strategy, batch, count, more);
         started.deployments.push(deployment.await?);
     }
+    // (g): the router in front of the three instances, without its log line per request.
+    let three = started.deployments.get(1).context("the three instances")?;
+    let backends = three
+        .instances
+        .iter()
+        .map(|instance| {
+            Ok(Backend {
+                buyers: port_of(&instance.url)?,
+                ops: port_of(&instance.ops_url)?,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    started.router = Some(Router::start(&backends, true).await?);
     Ok(())
+}
+
+/// The port of `http://127.0.0.1:<port>`.
+fn port_of(url: &str) -> anyhow::Result<u16> {
+    url.rsplit(':')
+        .next()
+        .and_then(|port| port.trim_end_matches('/').parse().ok())
+        .with_context(|| format!("no port in {url}"))
 }
 
 /// What a round runs on: the ceiling, the one instance of (a) and (b), the three of (c)
@@ -231,6 +259,7 @@ struct Stage<'a> {
     ceiling: &'a Ceiling,
     one: &'a Deployment,
     three: &'a Deployment,
+    router: &'a Router,
     open: &'a Deployment,
     others: &'a [Deployment],
 }
@@ -243,10 +272,14 @@ impl<'a> Stage<'a> {
         let Some(ceiling) = &started.ceiling else {
             bail!("bench-http creates the ceiling's database first, and has none");
         };
+        let Some(router) = &started.router else {
+            bail!("bench-http starts the router with the instances, and has none");
+        };
         Ok(Self {
             ceiling,
             one,
             three,
+            router,
             open,
             others,
         })
@@ -346,6 +379,13 @@ fn rows(args: &BenchArgs, others: &[Deployment]) -> Vec<Row> {
             "(f) as (b), with BUYER_IDENTITY=off (no token checked)".to_owned(),
             true,
         ),
+        row(
+            Kind::ThreeRouted,
+            format!(
+                "(g) as (d), through the router (HAProxy, one instance per product), {MANY} connections",
+            ),
+            true,
+        ),
     ];
     for other in others {
         let batch = other
@@ -381,6 +421,8 @@ async fn measure_round(
     measured.push(bench.sell(three, &split, &products.many).await?);
     measured.push(bench.sell(one, &[MANY], &products.many_on_one).await?);
     measured.push(bench.sell(stage.open, &[MANY], &[products.open]).await?);
+    let through = [(stage.router.url.as_str(), MANY)];
+    measured.push(bench.sell_through(three, &through, &products.many).await?);
     for (other, product) in stage.others.iter().zip(&products.alone) {
         measured.push(bench.sell(other, &[FEW], &[*product]).await?);
     }

@@ -30,6 +30,9 @@ pub(crate) enum Kind {
     OneManyProducts,
     /// (f) as (b), on an instance with `BUYER_IDENTITY=off`.
     OneIdentityOff,
+    /// (g) the products of (d) on the instances of (d), through the router (HAProxy, one
+    /// instance per product) instead of round robin.
+    ThreeRouted,
     /// Another strategy on one instance, one product, 64 connections; `batch`: BATCH_MAX if
     /// set, else the service's default.
     Strategy {
@@ -293,6 +296,13 @@ impl Report {
                     self.products
                 ),
                 self.ratios(Kind::ThreeManyProducts, Kind::ThreeAt1000),
+            ),
+            (
+                format!(
+                    "(g) / (d): {} products through the router against round robin, three instances",
+                    self.products
+                ),
+                self.ratios(Kind::ThreeRouted, Kind::ThreeManyProducts),
             ),
             (
                 format!(

@@ -105,6 +105,24 @@ impl Bench<'_> {
         connections: &[u32],
         products: &[i64],
     ) -> anyhow::Result<Round> {
+        let targets: Vec<(&str, u32)> = deployment
+            .instances
+            .iter()
+            .zip(connections)
+            .map(|(instance, connections)| (instance.url.as_str(), *connections))
+            .collect();
+        self.sell_through(deployment, &targets, products).await
+    }
+
+    /// Sell `products` of `deployment` with one wrk process per target (a URL and its
+    /// connections: an instance, or a router in front of the instances), all at once.
+    pub(super) async fn sell_through(
+        &self,
+        deployment: &Deployment,
+        targets: &[(&str, u32)],
+        products: &[i64],
+    ) -> anyhow::Result<Round> {
+        let connections: Vec<u32> = targets.iter().map(|(_, c)| *c).collect();
         let seconds = self.args.seconds;
         let paths: Vec<String> = products
             .iter()
@@ -131,21 +149,17 @@ impl Bench<'_> {
         let watch = self.watch(&deployment.instances);
         let at_start = watch.sample();
         let started = Instant::now();
-        let loads = deployment
-            .instances
-            .iter()
-            .zip(connections)
-            .map(|(instance, connections)| {
-                wrk::run(wrk::Load {
-                    url: &instance.url,
-                    path: &paths[0],
-                    script: &self.buy,
-                    threads,
-                    connections: *connections,
-                    seconds,
-                    paths: extra,
-                })
-            });
+        let loads = targets.iter().map(|(url, connections)| {
+            wrk::run(wrk::Load {
+                url,
+                path: &paths[0],
+                script: &self.buy,
+                threads,
+                connections: *connections,
+                seconds,
+                paths: extra,
+            })
+        });
         let reports = futures::future::try_join_all(loads).await?;
         let wall_seconds = started.elapsed().as_secs_f64();
         let at_end = watch.sample();

@@ -1,0 +1,143 @@
+//! The compose stack's router, [`deploy/haproxy/router.cfg`](../../deploy/haproxy/router.cfg),
+//! run by a real HAProxy (Debian's `haproxy`) on this machine, in front of instances of this
+//! machine: for `bench-http`'s run through the router and the router's tests. The committed
+//! file is used as it is, but for its addresses.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+/// Where the committed configuration is, in the checkout this binary was built from.
+pub const COMMITTED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/haproxy/router.cfg");
+
+/// An instance behind the router: its buyers' port and its operators' port (for `/readyz`),
+/// both on 127.0.0.1.
+#[derive(Clone, Copy, Debug)]
+pub struct Backend {
+    pub buyers: u16,
+    pub ops: u16,
+}
+
+/// `committed` with its `server` lines, in order, pointed at `backends`, its buyers'
+/// frontend on 127.0.0.1:`front` and its health monitor on 127.0.0.1:`health`. `quiet`
+/// leaves out the log line of every request (a cost on the path being measured).
+pub fn config(
+    committed: &str,
+    backends: &[Backend],
+    front: u16,
+    health: u16,
+    quiet: bool,
+) -> anyhow::Result<String> {
+    let mut servers = backends.iter();
+    let mut out = String::new();
+    let mut binds = 0;
+    for line in committed.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let line = match words.as_slice() {
+            ["server", name, _, "check", "port", _] => {
+                let Some(backend) = servers.next() else {
+                    bail!(
+                        "router.cfg has more servers than the {} given",
+                        backends.len()
+                    );
+                };
+                let indent = &line[..line.len() - line.trim_start().len()];
+                format!(
+                    "{indent}server {name} 127.0.0.1:{} check port {}",
+                    backend.buyers, backend.ops
+                )
+            }
+            ["bind", ":8080"] => {
+                binds += 1;
+                line.replace(":8080", &format!("127.0.0.1:{front}"))
+            }
+            ["bind", ":8404"] => {
+                binds += 1;
+                line.replace(":8404", &format!("127.0.0.1:{health}"))
+            }
+            ["log", ..] | ["option", "httplog"] if quiet => continue,
+            _ => line.to_owned(),
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    if servers.next().is_some() {
+        bail!(
+            "router.cfg has fewer servers than the {} given",
+            backends.len()
+        );
+    }
+    if binds != 2 {
+        bail!("router.cfg's binds are not :8080 and :8404 as expected");
+    }
+    Ok(out)
+}
+
+/// HAProxy running the committed router configuration, stopped (by the pid started) and
+/// its files removed when dropped.
+pub struct Router {
+    child: Child,
+    dir: PathBuf,
+    /// The buyers' address: `http://127.0.0.1:<port>`.
+    pub url: String,
+}
+
+impl Router {
+    /// Start HAProxy in front of `backends`, and wait until its monitor says an instance
+    /// is in.
+    pub async fn start(backends: &[Backend], quiet: bool) -> anyhow::Result<Self> {
+        let committed = std::fs::read_to_string(COMMITTED)
+            .with_context(|| format!("reading the router's configuration, {COMMITTED}"))?;
+        let haproxy = ["/usr/sbin/haproxy", "/usr/local/sbin/haproxy"]
+            .into_iter()
+            .map(Path::new)
+            .find(|p| p.exists())
+            .context("haproxy is not installed: install it (Debian: apt-get install haproxy)")?;
+        let [front, health] = [servers::free_port(), servers::free_port()];
+        let dir =
+            std::env::temp_dir().join(format!("seckill-router-{}-{front}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let file = dir.join("haproxy.cfg");
+        std::fs::write(&file, config(&committed, backends, front, health, quiet)?)?;
+        let child = Command::new(haproxy)
+            .arg("-db")
+            .arg("-f")
+            .arg(&file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting haproxy")?;
+        let router = Self {
+            child,
+            dir,
+            url: format!("http://127.0.0.1:{front}"),
+        };
+        let monitor = format!("http://127.0.0.1:{health}/healthz");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(answer) = reqwest::get(&monitor).await
+                && answer.status().is_success()
+            {
+                return Ok(router);
+            }
+            if Instant::now() > deadline {
+                bail!("the router's monitor ({monitor}) never said an instance is in");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
