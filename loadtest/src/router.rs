@@ -75,8 +75,17 @@ pub fn config(
     Ok(out)
 }
 
+/// Where HAProxy is, or why not.
+pub fn haproxy() -> anyhow::Result<&'static Path> {
+    ["/usr/sbin/haproxy", "/usr/local/sbin/haproxy"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.exists())
+        .context("haproxy is not installed: install it (Debian: apt-get install haproxy)")
+}
+
 /// HAProxy running the committed router configuration, stopped (by the pid started) and
-/// its files removed when dropped.
+/// its files removed when dropped; killed by the kernel if this program dies first.
 pub struct Router {
     child: Child,
     dir: PathBuf,
@@ -90,30 +99,33 @@ impl Router {
     pub async fn start(backends: &[Backend], quiet: bool) -> anyhow::Result<Self> {
         let committed = std::fs::read_to_string(COMMITTED)
             .with_context(|| format!("reading the router's configuration, {COMMITTED}"))?;
-        let haproxy = ["/usr/sbin/haproxy", "/usr/local/sbin/haproxy"]
-            .into_iter()
-            .map(Path::new)
-            .find(|p| p.exists())
-            .context("haproxy is not installed: install it (Debian: apt-get install haproxy)")?;
-        let [front, health] = [servers::free_port(), servers::free_port()];
+        let haproxy = haproxy()?;
+        let [front, health] = servers::distinct_free_ports(2)[..] else {
+            bail!("no two free ports");
+        };
+        let config = config(&committed, backends, front, health, quiet)?;
         let dir =
             std::env::temp_dir().join(format!("seckill-router-{}-{front}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let file = dir.join("haproxy.cfg");
-        std::fs::write(&file, config(&committed, backends, front, health, quiet)?)?;
-        let child = Command::new(haproxy)
+        std::fs::write(&file, config)?;
+        let log = dir.join("haproxy.log");
+        let mut command = Command::new(haproxy);
+        command
             .arg("-db")
             .arg("-f")
             .arg(&file)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting haproxy")?;
-        let router = Self {
+            .stderr(std::fs::File::create(&log)?);
+        servers::Tie::OwnGroupDiesWithSpawner.apply(&mut command);
+        let child = command.spawn().context("starting haproxy")?;
+        let mut router = Self {
             child,
             dir,
             url: format!("http://127.0.0.1:{front}"),
         };
+        // HAProxy counts a server in until its first check fails: the monitor answering
+        // is HAProxy listening, not the instances being ready.
         let monitor = format!("http://127.0.0.1:{health}/healthz");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -122,8 +134,15 @@ impl Router {
             {
                 return Ok(router);
             }
+            let said = || std::fs::read_to_string(&log).unwrap_or_default();
+            if let Ok(Some(status)) = router.child.try_wait() {
+                bail!("haproxy exited ({status}): {}", said());
+            }
             if Instant::now() > deadline {
-                bail!("the router's monitor ({monitor}) never said an instance is in");
+                bail!(
+                    "the router's monitor ({monitor}) never answered: {}",
+                    said()
+                );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -139,5 +158,67 @@ impl Drop for Router {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BACKENDS: [Backend; 3] = [
+        Backend {
+            buyers: 1001,
+            ops: 2001,
+        },
+        Backend {
+            buyers: 1002,
+            ops: 2002,
+        },
+        Backend {
+            buyers: 1003,
+            ops: 2003,
+        },
+    ];
+
+    #[test]
+    fn the_committed_file_gets_the_addresses_given_and_nothing_else_changes() {
+        let committed = std::fs::read_to_string(COMMITTED).unwrap();
+        let out = config(&committed, &BACKENDS, 7000, 7001, false).unwrap();
+        assert!(
+            out.contains("server app1 127.0.0.1:1001 check port 2001"),
+            "{out}"
+        );
+        assert!(
+            out.contains("server app3 127.0.0.1:1003 check port 2003"),
+            "{out}"
+        );
+        assert!(out.contains("bind 127.0.0.1:7000") && out.contains("bind 127.0.0.1:7001"));
+        let changed = |line: &str| line.contains("server ") || line.contains("bind ");
+        let kept: Vec<&str> = committed.lines().filter(|l| !changed(l)).collect();
+        let left: Vec<&str> = out.lines().filter(|l| !changed(l)).collect();
+        assert_eq!(kept, left);
+    }
+
+    #[test]
+    fn quiet_leaves_out_every_log_line() {
+        let committed = std::fs::read_to_string(COMMITTED).unwrap();
+        let out = config(&committed, &BACKENDS, 7000, 7001, true).unwrap();
+        assert!(committed.lines().any(|l| l.trim().starts_with("log ")));
+        assert!(
+            !out.lines()
+                .any(|l| l.trim().starts_with("log ") || l.contains("httplog")),
+            "{out}"
+        );
+        assert!(out.contains("balance uri path-only depth 3"));
+    }
+
+    #[test]
+    fn a_file_that_does_not_match_the_instances_given_is_refused() {
+        let committed = std::fs::read_to_string(COMMITTED).unwrap();
+        assert!(config(&committed, &BACKENDS[..2], 7000, 7001, false).is_err());
+        let four = [BACKENDS[0], BACKENDS[1], BACKENDS[2], BACKENDS[0]];
+        assert!(config(&committed, &four, 7000, 7001, false).is_err());
+        let moved = committed.replace("bind :8080", "bind :9999");
+        assert!(config(&moved, &BACKENDS, 7000, 7001, false).is_err());
     }
 }

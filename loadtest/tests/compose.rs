@@ -1722,11 +1722,9 @@ async fn the_router_keeps_each_product_on_one_instance_and_moves_only_a_dead_one
                 .text()
                 .await
                 .ok()?;
-            assert!(
-                page == buy && buy == order,
-                "product {product}: {page}, {buy}, {order}"
-            );
-            Some(page)
+            // While an instance goes out or comes back, the three may straddle the change:
+            // the caller asks again.
+            (page == buy && buy == order).then_some(page)
         }
     };
     let products = 1..=60u32;
@@ -1740,14 +1738,24 @@ async fn the_router_keeps_each_product_on_one_instance_and_moves_only_a_dead_one
             Some(map)
         }
     };
+    // Nothing changes here: every pass must find each product's three requests on one
+    // instance, from the first that answers.
     let deadline = Instant::now() + Duration::from_secs(30);
     let before = loop {
         if let Some(map) = owners(products.clone()).await {
             break map;
         }
-        assert!(Instant::now() < deadline, "the router never answered");
+        assert!(
+            Instant::now() < deadline,
+            "the router never sent a product's requests to one instance"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    assert_eq!(
+        owners(products.clone()).await.as_ref(),
+        Some(&before),
+        "a product's requests reached more than one instance"
+    );
     for name in names {
         let count = before.values().filter(|o| *o == name).count();
         assert!(count >= 5, "{name} owns {count} of 60 products: {before:?}");

@@ -20,6 +20,7 @@ Besides the load test's verdict and exit code, a run checks:
 """
 
 import argparse
+import http.client
 import json
 import os
 import re
@@ -157,8 +158,9 @@ class DockerStack:
 
     def router_check(self):
         """Under `router`: HAProxy's log line of every request names the instance that
-        answered it; every product's purchases must have gone to one instance, and no other
-        instance may have logged a purchase of it (nothing went round the router)."""
+        answered it; every product's purchases must have gone to one instance, which logged
+        purchases of it in its own access log, and no other instance may have logged a
+        purchase of it (nothing went round the router)."""
         served = {}
         for line in self.logs_of("router"):
             match = re.search(r" instances/(\S+) .*\"POST /api/products/(\d+)/purchase ", line)
@@ -175,7 +177,7 @@ class DockerStack:
         for app in ["app1", "app2", "app3"]:
             logged = {}
             for line in self.logs_of(app):
-                match = re.search(r'"path":"/api/products/(\d+)/purchase"', line)
+                match = re.search(r'"path":"/api/products/(\d+)/purchase".*"target":"seckill::access"', line)
                 if match:
                     logged[match.group(1)] = logged.get(match.group(1), 0) + 1
             print(f"{app}: purchases in its own log {logged}", flush=True)
@@ -183,6 +185,10 @@ class DockerStack:
                 if app not in served.get(product, {}):
                     raise Failure(f"{app} logged {count} purchases of product {product}, "
                                   f"which the router sent elsewhere ({served.get(product)})")
+            for product, instances in served.items():
+                if app in instances and not logged.get(product):
+                    raise Failure(f"the router sent purchases of product {product} to {app}, whose access "
+                                  f"log has none (is seckill::access logging off?)")
 
     # --- logs and teardown --------------------------------------------------------------
 
@@ -294,10 +300,10 @@ class Failover:
                     with urllib.request.urlopen(url, timeout=2) as response:
                         if response.status == 200:
                             break
-                except OSError:
+                except (OSError, http.client.HTTPException):
                     pass
                 if time.monotonic() > deadline:
-                    raise Failure(f"{app} not ready ({url}) within {within_s} s of the kill")
+                    raise Failure(f"{app} not ready ({url}) within {within_s} s of HAProxy's new primary")
                 time.sleep(0.5)
 
     def failover(self, first_output):

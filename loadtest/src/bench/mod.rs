@@ -91,6 +91,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         bail!("wrk is not installed: install it (Debian: apt-get install wrk)");
     }
     ceiling::check_installed()?;
+    crate::router::haproxy()?;
     raise_open_files_limit();
     let postgres = servers::postgres(args.database_url.as_deref()).await?;
     let redis = servers::redis(args.redis_url.as_deref()).await?;
