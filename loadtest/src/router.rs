@@ -3,7 +3,7 @@
 //! machine: for `bench-http`'s run through the router and the router's tests. The committed
 //! file is used as it is, but for its addresses.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -75,12 +75,9 @@ pub fn config(
     Ok(out)
 }
 
-/// Where HAProxy is, or why not.
-pub fn haproxy() -> anyhow::Result<&'static Path> {
-    ["/usr/sbin/haproxy", "/usr/local/sbin/haproxy"]
-        .into_iter()
-        .map(Path::new)
-        .find(|p| p.exists())
+/// Where HAProxy is (on the PATH, or in /usr/sbin where Debian puts it), or why not.
+pub fn haproxy() -> anyhow::Result<PathBuf> {
+    servers::find_program(&["haproxy"], &[PathBuf::from("/usr/sbin")])
         .context("haproxy is not installed: install it (Debian: apt-get install haproxy)")
 }
 

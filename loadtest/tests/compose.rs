@@ -92,6 +92,29 @@ fn with_env_inside(value: &str, set: &[(&str, &str)]) -> String {
     out
 }
 
+/// The host a URL names (`postgres://user:pw@host:5432/db` → `host`).
+fn url_host(url: &str) -> String {
+    let rest = url.split("://").nth(1).expect("a URL");
+    let authority = rest.split('/').next().unwrap();
+    let host_port = authority.rsplit('@').next().unwrap();
+    host_port.split(':').next().unwrap().to_owned()
+}
+
+/// The port of an address (`0.0.0.0:8008` → `8008`).
+fn port_of(address: &str) -> String {
+    address.rsplit(':').next().unwrap().to_owned()
+}
+
+/// A service's mounts, as written (`./source:/target:ro`).
+fn volumes_of(service: &Value) -> Vec<&str> {
+    service["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect()
+}
+
 /// A service's environment as `seckill` flags (`LOCK_TTL_MS: 5000` → `--lock-ttl-ms 5000`).
 fn as_flags(env: &serde_norway::Mapping) -> Vec<String> {
     let command = seckill::Settings::command();
@@ -195,12 +218,6 @@ fn urls_in_the_stack_name_services_it_defines() {
         .keys()
         .map(|k| k.as_str().unwrap().to_owned())
         .collect();
-    let host_of = |url: &str| {
-        let rest = url.split("://").nth(1).expect("a URL");
-        let authority = rest.split('/').next().unwrap();
-        let host_port = authority.rsplit('@').next().unwrap();
-        host_port.split(':').next().unwrap().to_owned()
-    };
     for (name, service) in services(&compose) {
         let Some(env) = service["environment"].as_mapping() else {
             continue;
@@ -210,7 +227,7 @@ fn urls_in_the_stack_name_services_it_defines() {
             if key.ends_with("_URL") {
                 // As compose resolves it: by default, and on the `ha` database.
                 for set in [&[][..], &[("DATABASE_HOST", "haproxy")][..]] {
-                    let host = host_of(&with_env_inside(value, set));
+                    let host = url_host(&with_env_inside(value, set));
                     assert!(
                         defined.contains(&host),
                         "{name:?}: {key} points at undefined service {host} ({set:?})"
@@ -846,12 +863,7 @@ fn the_apps_sell_as_the_app_role_and_migrate_as_the_owner() {
         rest.split(['@', ':']).next().unwrap().to_owned()
     };
     let init = std::fs::read_to_string(root().join("deploy/postgres/initdb/10-roles.sh")).unwrap();
-    let volumes: Vec<&str> = services(&compose)["postgres"]["volumes"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap())
-        .collect();
+    let volumes = volumes_of(&services(&compose)["postgres"]);
     assert!(volumes.contains(&"./deploy/postgres/initdb:/docker-entrypoint-initdb.d:ro"));
     assert!(volumes.contains(&"./deploy/postgres/roles.sql:/seckill/roles.sql:ro"));
     assert!(init.contains("-f /seckill/roles.sql"), "{init}");
@@ -1408,20 +1420,8 @@ fn the_ha_profile_puts_haproxy_in_front_of_three_patroni_members() {
     );
     assert!(loop_wait + 2 * retry <= ttl, "ttl {ttl}");
     assert_eq!(patroni["etcd3"]["hosts"].as_str(), Some("etcd:2379"));
-    let rest_port = patroni["restapi"]["listen"]
-        .as_str()
-        .unwrap()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .to_owned();
-    let pg_port = patroni["postgresql"]["listen"]
-        .as_str()
-        .unwrap()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .to_owned();
+    let rest_port = port_of(patroni["restapi"]["listen"].as_str().unwrap());
+    let pg_port = port_of(patroni["postgresql"]["listen"].as_str().unwrap());
     for member in &members {
         let service = &services(&compose)[member.as_str()];
         let env = &service["environment"];
@@ -1434,12 +1434,7 @@ fn the_ha_profile_puts_haproxy_in_front_of_three_patroni_members() {
             env["PATRONI_POSTGRESQL_CONNECT_ADDRESS"].as_str(),
             Some(format!("{member}:{pg_port}").as_str())
         );
-        let volumes: Vec<&str> = service["volumes"]
-            .as_sequence()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_str().unwrap())
-            .collect();
+        let volumes = volumes_of(service);
         assert!(volumes.contains(&"./deploy/patroni/patroni.yml:/etc/patroni/patroni.yml:ro"));
         assert!(volumes.contains(&"./deploy/postgres/roles.sql:/seckill/roles.sql:ro"));
         let post_bootstrap = patroni["bootstrap"]["post_bootstrap"].as_str().unwrap();
@@ -1459,12 +1454,8 @@ fn the_ha_profile_puts_haproxy_in_front_of_three_patroni_members() {
     // a member whose Patroni answers 200 to GET /primary, on the member's REST port.
     let haproxy = &services(&compose)["haproxy"];
     assert!(
-        haproxy["volumes"]
-            .as_sequence()
-            .unwrap()
-            .iter()
-            .any(|v| v.as_str()
-                == Some("./deploy/haproxy/postgres.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro"))
+        volumes_of(haproxy)
+            .contains(&"./deploy/haproxy/postgres.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro")
     );
     let cfg = std::fs::read_to_string(root().join("deploy/haproxy/postgres.cfg")).unwrap();
     assert!(cfg.contains("option httpchk GET /primary"), "{cfg}");
@@ -1489,11 +1480,7 @@ fn the_ha_profile_puts_haproxy_in_front_of_three_patroni_members() {
         .collect();
     assert_eq!(servers, members);
 
-    let host_of = |url: &str| -> String {
-        let url = with_env_inside(url, &[("DATABASE_HOST", "haproxy")]);
-        let rest = url.split_once('@').unwrap().1;
-        rest.split([':', '/']).next().unwrap().to_owned()
-    };
+    let host_of = |url: &str| url_host(&with_env_inside(url, &[("DATABASE_HOST", "haproxy")]));
     for (name, service) in app_services(&compose) {
         for key in ["DATABASE_URL", "DATABASE_MIGRATION_URL"] {
             let url = service["environment"][key].as_str().unwrap();
@@ -1518,12 +1505,8 @@ fn the_router_profile_sends_each_product_to_one_ready_instance() {
     );
     let router = &services(&compose)["router"];
     assert!(
-        router["volumes"]
-            .as_sequence()
-            .unwrap()
-            .iter()
-            .any(|v| v.as_str()
-                == Some("./deploy/haproxy/router.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro"))
+        volumes_of(router)
+            .contains(&"./deploy/haproxy/router.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro")
     );
     assert!(
         router["healthcheck"]["test"]
@@ -1538,11 +1521,12 @@ fn the_router_profile_sends_each_product_to_one_ready_instance() {
     assert!(lines.contains(&"http-check expect status 200"), "{cfg}");
 
     // Each app once, on its buyers' port, checked on its operators' port.
-    let port_of = |name: &str, key: &str| -> String {
-        let bind = services(&compose)[name]["environment"][key]
-            .as_str()
-            .unwrap();
-        bind.rsplit(':').next().unwrap().to_owned()
+    let bind_port = |name: &str, key: &str| -> String {
+        port_of(
+            services(&compose)[name]["environment"][key]
+                .as_str()
+                .unwrap(),
+        )
     };
     let servers: BTreeSet<String> = lines
         .iter()
@@ -1550,8 +1534,8 @@ fn the_router_profile_sends_each_product_to_one_ready_instance() {
         .map(|line| {
             let words: Vec<&str> = line.split_whitespace().collect();
             let app = words[0];
-            let buyers = port_of(app, "BIND_ADDR");
-            let ops = port_of(app, "OPS_BIND_ADDR");
+            let buyers = bind_port(app, "BIND_ADDR");
+            let ops = bind_port(app, "OPS_BIND_ADDR");
             assert_eq!(words[1], format!("{app}:{buyers}"), "{line}");
             assert_eq!(words[2..], ["check", "port", ops.as_str()], "{line}");
             app.to_owned()

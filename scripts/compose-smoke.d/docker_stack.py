@@ -30,11 +30,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 from standins import Standins
-from stack import (EXIT_SERVICE, PROJECT, ROOT, Failure, Interrupted, Phases, PrometheusCheck, free_port,
-                   image_ids, image_names, load_compose, ours, stack_image_names)
+from stack import (CACHE, EXIT_SERVICE, PROJECT, ROOT, Failure, Interrupted, Phases, PrometheusCheck,
+                   free_port, grafana_reported_ok, image_ids, load_compose, raise_interrupted_on_signals,
+                   remove_images_made, show_last_lines, stack_image_names)
 
 README = ROOT / "README.md"
 PROJECT_LABEL = f"label=com.docker.compose.project={PROJECT}"
@@ -139,15 +139,7 @@ class DockerStack:
         return verdict, code, "\n".join(output)
 
     def grafana_check(self):
-        names = [n for n in self.containers() if re.search(r"-grafana-\d+$", n)]
-        if len(names) != 1:
-            raise Failure(f"expected one Grafana container, found {names}")
-        logs = subprocess.run([*self.cli, "logs", names[0]], capture_output=True, text=True)
-        lines = [l for l in (logs.stdout + logs.stderr).splitlines() if l.startswith("grafana stand-in:")]
-        for line in lines:
-            print(line, flush=True)
-        if not any("provisioning OK" in l for l in lines):
-            raise Failure("the Grafana stand-in did not report its provisioning OK")
+        grafana_reported_ok(self.logs_of("grafana"))
 
     def logs_of(self, service):
         names = [n for n in self.containers() if re.search(rf"-{service}-\d+$", n)]
@@ -201,10 +193,7 @@ class DockerStack:
         print(f"container logs of {label}: {folder}", flush=True)
 
     def show_failed_logs(self, label):
-        for path in sorted((self.log_dir / label).glob("*.log")):
-            print(f"--- last lines of {path.name}", flush=True)
-            for line in path.read_text().splitlines()[-25:]:
-                print("    " + line.split("\r")[-1], flush=True)
+        show_last_lines(self.log_dir / label)
 
     def down(self, env, args):
         """`docker compose [--profile ...] down -v`, then what is left of the project: every
@@ -367,19 +356,13 @@ def main():
                         help="run only this command of the README, by its profiles (repeatable); default: all")
     args = parser.parse_args()
 
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "seckill-compose-smoke"
-    stack = DockerStack(cache / "logs" / time.strftime("%Y%m%dT%H%M%S"))
+    stack = DockerStack(CACHE / "logs" / time.strftime("%Y%m%dT%H%M%S"))
     phases = Phases()
     runs = [r for r in readme_runs() if not args.only or r[0] in args.only]
-
-    def interrupted(signum, _frame):
-        raise Interrupted(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGINT, interrupted)
-    signal.signal(signal.SIGTERM, interrupted)
+    raise_interrupted_on_signals()
 
     before = image_ids(stack.out)
-    standins = Standins(stack.cli, cache, "host")
+    standins = Standins(stack.cli, CACHE, "host")
     compose = load_compose()
     profile_runs = [(label, env, profiles_of(run_args)) for label, env, run_args in runs]
     results, failures, current = [], [], None
@@ -418,16 +401,8 @@ def main():
             except Failure as error:
                 failures.append(str(error))
         if not args.keep_images:
-            def remove_images():
-                built = {s["image"] for s in compose["services"].values() if s.get("build")}
-                wanted = {n.split("/")[-1] for n in stack_image_names(compose, profile_runs)} | built
-                listed = image_names(stack.out)
-                made = sorted(i for i in image_ids(stack.out) - before if ours(listed.get(i, set()), wanted))
-                if made:
-                    stack.out("rmi", "-f", *made, check=False)
-                print(f"removed {len(made)} images this run made; the stand-ins stay cached in {standins.cache}",
-                      flush=True)
-            phases.run("remove the images this run made", remove_images)
+            phases.run("remove the images this run made", remove_images_made, stack.out, before, compose,
+                       profile_runs)
         phases.summary()
     for label, verdict, code in results:
         print(f"RESULT {label}: {verdict}; exit code {code}", flush=True)

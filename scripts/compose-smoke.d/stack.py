@@ -42,6 +42,8 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 DASHBOARDS = ROOT / "deploy/grafana/dashboards"
 PROMETHEUS_CONFIG = ROOT / "deploy/prometheus/prometheus.yml"
 PROJECT = "seckill"
+# Stand-ins, virtualenvs and the containers' logs of past runs.
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "seckill-compose-smoke"
 EXIT_SERVICE = "loadtest"
 
 # The runs: the default lock, then Redlock over the `redlock` profile's three masters.
@@ -308,11 +310,7 @@ class Stack:
     def grafana_check(self):
         logs = subprocess.run([*self.podman, "logs", self.container("grafana")], env=self.env,
                               capture_output=True, text=True)
-        lines = [l for l in (logs.stdout + logs.stderr).splitlines() if l.startswith("grafana stand-in:")]
-        for line in lines:
-            print(line, flush=True)
-        if not any("provisioning OK" in l for l in lines):
-            raise Failure("the Grafana stand-in did not report its provisioning OK")
+        grafana_reported_ok((logs.stdout + logs.stderr).splitlines())
 
     def save_logs(self, label):
         folder = self.log_dir / label
@@ -326,11 +324,7 @@ class Stack:
         return names
 
     def show_failed_logs(self, label):
-        for path in sorted((self.log_dir / label).glob("*.log")):
-            tail = path.read_text().splitlines()[-25:]
-            print(f"--- last lines of {path.name}", flush=True)
-            for line in tail:
-                print("    " + line.split("\r")[-1], flush=True)
+        show_last_lines(self.log_dir / label)
 
     def down(self, profiles, run_env):
         # `down -v` leaves the anonymous volumes of the images' VOLUMEs (PostgreSQL's data,
@@ -508,6 +502,47 @@ def scrape_targets():
     return sorted(t for job in config["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"])
 
 
+def grafana_reported_ok(log_lines):
+    """The Grafana stand-in's report, from its container's log: printed, and a Failure
+    unless it says the provisioning is OK."""
+    lines = [l for l in log_lines if l.startswith("grafana stand-in:")]
+    for line in lines:
+        print(line, flush=True)
+    if not any("provisioning OK" in l for l in lines):
+        raise Failure("the Grafana stand-in did not report its provisioning OK")
+
+
+def show_last_lines(folder):
+    """The last lines of every container log a failed run left in `folder`."""
+    for path in sorted(folder.glob("*.log")):
+        print(f"--- last lines of {path.name}", flush=True)
+        for line in path.read_text().splitlines()[-25:]:
+            print("    " + line.split("\r")[-1], flush=True)
+
+
+def raise_interrupted_on_signals():
+    """SIGINT and SIGTERM raise Interrupted, so that the run under way is torn down."""
+    def interrupted(signum, _frame):
+        raise Interrupted(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
+
+
+def remove_images_made(engine_out, before, compose, runs):
+    """Remove the images that appeared since `before` (image ids) and are this run's: the
+    stand-ins' official names, the images the stack builds, the untagged layers of builds;
+    an image someone else built or loaded meanwhile under another name stays."""
+    built = {s["image"] for s in compose["services"].values() if s.get("build")}
+    wanted = {n.split("/")[-1] for n in stack_image_names(compose, runs)} | built
+    listed = image_names(engine_out)
+    made = sorted(i for i in image_ids(engine_out) - before if ours(listed.get(i, set()), wanted))
+    if made:
+        engine_out("rmi", "-f", *made, check=False)
+    print(f"removed {len(made)} images this run made; the stand-ins stay cached in {CACHE / 'images'}",
+          flush=True)
+
+
 def image_ids(engine_out):
     """Every local image's id; `engine_out` runs the engine's command and returns its output."""
     return set(engine_out("images", "-a", "-q", "--no-trunc", check=False).split())
@@ -565,21 +600,15 @@ def main():
                         help="run only this lock profile (repeatable); default: all")
     args = parser.parse_args()
 
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "seckill-compose-smoke"
     env = dict(os.environ)
     stack = Stack(args, env)
-    stack.log_dir = cache / "logs" / time.strftime("%Y%m%dT%H%M%S")
+    stack.log_dir = CACHE / "logs" / time.strftime("%Y%m%dT%H%M%S")
     phases = Phases()
     runs = [r for r in RUNS if not args.only or r[0] in args.only]
-
-    def interrupted(signum, _frame):
-        raise Interrupted(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGINT, interrupted)
-    signal.signal(signal.SIGTERM, interrupted)
+    raise_interrupted_on_signals()
 
     before = image_ids(stack.podman_out)
-    standins = Standins(stack.podman, cache, "host")
+    standins = Standins(stack.podman, CACHE, "host")
     results, failure = [], None
     current, last_label = None, None
     try:
@@ -617,19 +646,8 @@ def main():
             print("tearing down (further Ctrl-C is ignored until it is done)", flush=True)
             stack.down(current[1], current[2])
         if not args.keep_images:
-            def remove_images():
-                # Only what this run made: an image another user built or loaded meanwhile
-                # under another name stays.
-                compose = load_compose()
-                built = {s["image"] for s in compose["services"].values() if s.get("build")}
-                wanted = {n.split("/")[-1] for n in stack_image_names(compose, runs)} | built
-                listed = image_names(stack.podman_out)
-                made = sorted(i for i in image_ids(stack.podman_out) - before if ours(listed.get(i, set()), wanted))
-                if made:
-                    stack.podman_out("rmi", "-f", *made, check=False)
-                print(f"removed {len(made)} images this run made; the stand-ins stay cached in {standins.cache}",
-                      flush=True)
-            phases.run("remove the images this run made", remove_images)
+            phases.run("remove the images this run made", remove_images_made, stack.podman_out, before,
+                       load_compose(), runs)
         phases.summary()
     for label, verdict, code in results:
         print(f"RESULT {label}: {verdict}; exit code {code}", flush=True)

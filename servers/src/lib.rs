@@ -42,7 +42,7 @@ pub mod zookeeper;
 pub use etcd::{EtcdCluster, EtcdServer};
 pub use patroni::PatroniCluster;
 pub use postgres::PostgresServer;
-pub use process::{Tie, send_signal};
+pub use process::{Tie, find as find_program, send_signal};
 pub use redis::{RedisCluster, RedisServer, forget_prefix, server_info_section};
 pub use sentinel::RedisSentinels;
 pub use tls::ServerCertificate;

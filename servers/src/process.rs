@@ -106,7 +106,7 @@ pub(crate) fn temp_dir(label: &str) -> Result<PathBuf> {
 
 /// The first directory of the PATH, then of `extra`, that holds every one of `names`;
 /// returns the path of the first name there.
-pub(crate) fn find(names: &[&str], extra: &[PathBuf]) -> Option<PathBuf> {
+pub fn find(names: &[&str], extra: &[PathBuf]) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(extra.iter().cloned())
