@@ -229,9 +229,12 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=50))]
     pub rounds: u64,
 
-    /// Products sold at once in the runs over several products (on three instances, and on
-    /// one): each wrk process runs a thread per product (up to its connections), and each
-    /// product gets the connections of its threads, so that a product that sells slowly shows.
+    /// Products sold at once in the runs over several products (on three instances, on one,
+    /// and through the router). On three instances each wrk process runs a thread per
+    /// product (up to its connections), and each product gets the connections of its
+    /// threads, so that a product that sells slowly shows; on one instance and through the
+    /// router one wrk process of two threads (as with one product) takes the products in
+    /// turn.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(2..=1_000))]
     pub products: u64,
 }

@@ -10,9 +10,14 @@
 //! and a statement never carries two batches of one product. The lock stays per product: a
 //! statement writes only the products whose holders sent a batch.
 //!
-//! [`WRITERS`] statements may be in flight at once, each on its own connection of the
-//! holders' pool, so a batch goes at once when a writer is idle and otherwise waits for the
-//! first to finish. A statement's batches are sorted by product, so that every such
+//! One statement is in flight at a time while it is quick: a batch that comes meanwhile
+//! waits for it to end, and goes with every other batch that came meanwhile (a statement of
+//! its own for each would make statements of one or two batches: two writers taking turns
+//! carried 2.5 batches each with sixteen products, docs/performance.md). Only a statement
+//! in flight for longer than [`STALLED`] (a row lock waited for, a database failing) lets a
+//! second start beside it, up to [`WRITERS`], each on its own connection of the holders'
+//! pool; with no statement in flight a batch goes at once, so nothing waits for company at
+//! low load. A statement's batches are sorted by product, so that every such
 //! statement takes its rows' locks in one order. Each statement, with the writes of its
 //! batches one by one when it was refused, is bounded by the batch time-out (a database that
 //! stops answering at the network level cannot hold a writer): past it every batch of the
@@ -20,20 +25,27 @@
 //! has its batch dropped if no statement has taken it yet, so nothing is written for buyers
 //! it already answered; one taken may still commit, as when a holder writes alone.
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{Mutex, Notify, mpsc, oneshot};
+use tokio::time::{Instant, sleep_until};
 
 use super::PurchaseError;
 use crate::domain::ProductId;
 use crate::metrics::Metrics;
 use crate::repository::{self, HolderBatch, HolderWrite};
 
-/// Statements in flight at once (each on a connection of its own).
+/// Statements in flight at once, at most (each on a connection of its own).
 pub(crate) const WRITERS: usize = 2;
+
+/// How long a statement may be in flight before another may start beside it. Under load a
+/// statement of sixteen products' batches takes a few ms (docs/performance.md); past this it
+/// is waiting for something (a row lock, a database failing over), and the batches of other
+/// products need not wait with it.
+pub(crate) const STALLED: Duration = Duration::from_millis(20);
 
 /// The most products one statement carries.
 const MOST_PRODUCTS: usize = 64;
@@ -90,11 +102,16 @@ impl HolderWriter {
             jobs,
             deferred: VecDeque::new(),
         }));
-        for _ in 0..WRITERS {
+        let in_flight = Arc::new(InFlight::new(WRITERS));
+        for writer in 0..WRITERS {
             tokio::spawn(write_batches(
+                Writing {
+                    writer,
+                    waiting: Arc::clone(&waiting),
+                    in_flight: Arc::clone(&in_flight),
+                },
                 pool.clone(),
                 batch_timeout,
-                Arc::clone(&waiting),
                 metrics.clone(),
             ));
         }
@@ -125,15 +142,78 @@ impl HolderWriter {
     }
 }
 
+/// When each writer's statement was sent, while it is in flight, and word when one ends.
+struct InFlight {
+    /// By writer: `None` while it has no statement in flight.
+    since: std::sync::Mutex<Vec<Option<Instant>>>,
+    ended: Notify,
+}
+
+impl InFlight {
+    fn new(writers: usize) -> Self {
+        Self {
+            since: std::sync::Mutex::new(vec![None; writers]),
+            ended: Notify::new(),
+        }
+    }
+
+    fn set(&self, writer: usize, since: Option<Instant>) {
+        self.since.lock().unwrap_or_else(PoisonError::into_inner)[writer] = since;
+    }
+
+    /// `writer` sends a statement now.
+    fn begin(&self, writer: usize) {
+        self.set(writer, Some(Instant::now()));
+    }
+
+    /// `writer`'s statement has its answer.
+    fn end(&self, writer: usize) {
+        self.set(writer, None);
+        self.ended.notify_waiters();
+    }
+
+    /// Wait while a statement in flight has been so for less than [`STALLED`]: until it
+    /// ends, or stalls.
+    async fn wait_while_one_is_quick(&self) {
+        loop {
+            let ended = self.ended.notified();
+            let mut ended = std::pin::pin!(ended);
+            // Registered before the look below, so that an end right after it is not missed.
+            ended.as_mut().enable();
+            let youngest = self
+                .since
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .flatten()
+                .max()
+                .copied();
+            let Some(stalls_at) = youngest.map(|since| since + STALLED) else {
+                return;
+            };
+            if Instant::now() >= stalls_at {
+                return;
+            }
+            tokio::select! {
+                () = ended => {}
+                () = sleep_until(stalls_at) => return,
+            }
+        }
+    }
+}
+
+/// What one writing task shares with the others: the batches waiting, and the statements in
+/// flight (its own is `in_flight`'s `writer`).
+struct Writing {
+    writer: usize,
+    waiting: Arc<Mutex<Waiting>>,
+    in_flight: Arc<InFlight>,
+}
+
 /// One writing task: take what is ready, write it, answer each holder; until every handle
 /// on the writer is gone.
-async fn write_batches(
-    pool: PgPool,
-    batch_timeout: Duration,
-    waiting: Arc<Mutex<Waiting>>,
-    metrics: Metrics,
-) {
-    while let Some(jobs) = next_statement(&waiting).await {
+async fn write_batches(writing: Writing, pool: PgPool, batch_timeout: Duration, metrics: Metrics) {
+    while let Some(jobs) = next_statement(&writing).await {
         metrics.holder_statements.inc();
         let batches: Vec<(ProductId, HolderBatch<'_>)> =
             jobs.iter().map(|job| (job.product, job.batch())).collect();
@@ -144,44 +224,83 @@ async fn write_batches(
                 // Cut short with a statement in flight: it may still commit.
                 .unwrap_or_else(|_| vec![Err(PurchaseError::OutcomeUnknown); batches.len()]);
         drop(batches);
+        // Before the answers: a holder answered sends its next batch at once, which need not
+        // wait for this statement.
+        writing.in_flight.end(writing.writer);
         for (job, write) in jobs.into_iter().zip(written) {
             let _ = job.reply.send(write);
         }
     }
 }
 
-/// The batches of the next statement: at least one (waiting for it), then whatever else is
-/// ready, one per product, at most [`MOST_PRODUCTS`]. Batches whose holder stopped waiting
-/// are dropped unwritten. `None` once every handle is gone and nothing is left.
-async fn next_statement(waiting: &Mutex<Waiting>) -> Option<Vec<Job>> {
-    let mut waiting = waiting.lock().await;
+/// The batches of the next statement, marked in flight: at least one (waiting for it), and,
+/// once no other statement is quickly in flight, whatever else has come, one per product, at
+/// most [`MOST_PRODUCTS`]. Batches whose holder stopped waiting are dropped unwritten.
+/// `None` once every handle is gone and nothing is left.
+async fn next_statement(writing: &Writing) -> Option<Vec<Job>> {
+    let mut waiting = writing.waiting.lock().await;
     let Waiting { jobs, deferred } = &mut *waiting;
-    let mut taken: Vec<Job> = Vec::new();
-    let mut products = HashSet::new();
-    let mut still_deferred = VecDeque::new();
-    let mut consider = |job: Job, taken: &mut Vec<Job>, later: &mut VecDeque<Job>| {
+    let mut statement = Statement::default();
+    for job in std::mem::take(deferred) {
+        statement.consider(job);
+    }
+    loop {
+        while statement.taken.is_empty() {
+            let job = jobs.recv().await?;
+            statement.consider(job);
+        }
+        // The statement in flight ends before this one is sent: what comes meanwhile goes
+        // in this one.
+        writing.in_flight.wait_while_one_is_quick().await;
+        while let Ok(job) = jobs.try_recv() {
+            statement.consider(job);
+        }
+        // A holder may have stopped waiting during the wait.
+        statement.forget_abandoned();
+        if !statement.taken.is_empty() {
+            break;
+        }
+    }
+    *deferred = statement.later;
+    writing.in_flight.begin(writing.writer);
+    let mut taken = statement.taken;
+    taken.sort_by_key(|job| job.product.get());
+    Some(taken)
+}
+
+/// A statement being filled: its batches, one per product, and those left for a later one.
+#[derive(Default)]
+struct Statement {
+    taken: Vec<Job>,
+    later: VecDeque<Job>,
+}
+
+impl Statement {
+    /// Take `job` if its product has no batch here yet and there is room, else leave it for
+    /// later; drop it if its holder stopped waiting.
+    fn consider(&mut self, job: Job) {
         if job.reply.is_closed() {
             return;
         }
-        if taken.len() < MOST_PRODUCTS && products.insert(job.product) {
-            taken.push(job);
+        let room = self.taken.len() < MOST_PRODUCTS;
+        if room && self.taken.iter().all(|taken| taken.product != job.product) {
+            self.taken.push(job);
         } else {
-            later.push_back(job);
+            self.later.push_back(job);
         }
-    };
-    while let Some(job) = deferred.pop_front() {
-        consider(job, &mut taken, &mut still_deferred);
     }
-    while taken.is_empty() {
-        let job = jobs.recv().await?;
-        consider(job, &mut taken, &mut still_deferred);
+
+    /// Drop the batches whose holder stopped waiting, and take in their place any left for
+    /// later of the same product.
+    fn forget_abandoned(&mut self) {
+        let before = self.taken.len();
+        self.taken.retain(|job| !job.reply.is_closed());
+        if self.taken.len() < before {
+            for job in std::mem::take(&mut self.later) {
+                self.consider(job);
+            }
+        }
     }
-    while let Ok(job) = jobs.try_recv() {
-        consider(job, &mut taken, &mut still_deferred);
-    }
-    *deferred = still_deferred;
-    taken.sort_by_key(|job| job.product.get());
-    Some(taken)
 }
 
 /// Write `batches` (one per product, sorted by product) as one statement, or one alone as
@@ -260,29 +379,44 @@ mod tests {
         jobs.iter().map(|j| j.product.get()).collect()
     }
 
-    /// A writer's queue with a batch of each of `products` sent to it, in order: its sender,
-    /// the queue, and each batch's answer.
+    /// Writer 0's share of a writer whose queue has a batch of each of `products` sent to
+    /// it, in order: its sender, the writer, and each batch's answer.
     fn queue_of(
         products: impl IntoIterator<Item = String>,
     ) -> (
         mpsc::UnboundedSender<Job>,
-        Mutex<Waiting>,
+        Writing,
         Vec<oneshot::Receiver<Written>>,
     ) {
         let (sender, jobs) = mpsc::unbounded_channel();
-        let waiting = Mutex::new(Waiting {
-            jobs,
-            deferred: VecDeque::new(),
-        });
+        let writing = Writing {
+            writer: 0,
+            waiting: Arc::new(Mutex::new(Waiting {
+                jobs,
+                deferred: VecDeque::new(),
+            })),
+            in_flight: Arc::new(InFlight::new(WRITERS)),
+        };
         let answers = products
             .into_iter()
-            .map(|product| {
-                let (job, answer) = job(&product);
-                sender.send(job).unwrap();
-                answer
-            })
+            .map(|product| send(&sender, &product))
             .collect();
-        (sender, waiting, answers)
+        (sender, writing, answers)
+    }
+
+    fn send(sender: &mpsc::UnboundedSender<Job>, product: &str) -> oneshot::Receiver<Written> {
+        let (job, answer) = job(product);
+        sender.send(job).unwrap();
+        answer
+    }
+
+    /// The writer that is not `writing`'s, sharing its queue and its statements in flight.
+    fn other(writing: &Writing) -> Writing {
+        Writing {
+            writer: 1,
+            waiting: Arc::clone(&writing.waiting),
+            in_flight: Arc::clone(&writing.in_flight),
+        }
     }
 
     /// A statement takes what is ready, one batch per product (a second batch of a product
@@ -290,20 +424,21 @@ mod tests {
     /// stopped waiting.
     #[tokio::test]
     async fn a_statement_takes_one_batch_per_product_and_none_nobody_waits_for() {
-        let (sender, waiting, mut answers) = queue_of(["2", "1", "2", "3"].map(String::from));
+        let (sender, writing, mut answers) = queue_of(["2", "1", "2", "3"].map(String::from));
         // The holder of product 3's batch stopped waiting.
         drop(answers.pop());
 
-        let first = next_statement(&waiting).await.unwrap();
+        let first = next_statement(&writing).await.unwrap();
         assert_eq!(products(&first), [1, 2]);
-        let (job_four, _answer) = job("4");
-        sender.send(job_four).unwrap();
-        let second = next_statement(&waiting).await.unwrap();
+        writing.in_flight.end(0);
+        let _answer = send(&sender, "4");
+        let second = next_statement(&writing).await.unwrap();
         assert_eq!(products(&second), [2, 4]);
+        writing.in_flight.end(0);
 
         drop(sender);
         assert!(
-            next_statement(&waiting).await.is_none(),
+            next_statement(&writing).await.is_none(),
             "every handle gone"
         );
     }
@@ -311,8 +446,74 @@ mod tests {
     /// At most `MOST_PRODUCTS` batches go in one statement; the rest wait for the next.
     #[tokio::test]
     async fn a_statement_carries_at_most_its_share_of_products() {
-        let (_sender, waiting, _answers) = queue_of((1..=MOST_PRODUCTS + 3).map(|p| p.to_string()));
-        assert_eq!(next_statement(&waiting).await.unwrap().len(), MOST_PRODUCTS);
-        assert_eq!(next_statement(&waiting).await.unwrap().len(), 3);
+        let (_sender, writing, _answers) = queue_of((1..=MOST_PRODUCTS + 3).map(|p| p.to_string()));
+        assert_eq!(next_statement(&writing).await.unwrap().len(), MOST_PRODUCTS);
+        writing.in_flight.end(0);
+        assert_eq!(next_statement(&writing).await.unwrap().len(), 3);
+    }
+
+    /// With a statement quickly in flight, the next waits for it to end and then carries
+    /// every batch that came meanwhile, not only the first.
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_waits_for_the_statement_in_flight_and_goes_with_what_came_meanwhile() {
+        let (sender, writing, _answers) = queue_of(["1"].map(String::from));
+        let first = next_statement(&writing).await.unwrap();
+        assert_eq!(products(&first), [1]);
+
+        let second = other(&writing);
+        let _two = send(&sender, "2");
+        let next = tokio::spawn(async move { next_statement(&second).await.map(|j| products(&j)) });
+        tokio::time::sleep(STALLED / 2).await;
+        assert!(!next.is_finished(), "sent beside a quick statement");
+        let _three = send(&sender, "3");
+        let _one_again = send(&sender, "1");
+        writing.in_flight.end(0);
+        assert_eq!(next.await.unwrap().unwrap(), [1, 2, 3]);
+    }
+
+    /// A statement in flight for longer than `STALLED` does not hold the next: it goes
+    /// beside it, with what is ready, once the first has been in flight that long.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_statement_does_not_hold_the_next() {
+        let (sender, writing, _answers) = queue_of(["1"].map(String::from));
+        next_statement(&writing).await.unwrap();
+        let sent = Instant::now();
+
+        let _two = send(&sender, "2");
+        let next = next_statement(&other(&writing)).await.unwrap();
+        assert_eq!(products(&next), [2]);
+        assert_eq!(
+            sent.elapsed(),
+            STALLED,
+            "went when the first stalled, not before or later"
+        );
+    }
+
+    /// With nothing in flight a batch goes at once; a batch whose holder stops waiting
+    /// while it waits for company is not sent, and another of its product takes its place.
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_goes_at_once_when_nothing_is_in_flight_and_abandoned_ones_stay_behind() {
+        let (sender, writing, mut answers) = queue_of(["5"].map(String::from));
+        let sent = Instant::now();
+        assert_eq!(products(&next_statement(&writing).await.unwrap()), [5]);
+        assert_eq!(sent.elapsed(), Duration::ZERO, "nothing to wait for");
+
+        let second = other(&writing);
+        answers.push(send(&sender, "6"));
+        let next = tokio::spawn(async move {
+            next_statement(&second).await.map(|jobs| {
+                jobs.iter()
+                    .map(|job| (job.product.get(), job.users.len()))
+                    .collect::<Vec<_>>()
+            })
+        });
+        tokio::time::sleep(STALLED / 4).await;
+        // Product 6's holder gives up; a second batch of 6 comes, with two buyers.
+        drop(answers.pop());
+        let (mut again, _answer) = job("6");
+        again.users = vec![1, 2];
+        sender.send(again).unwrap();
+        writing.in_flight.end(0);
+        assert_eq!(next.await.unwrap().unwrap(), [(6, 2)]);
     }
 }

@@ -16,10 +16,11 @@
 //!   thread per product, so that every product has connections of its own (a product that
 //!   sells slowly then sells less, and shows).
 //! - (e) the instance of (a) and (b), `--products` products at once, 1,000 connections: what
-//!   many products cost one instance, against (b).
+//!   many products cost one instance, against (b). One wrk process of two threads, as (b),
+//!   each thread's requests taking its share of the products in turn.
 //! - (g) (d) through the router: the compose stack's HAProxy configuration in front of the
-//!   three instances, sending each product to one instance; one wrk process, a thread per
-//!   product, 1,000 connections to the router.
+//!   three instances, sending each product to one instance; one wrk process of two threads,
+//!   as (e), 1,000 connections to the router.
 //! - The other strategies on one instance, 64 connections: `pg-atomic`, `pg-row` and
 //!   `pg-lock` batched, `redis` and `pg-atomic` with `BATCH_MAX=1` (the per-request
 //!   baseline). Batched `redis` is (a).

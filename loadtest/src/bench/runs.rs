@@ -130,17 +130,7 @@ impl Bench<'_> {
             .collect();
         // One product: the URL's path is enough.
         let extra: &[String] = if paths.len() > 1 { &paths } else { &[] };
-        // Several products: a thread per product (up to a process's connections), so that
-        // each product has connections of its own (see `wrk::buy_script`). One product: three
-        // processes of one thread each run about as many threads as one of two.
-        let threads = match (paths.len(), connections.len()) {
-            (1, 1) => 2,
-            (1, _) => 1,
-            (products, _) => {
-                let fewest = connections.iter().copied().min().unwrap_or(1);
-                u32::try_from(products).unwrap_or(u32::MAX).min(fewest)
-            }
-        };
+        let threads = wrk_threads(paths.len(), &connections);
         let mut before = Vec::new();
         for product in products {
             before.push(sold(&deployment.pool, *product).await?);
@@ -208,9 +198,41 @@ impl Bench<'_> {
     }
 }
 
+/// wrk's threads per process, for `products` sold through one process per target with
+/// `connections` each. One process: two threads, whatever the products (each thread's
+/// requests take its share of the products in turn, see `wrk::buy_script`), so that (e) and
+/// (g) differ from (b) in what they buy, not in how wrk runs (sixteen threads cost wrk, and
+/// the instance, more CPU per order than two: docs/performance.md). Several processes (three
+/// instances): one product, one thread each (as many threads in all as one process of two);
+/// several products, a thread per product (up to a process's connections), so that each
+/// product has connections of its own and (d)'s slowest product shows.
+fn wrk_threads(products: usize, connections: &[u32]) -> u32 {
+    match (products, connections.len()) {
+        (_, 1) => 2,
+        (1, _) => 1,
+        (products, _) => {
+            let fewest = connections.iter().copied().min().unwrap_or(1);
+            u32::try_from(products).unwrap_or(u32::MAX).min(fewest)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_wrk_process_runs_two_threads_and_three_a_thread_per_product() {
+        assert_eq!(wrk_threads(1, &[1_000]), 2, "(b)");
+        assert_eq!(wrk_threads(16, &[1_000]), 2, "(e), (g)");
+        assert_eq!(wrk_threads(1, &[334, 333, 333]), 1, "(c)");
+        assert_eq!(wrk_threads(16, &[334, 333, 333]), 16, "(d)");
+        assert_eq!(
+            wrk_threads(500, &[334, 333, 333]),
+            333,
+            "no more threads than connections"
+        );
+    }
 
     #[test]
     fn a_thousand_connections_over_three_instances_are_334_333_333() {

@@ -10,10 +10,11 @@ use anyhow::{Context, bail};
 ///
 /// With more arguments, the second is the number of threads and the others the paths to buy
 /// at, shared out among the threads (thread `t` takes paths `t`, `t + threads`, ...) and each
-/// thread's taken in turn: every path has connections of its own, so a product that sells
-/// slowly holds up only its own buyers and sells less, where paths taken in turn by every
-/// connection would all sell alike, the slow one holding everyone up. Without them, every
-/// request goes to the URL's path.
+/// thread's taken in turn by its requests. With a thread per path every path has connections
+/// of its own, so a product that sells slowly holds up only its own buyers and sells less;
+/// with fewer threads a connection's requests go to its thread's paths in turn, and every
+/// path sells alike, the slow one holding everyone up. Without them, every request goes to
+/// the URL's path.
 ///
 /// Each request carries its buyer's token, signed here as the identity provider would (see
 /// [`TOKEN_LUA`]).
