@@ -115,7 +115,7 @@ impl Metrics {
         let families = Families(registry.clone());
         let phase_seconds = families.histogram_vec(
             "batch_phase_seconds",
-            "Where a batch's time goes: queue (per purchase, arrival to batch), write (the batch's database work), answer (answering its buyers)",
+            "Where a batch's time goes: queue (per purchase, arrival to batch), write (the batch's database work, under a lock with its wait for the holders' writer), answer (answering its buyers)",
             &PHASE_BUCKETS,
             "phase",
         );

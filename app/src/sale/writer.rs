@@ -214,6 +214,9 @@ struct Writing {
 /// on the writer is gone.
 async fn write_batches(writing: Writing, pool: PgPool, batch_timeout: Duration, metrics: Metrics) {
     while let Some(jobs) = next_statement(&writing).await {
+        // Ends the statement's time in flight when dropped: below, or in a panic's unwinding
+        // (a start left set would read as a stall for ever, and no batch would wait again).
+        let sent = Sent(&writing);
         metrics.holder_statements.inc();
         let batches: Vec<(ProductId, HolderBatch<'_>)> =
             jobs.iter().map(|job| (job.product, job.batch())).collect();
@@ -226,10 +229,19 @@ async fn write_batches(writing: Writing, pool: PgPool, batch_timeout: Duration, 
         drop(batches);
         // Before the answers: a holder answered sends its next batch at once, which need not
         // wait for this statement.
-        writing.in_flight.end(writing.writer);
+        drop(sent);
         for (job, write) in jobs.into_iter().zip(written) {
             let _ = job.reply.send(write);
         }
+    }
+}
+
+/// A statement of `Writing`'s writer in flight, until dropped.
+struct Sent<'a>(&'a Writing);
+
+impl Drop for Sent<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.end(self.0.writer);
     }
 }
 
@@ -410,6 +422,14 @@ mod tests {
         answer
     }
 
+    /// `future`'s output, or a panic if it has not come within ten stall times (time is
+    /// paused in these tests: a wait that never ends fails instead of hanging).
+    async fn within<F: std::future::Future>(future: F) -> F::Output {
+        tokio::time::timeout(STALLED * 10, future)
+            .await
+            .expect("no answer within ten stall times")
+    }
+
     /// The writer that is not `writing`'s, sharing its queue and its statements in flight.
     fn other(writing: &Writing) -> Writing {
         Writing {
@@ -468,7 +488,13 @@ mod tests {
         let _three = send(&sender, "3");
         let _one_again = send(&sender, "1");
         writing.in_flight.end(0);
-        assert_eq!(next.await.unwrap().unwrap(), [1, 2, 3]);
+        let ended = Instant::now();
+        assert_eq!(within(next).await.unwrap().unwrap(), [1, 2, 3]);
+        assert_eq!(
+            ended.elapsed(),
+            Duration::ZERO,
+            "woken by the end, not by the stall"
+        );
     }
 
     /// A statement in flight for longer than `STALLED` does not hold the next: it goes
@@ -480,7 +506,7 @@ mod tests {
         let sent = Instant::now();
 
         let _two = send(&sender, "2");
-        let next = next_statement(&other(&writing)).await.unwrap();
+        let next = within(next_statement(&other(&writing))).await.unwrap();
         assert_eq!(products(&next), [2]);
         assert_eq!(
             sent.elapsed(),
@@ -514,6 +540,12 @@ mod tests {
         again.users = vec![1, 2];
         sender.send(again).unwrap();
         writing.in_flight.end(0);
-        assert_eq!(next.await.unwrap().unwrap(), [(6, 2)]);
+        let ended = Instant::now();
+        assert_eq!(within(next).await.unwrap().unwrap(), [(6, 2)]);
+        assert_eq!(
+            ended.elapsed(),
+            Duration::ZERO,
+            "woken by the end, not by the stall"
+        );
     }
 }

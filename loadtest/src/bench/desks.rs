@@ -84,7 +84,7 @@ impl Desks {
     pub(crate) fn summary(&self, orders: f64, seconds: f64) -> String {
         let per = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
         let mut line = format!(
-            "desks: {:.0} batches/s of {:.1} buyers, {:.1} lock holds per 1,000 orders, {:.2} ms per batch's write",
+            "desks: {:.0} batches/s of {:.1} buyers, {:.1} lock holds per 1,000 orders, {:.2} ms per batch's write (the wait for the writer included)",
             per(self.batches, seconds),
             per(self.buyers, self.batches),
             per(self.holds * 1000.0, orders),
@@ -132,7 +132,7 @@ mod tests {
         assert!((run.write_seconds - 0.2).abs() < 1e-9);
         assert_eq!(
             run.summary(1000.0, 2.0),
-            "desks: 10 batches/s of 50.0 buyers, 10.0 lock holds per 1,000 orders, 10.00 ms per batch's write, 4.0 batches per statement"
+            "desks: 10 batches/s of 50.0 buyers, 10.0 lock holds per 1,000 orders, 10.00 ms per batch's write (the wait for the writer included), 4.0 batches per statement"
         );
         assert_eq!(Desks::parse("").batches, 0.0);
     }

@@ -12,8 +12,8 @@ use anyhow::{Context, bail};
 /// at, shared out among the threads (thread `t` takes paths `t`, `t + threads`, ...) and each
 /// thread's taken in turn by its requests. With a thread per path every path has connections
 /// of its own, so a product that sells slowly holds up only its own buyers and sells less;
-/// with fewer threads a connection's requests go to its thread's paths in turn, and every
-/// path sells alike, the slow one holding everyone up. Without them, every request goes to
+/// with fewer threads each thread's requests go to its paths in turn, whichever connection
+/// sends them, and every path sells alike, the slow one holding everyone up. Without them, every request goes to
 /// the URL's path.
 ///
 /// Each request carries its buyer's token, signed here as the identity provider would (see
