@@ -273,36 +273,37 @@ impl Members {
     }
 
     /// Wait until every running member serves, with one leader (after a pause, the
-    /// election it may have caused). Blocks.
+    /// election it may have caused); the leader then, where they elect one. Blocks.
     ///
     /// # Errors
     /// When they do not, within a minute.
-    pub fn wait_until_serving(&mut self) -> anyhow::Result<()> {
+    pub fn wait_until_serving(&mut self) -> anyhow::Result<Option<usize>> {
         match self {
             Self::ZooKeeper(ensemble) => ensemble.try_wait_for_quorum(WITHIN)?,
             Self::Etcd(cluster) => cluster.try_wait_until_healthy(WITHIN)?,
             // Each master serves once it runs: a continued one at once.
             Self::Redlock(_) => {}
             // A primary continued after a failover is a second primary until the Sentinels
-            // turn it into a replica, some 8 s after they see it again.
-            Self::Sentinel(set) => {
-                set.try_wait_until_serving(WITHIN)?;
-            }
+            // turn it into a replica, some 8 s after they see it again. The primary the
+            // wait found serving is the leader: asking the Sentinels again, once, could
+            // find one of them slow to answer on a busy machine and name none.
+            Self::Sentinel(set) => return Ok(Some(set.try_wait_until_serving(WITHIN)?)),
         }
-        Ok(())
+        Ok(self.leader())
     }
 
     /// Start member `i` again (on its data; a Redis node empty), and wait until every
     /// member serves (with one leader, where they elect one). Behind Sentinel a node is
     /// started only once every Sentinel names another as the primary: a killed primary
     /// started before the failover would stay the primary, empty
-    /// ([`restart_primary_empty`] is that fault). Blocks.
+    /// ([`restart_primary_empty`] is that fault). The leader then, as
+    /// [`wait_until_serving`](Self::wait_until_serving) says. Blocks.
     ///
     /// [`restart_primary_empty`]: Self::restart_primary_empty
     ///
     /// # Errors
     /// When it does not, within a minute.
-    pub fn restart(&mut self, i: usize) -> anyhow::Result<()> {
+    pub fn restart(&mut self, i: usize) -> anyhow::Result<Option<usize>> {
         match self {
             Self::ZooKeeper(ensemble) => ensemble.try_restart(i)?,
             Self::Etcd(cluster) => cluster.try_restart(i)?,
@@ -310,10 +311,9 @@ impl Members {
             Self::Sentinel(set) => {
                 set.try_wait_for_failover_from(set.node(i).port(), WITHIN)?;
                 set.nodes()[i].try_restart_empty()?;
-                set.try_wait_until_serving(WITHIN)?;
             }
         }
-        Ok(())
+        self.wait_until_serving()
     }
 
     /// Behind Sentinel, restart the primary empty on its port at once, before the

@@ -179,16 +179,20 @@ fn links_name(cluster: &Cluster, fault: &Fault) -> String {
 
 /// Wait until the ensemble serves (after the quiet spell it does, unless something happened
 /// meanwhile: a Sentinel failover of its own on a busy machine), then the member `pick`
-/// names now, and how to name it. Blocks.
-fn serving_then_pick(members: &mut Members, pick: MemberPick) -> anyhow::Result<(usize, String)> {
-    members.wait_until_serving()?;
+/// names now, how to name it, and the leader then (where they elect one). Blocks.
+fn serving_then_pick(
+    members: &mut Members,
+    pick: MemberPick,
+) -> anyhow::Result<(usize, String, Option<usize>)> {
+    let leader = members.wait_until_serving()?;
     let i = members.pick(pick)?;
-    Ok((i, members.describe(i)))
+    Ok((i, members.describe(i), leader))
 }
 
-/// What leads after a member fault, if that changed ("; now leading: ...").
-fn leader_change(members: &Members, before: Option<usize>) -> String {
-    match members.leader() {
+/// What leads after a member fault (`after`, as the wait for the members to serve found
+/// it), if that changed ("; now leading: ...").
+fn leader_change(members: &Members, before: Option<usize>, after: Option<usize>) -> String {
+    match after {
         Some(now) if before != Some(now) => format!("; now leading: {}", members.describe(now)),
         _ => String::new(),
     }
@@ -205,19 +209,20 @@ async fn kill_member(
     let members = cluster
         .members_mut()
         .context("kill-member drawn without an ensemble")?;
-    let (i, named) = tokio::task::block_in_place(|| serving_then_pick(members, fault.member))?;
-    let (pid, before) = (members.pid(i), members.leader());
+    let (i, named, before) =
+        tokio::task::block_in_place(|| serving_then_pick(members, fault.member))?;
+    let pid = members.pid(i);
     let down = fault.lasts / 2;
     members.kill(i);
     cancel.hold(down).await;
     let started = Instant::now();
     // Blocks until the ensemble serves again; the load goes on on the other worker.
-    tokio::task::block_in_place(|| members.restart(i))?;
+    let after = tokio::task::block_in_place(|| members.restart(i))?;
     Ok(format!(
         "{named} (pid {pid}) SIGKILLed, down {} ms (a primary until every Sentinel named another), every member serving again {} ms after that{}",
         down.as_millis(),
         started.elapsed().as_millis(),
-        leader_change(members, before)
+        leader_change(members, before, after)
     ))
 }
 
@@ -237,8 +242,8 @@ async fn pause_member(
     if members.behind_sentinel() && fault.member == MemberPick::Replica {
         return stale_replica_promoted(cluster, fault, plan, cancel).await;
     }
-    let (i, named) = tokio::task::block_in_place(|| serving_then_pick(members, fault.member))?;
-    let before = members.leader();
+    let (i, named, before) =
+        tokio::task::block_in_place(|| serving_then_pick(members, fault.member))?;
     let paused = plan.claim + fault.lasts / 2;
     members.signal(i, "-STOP");
     // TIMING: the pause outlasts a session or lease by at least 500 ms: the clients
@@ -246,13 +251,13 @@ async fn pause_member(
     cancel.hold(paused).await;
     members.signal(i, "-CONT");
     let continued = Instant::now();
-    tokio::task::block_in_place(|| members.wait_until_serving())?;
+    let after = tokio::task::block_in_place(|| members.wait_until_serving())?;
     Ok(format!(
         "{named} (pid {}) SIGSTOPped for {} ms, every member serving {} ms after{}",
         members.pid(i),
         paused.as_millis(),
         continued.elapsed().as_millis(),
-        leader_change(members, before)
+        leader_change(members, before, after)
     ))
 }
 
