@@ -101,10 +101,10 @@ impl Members {
         }
     }
 
-    /// Member `i` as a fault's record names it: its kind, its number, and its role now
-    /// ("ZooKeeper member 1 (the leader)", "Redis node 0 (the primary)").
-    pub fn describe(&self, i: usize) -> String {
-        let leads = self.leader() == Some(i);
+    /// Member `i` as a fault's record names it, `leader` leading: its kind, its number, and
+    /// its role ("ZooKeeper member 1 (the leader)", "Redis node 0 (the primary)").
+    pub fn describe(&self, i: usize, leader: Option<usize>) -> String {
+        let leads = leader == Some(i);
         match self {
             Self::Sentinel(_) => {
                 format!(
@@ -124,7 +124,14 @@ impl Members {
     /// # Errors
     /// Behind Sentinel, when the Sentinels agree on no primary that answers.
     pub fn pick(&self, pick: MemberPick) -> anyhow::Result<usize> {
-        let leader = self.leader();
+        self.pick_from(pick, self.leader())
+    }
+
+    /// The member `pick` names when `leader` leads, as [`pick`](Self::pick) says.
+    ///
+    /// # Errors
+    /// Behind Sentinel, when `leader` is `None`.
+    pub fn pick_from(&self, pick: MemberPick, leader: Option<usize>) -> anyhow::Result<usize> {
         if self.behind_sentinel() {
             let primary = leader.context("the Sentinels agree on no primary that answers")?;
             return Ok(match pick {

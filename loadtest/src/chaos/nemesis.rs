@@ -179,21 +179,25 @@ fn links_name(cluster: &Cluster, fault: &Fault) -> String {
 
 /// Wait until the ensemble serves (after the quiet spell it does, unless something happened
 /// meanwhile: a Sentinel failover of its own on a busy machine), then the member `pick`
-/// names now, how to name it, and the leader then (where they elect one). Blocks.
+/// names, how to name it, and the leader: all three from what the wait found (a second
+/// read of the Sentinels could find one slow to answer and name no primary, or find a
+/// failover of their own since). Blocks.
 fn serving_then_pick(
     members: &mut Members,
     pick: MemberPick,
 ) -> anyhow::Result<(usize, String, Option<usize>)> {
     let leader = members.wait_until_serving()?;
-    let i = members.pick(pick)?;
-    Ok((i, members.describe(i), leader))
+    let i = members.pick_from(pick, leader)?;
+    Ok((i, members.describe(i, leader), leader))
 }
 
 /// What leads after a member fault (`after`, as the wait for the members to serve found
 /// it), if that changed ("; now leading: ...").
 fn leader_change(members: &Members, before: Option<usize>, after: Option<usize>) -> String {
     match after {
-        Some(now) if before != Some(now) => format!("; now leading: {}", members.describe(now)),
+        Some(now) if before != Some(now) => {
+            format!("; now leading: {}", members.describe(now, after))
+        }
         _ => String::new(),
     }
 }
