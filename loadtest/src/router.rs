@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+use crate::instances::Instance;
+
 /// Where the committed configuration is, in the checkout this binary was built from.
 pub const COMMITTED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/haproxy/router.cfg");
 
@@ -18,6 +20,22 @@ pub const COMMITTED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/hapr
 pub struct Backend {
     pub buyers: u16,
     pub ops: u16,
+}
+
+impl Backend {
+    /// A local instance's two listeners.
+    pub fn of(instance: &Instance) -> anyhow::Result<Self> {
+        let port = |url: &str| {
+            reqwest::Url::parse(url)
+                .ok()
+                .and_then(|url| url.port_or_known_default())
+                .with_context(|| format!("no port in {url}"))
+        };
+        Ok(Self {
+            buyers: port(&instance.url)?,
+            ops: port(&instance.ops_url)?,
+        })
+    }
 }
 
 /// `committed` with its `server` lines, in order, pointed at `backends`, its buyers'

@@ -235,23 +235,10 @@ async fn set_up(
     let backends = three
         .instances
         .iter()
-        .map(|instance| {
-            Ok(Backend {
-                buyers: port_of(&instance.url)?,
-                ops: port_of(&instance.ops_url)?,
-            })
-        })
+        .map(Backend::of)
         .collect::<anyhow::Result<Vec<_>>>()?;
     started.router = Some(Router::start(&backends, true).await?);
     Ok(())
-}
-
-/// The port of `http://127.0.0.1:<port>`.
-fn port_of(url: &str) -> anyhow::Result<u16> {
-    url.rsplit(':')
-        .next()
-        .and_then(|port| port.trim_end_matches('/').parse().ok())
-        .with_context(|| format!("no port in {url}"))
 }
 
 /// What a round runs on: the ceiling, the one instance of (a) and (b), the three of (c)

@@ -312,15 +312,17 @@ impl Members {
     /// When it does not, within a minute.
     pub fn restart(&mut self, i: usize) -> anyhow::Result<Option<usize>> {
         match self {
+            // Each waits until every member serves again, with one leader.
             Self::ZooKeeper(ensemble) => ensemble.try_restart(i)?,
             Self::Etcd(cluster) => cluster.try_restart(i)?,
             Self::Redlock(masters) => masters[i].try_restart_empty()?,
             Self::Sentinel(set) => {
                 set.try_wait_for_failover_from(set.node(i).port(), WITHIN)?;
                 set.nodes()[i].try_restart_empty()?;
+                return Ok(Some(set.try_wait_until_serving(WITHIN)?));
             }
         }
-        self.wait_until_serving()
+        Ok(self.leader())
     }
 
     /// Behind Sentinel, restart the primary empty on its port at once, before the
