@@ -515,6 +515,35 @@ mod tests {
         );
     }
 
+    /// A statement's time in flight ends when its `Sent` is dropped, in a panic's unwinding
+    /// too: the batch waiting for it is woken then, not at the stall, and no start is left
+    /// set to read as a stall for ever.
+    #[tokio::test(start_paused = true)]
+    async fn a_statement_cut_short_by_a_panic_still_ends_its_time_in_flight() {
+        let (sender, writing, _answers) = queue_of(["1"].map(String::from));
+        next_statement(&writing).await.unwrap();
+        let second = other(&writing);
+        let _two = send(&sender, "2");
+        let next = tokio::spawn(async move { next_statement(&second).await.map(|j| products(&j)) });
+        tokio::time::sleep(STALLED / 2).await;
+        assert!(!next.is_finished(), "sent beside a quick statement");
+
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _sent = Sent(&writing);
+            panic!("the statement's code panics (this panic is the test's)");
+        }));
+
+        assert!(unwound.is_err());
+        let ended = Instant::now();
+        assert_eq!(within(next).await.unwrap().unwrap(), [2]);
+        assert_eq!(
+            ended.elapsed(),
+            Duration::ZERO,
+            "woken by the unwinding, not by the stall"
+        );
+        assert_eq!(writing.in_flight.since.lock().unwrap()[0], None);
+    }
+
     /// With nothing in flight a batch goes at once; a batch whose holder stops waiting
     /// while it waits for company is not sent, and another of its product takes its place.
     #[tokio::test(start_paused = true)]

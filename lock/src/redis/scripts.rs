@@ -22,11 +22,14 @@ use redis::Script;
 /// leading zeros, as Redis writes integers). `clock()`: the server's clock, in microseconds
 /// since the epoch, as a decimal string (seconds and zero-padded microseconds, joined).
 ///
-/// `next_fence(key)`: the counter's next fence, written back: `max(INCR, clock)`, so every
-/// fence is above the server's clock reading at the acquisition that took it; `nil`, with
-/// the counter left as it was, when it has reached `MAX` ([`Fence::MAX`](crate::Fence::MAX),
-/// 2^62). Below 2^53 (`EXACT`) `INCR`'s answer is exact as a Lua number and is formatted as
-/// an integer; above, it is read back as a string.
+/// `next_fence(key)`: the counter's next fence, written back: `max(counter + 1, clock)`, so
+/// every fence is at least the server's clock reading at the acquisition that took it; `nil`,
+/// with the counter left as it was, when it has reached `MAX`
+/// ([`Fence::MAX`](crate::Fence::MAX), 2^62). Usually the clock is ahead of the counter (it
+/// followed the clock at the last acquisition), and one `SET ... GET` writes the clock and
+/// reads the counter it replaced; only a counter at the clock or past it is put back and
+/// counted on with `INCR`. Below 2^53 (`EXACT`) `INCR`'s answer is exact as a Lua number and
+/// is formatted as an integer; above, it is read back as a string.
 ///
 // TIMING: whatever state the counter is in (never used, lost, or set back by a failover to
 // a replica that missed the last acquisitions, or a restore from an older snapshot), the
@@ -45,9 +48,17 @@ local function above(a, b)
 end
 local function clock()
   local t = redis.call('TIME')
-  return t[1] .. string.format('%06d', tonumber(t[2]))
+  return t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
 end
 local function next_fence(fence_key)
+  local now = clock()
+  local last = redis.call('SET', fence_key, now, 'GET')
+  if not last or above(now, last) then
+    return now
+  end
+  -- The counter is at the clock or past it (taken twice in one microsecond, or raised by
+  -- advance_fence): put it back and count on from it.
+  redis.call('SET', fence_key, last)
   local n = redis.call('INCR', fence_key)
   local fence
   if n < EXACT then
@@ -58,13 +69,6 @@ local function next_fence(fence_key)
   if above(fence, MAX) then
     redis.call('DECR', fence_key)
     return nil
-  end
-  -- A counter that is new, lost, or behind (a failover, an old snapshot) catches up with
-  -- the clock: above every fence it can have handed out before.
-  local now = clock()
-  if above(now, fence) then
-    redis.call('SET', fence_key, now)
-    return now
   end
   return fence
 end
