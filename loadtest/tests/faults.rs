@@ -822,7 +822,7 @@ fn flood(
 /// fence. This test does not tell the fence fix apart: A's lease (1 s) runs out during
 /// the failover anyway, and with a counter that only counts, B and C resync past the fences
 /// the flood stored during the stall and then sell three batches more, which carry the
-/// stored fence past A's. The equal-fence case that needs `max(INCR, TIME)` is
+/// stored fence past A's. The equal-fence case that needs `max(counter + 1, TIME)` is
 /// `paused_holder_is_refused_after_redis_returns_with_its_fence_behind`; the
 /// lock-level Sentinel test shows it through a real failover.
 #[sqlx::test(migrator = "seckill::MIGRATOR")]

@@ -25,7 +25,7 @@
 ///
 /// # Where fences come from
 /// Redis: a counter key without a TTL ([`redis::fence_key`](crate::redis::fence_key)), each
-/// acquisition taking `max(INCR, the server's clock in microseconds)`, so a counter lost or
+/// acquisition taking `max(counter + 1, the server's clock in microseconds)`, so a counter lost or
 /// set back still hands out larger fences (the crate doc's timing assumptions say when).
 /// PostgreSQL: a counter row that outlives the lock row. ZooKeeper and etcd: the number the
 /// server gives the holder's node or key (a zxid, a create revision).

@@ -679,6 +679,12 @@ async fn a_counter_at_the_largest_fence_refuses_cleanly_and_leaves_nothing<H: Ha
     assert!(outcome.is_err(), "{outcome:?}");
     assert!(!matches!(outcome, Err(Error::Held { .. })), "{outcome:?}");
     assert_eq!(h.holder(&key).await, None, "a failed acquire left its lock");
+    let left = locker.inspect(&key).await.unwrap();
+    assert_eq!(
+        left.fence,
+        Some(Fence::new(Fence::MAX)),
+        "the refusal moved the counter: {left:?}"
+    );
 }
 
 async fn an_acquire_cancelled_after_its_attempt_took_the_lock_gives_it_back<H: Harness>(h: H) {

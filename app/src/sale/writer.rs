@@ -213,10 +213,7 @@ struct Writing {
 /// One writing task: take what is ready, write it, answer each holder; until every handle
 /// on the writer is gone.
 async fn write_batches(writing: Writing, pool: PgPool, batch_timeout: Duration, metrics: Metrics) {
-    while let Some(jobs) = next_statement(&writing).await {
-        // Ends the statement's time in flight when dropped: below, or in a panic's unwinding
-        // (a start left set would read as a stall for ever, and no batch would wait again).
-        let sent = Sent(&writing);
+    while let Some((jobs, sent)) = next_statement(&writing).await {
         metrics.holder_statements.inc();
         let batches: Vec<(ProductId, HolderBatch<'_>)> =
             jobs.iter().map(|job| (job.product, job.batch())).collect();
@@ -236,7 +233,9 @@ async fn write_batches(writing: Writing, pool: PgPool, batch_timeout: Duration, 
     }
 }
 
-/// A statement of `Writing`'s writer in flight, until dropped.
+/// A statement of `Writing`'s writer in flight, until dropped: its time in flight ends then,
+/// in a panic's unwinding too (a start left set would read as a stall for ever, and no batch
+/// would wait again).
 struct Sent<'a>(&'a Writing);
 
 impl Drop for Sent<'_> {
@@ -245,11 +244,11 @@ impl Drop for Sent<'_> {
     }
 }
 
-/// The batches of the next statement, marked in flight: at least one (waiting for it), and,
-/// once no other statement is quickly in flight, whatever else has come, one per product, at
-/// most [`MOST_PRODUCTS`]. Batches whose holder stopped waiting are dropped unwritten.
-/// `None` once every handle is gone and nothing is left.
-async fn next_statement(writing: &Writing) -> Option<Vec<Job>> {
+/// The batches of the next statement, and its mark in flight: at least one batch (waiting
+/// for it), and, once no other statement is quickly in flight, whatever else has come, one
+/// per product, at most [`MOST_PRODUCTS`]. Batches whose holder stopped waiting are dropped
+/// unwritten. `None` once every handle is gone and nothing is left.
+async fn next_statement(writing: &Writing) -> Option<(Vec<Job>, Sent<'_>)> {
     let mut waiting = writing.waiting.lock().await;
     let Waiting { jobs, deferred } = &mut *waiting;
     let mut statement = Statement::default();
@@ -275,9 +274,10 @@ async fn next_statement(writing: &Writing) -> Option<Vec<Job>> {
     }
     *deferred = statement.later;
     writing.in_flight.begin(writing.writer);
+    let sent = Sent(writing);
     let mut taken = statement.taken;
     taken.sort_by_key(|job| job.product.get());
-    Some(taken)
+    Some((taken, sent))
 }
 
 /// A statement being filled: its batches, one per product, and those left for a later one.
@@ -448,13 +448,13 @@ mod tests {
         // The holder of product 3's batch stopped waiting.
         drop(answers.pop());
 
-        let first = next_statement(&writing).await.unwrap();
+        let (first, sent) = next_statement(&writing).await.unwrap();
         assert_eq!(products(&first), [1, 2]);
-        writing.in_flight.end(0);
+        drop(sent);
         let _answer = send(&sender, "4");
-        let second = next_statement(&writing).await.unwrap();
+        let (second, sent) = next_statement(&writing).await.unwrap();
         assert_eq!(products(&second), [2, 4]);
-        writing.in_flight.end(0);
+        drop(sent);
 
         drop(sender);
         assert!(
@@ -467,9 +467,10 @@ mod tests {
     #[tokio::test]
     async fn a_statement_carries_at_most_its_share_of_products() {
         let (_sender, writing, _answers) = queue_of((1..=MOST_PRODUCTS + 3).map(|p| p.to_string()));
-        assert_eq!(next_statement(&writing).await.unwrap().len(), MOST_PRODUCTS);
-        writing.in_flight.end(0);
-        assert_eq!(next_statement(&writing).await.unwrap().len(), 3);
+        let (first, sent) = next_statement(&writing).await.unwrap();
+        assert_eq!(first.len(), MOST_PRODUCTS);
+        drop(sent);
+        assert_eq!(next_statement(&writing).await.unwrap().0.len(), 3);
     }
 
     /// With a statement quickly in flight, the next waits for it to end and then carries
@@ -477,17 +478,21 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_batch_waits_for_the_statement_in_flight_and_goes_with_what_came_meanwhile() {
         let (sender, writing, _answers) = queue_of(["1"].map(String::from));
-        let first = next_statement(&writing).await.unwrap();
+        let (first, sent) = next_statement(&writing).await.unwrap();
         assert_eq!(products(&first), [1]);
 
         let second = other(&writing);
         let _two = send(&sender, "2");
-        let next = tokio::spawn(async move { next_statement(&second).await.map(|j| products(&j)) });
+        let next = tokio::spawn(async move {
+            next_statement(&second)
+                .await
+                .map(|(jobs, _)| products(&jobs))
+        });
         tokio::time::sleep(STALLED / 2).await;
         assert!(!next.is_finished(), "sent beside a quick statement");
         let _three = send(&sender, "3");
         let _one_again = send(&sender, "1");
-        writing.in_flight.end(0);
+        drop(sent);
         let ended = Instant::now();
         assert_eq!(within(next).await.unwrap().unwrap(), [1, 2, 3]);
         assert_eq!(
@@ -502,11 +507,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_stalled_statement_does_not_hold_the_next() {
         let (sender, writing, _answers) = queue_of(["1"].map(String::from));
-        next_statement(&writing).await.unwrap();
+        let _first = next_statement(&writing).await.unwrap();
         let sent = Instant::now();
 
         let _two = send(&sender, "2");
-        let next = within(next_statement(&other(&writing))).await.unwrap();
+        let second = other(&writing);
+        let (next, _sent) = within(next_statement(&second)).await.unwrap();
         assert_eq!(products(&next), [2]);
         assert_eq!(
             sent.elapsed(),
@@ -515,31 +521,39 @@ mod tests {
         );
     }
 
-    /// A statement's time in flight ends when its `Sent` is dropped, in a panic's unwinding
-    /// too: the batch waiting for it is woken then, not at the stall, and no start is left
-    /// set to read as a stall for ever.
+    /// A statement's time in flight ends when what `next_statement` returned is dropped, by
+    /// a task that panics with it too: the batch waiting for it is woken then, not at the
+    /// stall, and no start is left set to read as a stall for ever.
     #[tokio::test(start_paused = true)]
     async fn a_statement_cut_short_by_a_panic_still_ends_its_time_in_flight() {
         let (sender, writing, _answers) = queue_of(["1"].map(String::from));
-        next_statement(&writing).await.unwrap();
+        let first = Writing {
+            writer: 0,
+            waiting: Arc::clone(&writing.waiting),
+            in_flight: Arc::clone(&writing.in_flight),
+        };
+        let (taken, took) = oneshot::channel();
+        let panicking = tokio::spawn(async move {
+            let (_jobs, _sent) = next_statement(&first).await.unwrap();
+            taken.send(Instant::now()).unwrap();
+            tokio::time::sleep(STALLED / 2).await;
+            panic!("the statement's code panics (this panic is the test's)");
+        });
+        let sent = took.await.unwrap();
         let second = other(&writing);
         let _two = send(&sender, "2");
-        let next = tokio::spawn(async move { next_statement(&second).await.map(|j| products(&j)) });
-        tokio::time::sleep(STALLED / 2).await;
-        assert!(!next.is_finished(), "sent beside a quick statement");
+        let next = tokio::spawn(async move {
+            next_statement(&second)
+                .await
+                .map(|(jobs, _)| products(&jobs))
+        });
 
-        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let _sent = Sent(&writing);
-            panic!("the statement's code panics (this panic is the test's)");
-        }));
-
-        assert!(unwound.is_err());
-        let ended = Instant::now();
         assert_eq!(within(next).await.unwrap().unwrap(), [2]);
+        assert!(panicking.await.unwrap_err().is_panic());
         assert_eq!(
-            ended.elapsed(),
-            Duration::ZERO,
-            "woken by the unwinding, not by the stall"
+            sent.elapsed(),
+            STALLED / 2,
+            "woken when the panicking task dropped its statement, not at the stall"
         );
         assert_eq!(writing.in_flight.since.lock().unwrap()[0], None);
     }
@@ -550,13 +564,14 @@ mod tests {
     async fn a_batch_goes_at_once_when_nothing_is_in_flight_and_abandoned_ones_stay_behind() {
         let (sender, writing, mut answers) = queue_of(["5"].map(String::from));
         let sent = Instant::now();
-        assert_eq!(products(&next_statement(&writing).await.unwrap()), [5]);
+        let (first, in_flight) = next_statement(&writing).await.unwrap();
+        assert_eq!(products(&first), [5]);
         assert_eq!(sent.elapsed(), Duration::ZERO, "nothing to wait for");
 
         let second = other(&writing);
         answers.push(send(&sender, "6"));
         let next = tokio::spawn(async move {
-            next_statement(&second).await.map(|jobs| {
+            next_statement(&second).await.map(|(jobs, _)| {
                 jobs.iter()
                     .map(|job| (job.product.get(), job.users.len()))
                     .collect::<Vec<_>>()
@@ -568,7 +583,7 @@ mod tests {
         let (mut again, _answer) = job("6");
         again.users = vec![1, 2];
         sender.send(again).unwrap();
-        writing.in_flight.end(0);
+        drop(in_flight);
         let ended = Instant::now();
         assert_eq!(within(next).await.unwrap().unwrap(), [(6, 2)]);
         assert_eq!(

@@ -22,14 +22,16 @@ use redis::Script;
 /// leading zeros, as Redis writes integers). `clock()`: the server's clock, in microseconds
 /// since the epoch, as a decimal string (seconds and zero-padded microseconds, joined).
 ///
-/// `next_fence(key)`: the counter's next fence, written back: `max(counter + 1, clock)`, so
-/// every fence is at least the server's clock reading at the acquisition that took it; `nil`,
-/// with the counter left as it was, when it has reached `MAX`
-/// ([`Fence::MAX`](crate::Fence::MAX), 2^62). Usually the clock is ahead of the counter (it
-/// followed the clock at the last acquisition), and one `SET ... GET` writes the clock and
-/// reads the counter it replaced; only a counter at the clock or past it is put back and
+/// `next_fence(key, now)`: the counter's next fence, written back: `max(counter + 1, now)`,
+/// `now` being the clock read at this acquisition, so every fence is at least the server's
+/// clock reading at the acquisition that took it. Usually the clock is ahead of the counter
+/// (it followed the clock at the last acquisition), and one `SET ... GET` writes the clock
+/// and reads the counter it replaced; only a counter at the clock or past it is put back and
 /// counted on with `INCR`. Below 2^53 (`EXACT`) `INCR`'s answer is exact as a Lua number and
-/// is formatted as an integer; above, it is read back as a string.
+/// is formatted as an integer; above, it is read back as a string. `nil` and why, with the
+/// counter left as it was, when no fence can follow it: it has reached `MAX`
+/// ([`Fence::MAX`](crate::Fence::MAX), 2^62), or it holds something other than a whole
+/// number (only a hand-made value can).
 ///
 // TIMING: whatever state the counter is in (never used, lost, or set back by a failover to
 // a replica that missed the last acquisitions, or a restore from an older snapshot), the
@@ -37,8 +39,9 @@ use redis::Script;
 // `max(its counter, the clock then)`. A counter that only ever followed the clock stays
 // below it as long as the key is taken less than once per microsecond on average, so a fence
 // from before the failover is below the clock now, provided the Redis hosts' clocks do not
-// step back. (A counter raised past the clock by `advance_fence` loses that guarantee until
-// the clock catches up.)
+// step back. (A counter raised past the clock by `advance_fence`, or by Redlock's second
+// round to a node clock ahead of this node's, loses that guarantee until the clock catches
+// up; meanwhile each acquisition takes the `INCR` way, two calls more.)
 const COMMON: &str = r"
 local MAX = '4611686018427387904'
 local EXACT = 9007199254740992
@@ -50,27 +53,29 @@ local function clock()
   local t = redis.call('TIME')
   return t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
 end
-local function next_fence(fence_key)
-  local now = clock()
+local function next_fence(fence_key, now)
   local last = redis.call('SET', fence_key, now, 'GET')
-  if not last or above(now, last) then
+  if not last then
     return now
   end
-  -- The counter is at the clock or past it (taken twice in one microsecond, or raised by
-  -- advance_fence): put it back and count on from it.
+  if not string.find(last, '^%d+$') then
+    redis.call('SET', fence_key, last)
+    return nil, 'holds no whole number'
+  end
+  if above(now, last) then
+    return now
+  end
+  -- At the clock or past it (taken twice in one microsecond, or raised): put back, and
+  -- counted on from there.
   redis.call('SET', fence_key, last)
+  if not above(MAX, last) then
+    return nil, 'is at its maximum'
+  end
   local n = redis.call('INCR', fence_key)
-  local fence
   if n < EXACT then
-    fence = string.format('%d', n)
-  else
-    fence = redis.call('GET', fence_key)
+    return string.format('%d', n)
   end
-  if above(fence, MAX) then
-    redis.call('DECR', fence_key)
-    return nil
-  end
-  return fence
+  return redis.call('GET', fence_key)
 end
 ";
 
@@ -92,7 +97,8 @@ fn with_common(body: &str) -> Script {
 /// `SET NX GET` takes the key and tells what was there in one call. A re-sent request whose
 /// first try took the lock finds its own token and returns the fence it took, instead of
 /// reporting the lock held (by itself) and leaving it set for a whole ttl with no watchdog.
-/// A counter at its maximum takes the key back off and answers an error.
+/// A counter that no fence can follow (at its maximum) takes the key back off and answers
+/// an error.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     with_common(
         r"
@@ -106,10 +112,10 @@ if holder == ARGV[1] then
 elseif holder then
   return {0, redis.call('PTTL', KEYS[1])}
 end
-local fence = next_fence(KEYS[2])
+local fence, why = next_fence(KEYS[2], clock())
 if not fence then
   redis.call('DEL', KEYS[1])
-  return redis.error_reply('the fence counter of ' .. KEYS[1] .. ' is at its maximum')
+  return redis.error_reply('the fence counter of ' .. KEYS[1] .. ' ' .. why)
 end
 return {1, fence}
 ",
@@ -174,9 +180,9 @@ local current = redis.call('GET', KEYS[2]) or '0'
 if above(ARGV[2], current) then
   redis.call('SET', KEYS[2], ARGV[2])
 end
-local fence = next_fence(KEYS[2])
+local fence, why = next_fence(KEYS[2], clock())
 if not fence then
-  return redis.error_reply('the fence counter of ' .. KEYS[1] .. ' is at its maximum')
+  return redis.error_reply('the fence counter of ' .. KEYS[1] .. ' ' .. why)
 end
 return fence
 ",
@@ -233,3 +239,124 @@ return 0
 ",
     )
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `next_fence` with the clock given (`NOW`), on a real Redis, against a counter in each
+    /// state it can be in: the fence handed out, why none, and the counter left.
+    #[tokio::test]
+    async fn next_fence_takes_the_clock_or_counts_on_from_a_counter_at_or_past_it() {
+        const NOW: &str = "1700000000000000";
+        let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        let mut conn = redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("a Redis at REDIS_URL (default 127.0.0.1:6379)");
+        let key = format!(
+            "distlock-unit:next-fence:{}",
+            crate::token::Token::new().as_str()
+        );
+        let next = with_common(
+            r"
+local fence, why = next_fence(KEYS[1], ARGV[1])
+return {fence or false, why or false, redis.call('GET', KEYS[1]) or false}
+",
+        );
+        // (counter before, fence, why none, counter after)
+        type Case = (
+            Option<&'static str>,
+            Option<&'static str>,
+            Option<&'static str>,
+            Option<&'static str>,
+        );
+        let cases: [Case; 11] = [
+            (None, Some(NOW), None, Some(NOW)),
+            (Some("0"), Some(NOW), None, Some(NOW)),
+            (Some("1699999999999999"), Some(NOW), None, Some(NOW)),
+            // Taken twice in one microsecond: one more than the clock, never the clock again.
+            (
+                Some(NOW),
+                Some("1700000000000001"),
+                None,
+                Some("1700000000000001"),
+            ),
+            (
+                Some("1700000000000001"),
+                Some("1700000000000002"),
+                None,
+                Some("1700000000000002"),
+            ),
+            (
+                Some("9007199254740991"),
+                Some("9007199254740992"),
+                None,
+                Some("9007199254740992"),
+            ),
+            (
+                Some("9007199254740993"),
+                Some("9007199254740994"),
+                None,
+                Some("9007199254740994"),
+            ),
+            (
+                Some("4611686018427387903"),
+                Some(MAX_FENCE),
+                None,
+                Some(MAX_FENCE),
+            ),
+            (
+                Some(MAX_FENCE),
+                None,
+                Some("is at its maximum"),
+                Some(MAX_FENCE),
+            ),
+            (
+                Some("abc"),
+                None,
+                Some("holds no whole number"),
+                Some("abc"),
+            ),
+            (Some("-5"), None, Some("holds no whole number"), Some("-5")),
+        ];
+        for (before, fence, why, after) in cases {
+            match before {
+                Some(value) => {
+                    redis::cmd("SET")
+                        .arg(&key)
+                        .arg(value)
+                        .query_async::<()>(&mut conn)
+                        .await
+                }
+                None => {
+                    redis::cmd("DEL")
+                        .arg(&key)
+                        .query_async::<()>(&mut conn)
+                        .await
+                }
+            }
+            .unwrap();
+            let got: (Option<String>, Option<String>, Option<String>) = next
+                .key(&key)
+                .arg(NOW)
+                .invoke_async(&mut conn)
+                .await
+                .unwrap();
+            let want = (fence, why, after);
+            assert_eq!(
+                (got.0.as_deref(), got.1.as_deref(), got.2.as_deref()),
+                want,
+                "counter {before:?}"
+            );
+        }
+        redis::cmd("DEL")
+            .arg(&key)
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap();
+    }
+
+    const MAX_FENCE: &str = "4611686018427387904";
+}
