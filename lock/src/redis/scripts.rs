@@ -19,10 +19,10 @@ use redis::Script;
 /// Helpers put in front of the scripts that handle fences.
 ///
 /// `above(a, b)`: whether decimal string `a` is a larger number than `b` (no signs, no
-/// leading zeros, as Redis writes integers). `counted(v)`: whether `v` is written so, a
-/// count from 0, which is what every counter this crate writes holds (and what `INCR`
-/// can go on from). `clock()`: the server's clock, in microseconds
-/// since the epoch, as a decimal string (seconds and zero-padded microseconds, joined).
+/// leading zeros, as Redis writes integers). `counted(v)`: whether `v` is a count written
+/// so, from 0 up, as every counter this crate writes is. `clock()`: the server's clock, in
+/// microseconds since the epoch, as a decimal string (seconds and zero-padded microseconds,
+/// joined).
 ///
 /// `next_fence(key, now)`: the counter's next fence, written back: `max(counter + 1, now)`,
 /// `now` being the clock read at this acquisition, so every fence is at least the server's
