@@ -156,9 +156,9 @@ pub struct Verdict {
     /// bound allows (an instance that missed a restock's message), not a violation. When
     /// each was sent.
     pub sold_out_within_the_bound: Vec<Micros>,
-    /// 408 answers an instance gave as it woke from a pause longer than its
-    /// `HTTP_REQUEST_TIMEOUT_MS` (its clock ran on while it was stopped, and counts the pause
-    /// against the requests that came meanwhile; nothing was done): not violations.
+    /// 408 answers an instance gave as it woke from a pause (its clock ran on while it was
+    /// stopped, and a request timer due within the pause ran out as it woke, before the
+    /// request that came meanwhile was read; nothing was done): not violations.
     pub timed_out_by_a_pause: usize,
     /// Buyers whose outcome was unknown, and of them those the lookup found an order for.
     pub unknown_buyers: usize,
