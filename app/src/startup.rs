@@ -339,8 +339,9 @@ fn serve(
     })
     .workers(workers)
     .max_connections(per_worker)
-    // A request's head must arrive within the timeout (408 and closed otherwise); its body
-    // has the same deadline, kept by the `Body` extractor.
+    // A connection's first request head must arrive within the timeout of its accept (408 and
+    // closed otherwise; later heads are bounded by the keep-alive timer only); a body has the
+    // same deadline, kept by the `Body` extractor.
     .client_request_timeout(http.request_timeout)
     .keep_alive(KeepAlive::Timeout(http.keep_alive))
     // A buyer who disconnects while queued (EOF on the socket) has their request dropped,

@@ -34,7 +34,8 @@ pub const ADMIN_TOKEN: &str = "chaos-admin-token-0123456789";
 pub const KEY_PREFIX: &str = "chaos:";
 
 /// `HTTP_REQUEST_TIMEOUT_MS` of the soak's instances (the service's default), which the
-/// checker needs to know: an instance paused past it answers 408 as it wakes.
+/// checker needs to know: an instance paused while a connection's first request head timer
+/// of this length fell due answers that request 408 as it wakes.
 pub const REQUEST_TIMEOUT_MS: u64 = 5_000;
 
 /// How the instances run.

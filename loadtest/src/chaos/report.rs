@@ -248,7 +248,7 @@ impl Report<'_> {
         if v.timed_out_by_a_pause > 0 {
             let _ = writeln!(
                 out,
-                "408 answers from instances as they woke from a pause: {} (a stopped instance's clock runs on, and a request timer (HTTP_REQUEST_TIMEOUT_MS) due within the pause runs out as it wakes, refusing a request that came meanwhile, nothing done: not violations)\n",
+                "408 answers from instances as they woke from a pause: {} (a stopped instance's clock runs on, and a new connection's request-head timer (HTTP_REQUEST_TIMEOUT_MS) due within the pause runs out as it wakes, refusing a request that came meanwhile, nothing done: not violations)\n",
                 v.timed_out_by_a_pause
             );
         }

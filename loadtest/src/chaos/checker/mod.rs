@@ -157,8 +157,9 @@ pub struct Verdict {
     /// each was sent.
     pub sold_out_within_the_bound: Vec<Micros>,
     /// 408 answers an instance gave as it woke from a pause (its clock ran on while it was
-    /// stopped, and a request timer due within the pause ran out as it woke, before the
-    /// request that came meanwhile was read; nothing was done): not violations.
+    /// stopped, and a new connection's request-head timer due within the pause ran out as it
+    /// woke, before the request that came meanwhile was read; nothing was done): not
+    /// violations.
     pub timed_out_by_a_pause: usize,
     /// Buyers whose outcome was unknown, and of them those the lookup found an order for.
     pub unknown_buyers: usize,
