@@ -430,13 +430,29 @@ mod tests {
             .expect("no answer within ten stall times")
     }
 
-    /// The writer that is not `writing`'s, sharing its queue and its statements in flight.
-    fn other(writing: &Writing) -> Writing {
+    /// Writer `writer`, sharing `writing`'s queue and statements in flight.
+    fn sharing(writing: &Writing, writer: usize) -> Writing {
         Writing {
-            writer: 1,
+            writer,
             waiting: Arc::clone(&writing.waiting),
             in_flight: Arc::clone(&writing.in_flight),
         }
+    }
+
+    /// The writer that is not `writing`'s (writer 0's), sharing its queue and its
+    /// statements in flight.
+    fn other(writing: &Writing) -> Writing {
+        sharing(writing, 1)
+    }
+
+    /// The products of `writing`'s next statement, taken in a task of its own (its mark in
+    /// flight dropped at once).
+    fn spawn_next(writing: Writing) -> tokio::task::JoinHandle<Option<Vec<i64>>> {
+        tokio::spawn(async move {
+            next_statement(&writing)
+                .await
+                .map(|(jobs, _)| products(&jobs))
+        })
     }
 
     /// A statement takes what is ready, one batch per product (a second batch of a product
@@ -481,13 +497,8 @@ mod tests {
         let (first, sent) = next_statement(&writing).await.unwrap();
         assert_eq!(products(&first), [1]);
 
-        let second = other(&writing);
         let _two = send(&sender, "2");
-        let next = tokio::spawn(async move {
-            next_statement(&second)
-                .await
-                .map(|(jobs, _)| products(&jobs))
-        });
+        let next = spawn_next(other(&writing));
         tokio::time::sleep(STALLED / 2).await;
         assert!(!next.is_finished(), "sent beside a quick statement");
         let _three = send(&sender, "3");
@@ -527,11 +538,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_statement_cut_short_by_a_panic_still_ends_its_time_in_flight() {
         let (sender, writing, _answers) = queue_of(["1"].map(String::from));
-        let first = Writing {
-            writer: 0,
-            waiting: Arc::clone(&writing.waiting),
-            in_flight: Arc::clone(&writing.in_flight),
-        };
+        let first = sharing(&writing, 0);
         let (taken, took) = oneshot::channel();
         let panicking = tokio::spawn(async move {
             let (_jobs, _sent) = next_statement(&first).await.unwrap();
@@ -540,13 +547,8 @@ mod tests {
             panic!("the statement's code panics (this panic is the test's)");
         });
         let sent = took.await.unwrap();
-        let second = other(&writing);
         let _two = send(&sender, "2");
-        let next = tokio::spawn(async move {
-            next_statement(&second)
-                .await
-                .map(|(jobs, _)| products(&jobs))
-        });
+        let next = spawn_next(other(&writing));
 
         assert_eq!(within(next).await.unwrap().unwrap(), [2]);
         assert!(panicking.await.unwrap_err().is_panic());

@@ -13,8 +13,8 @@ use anyhow::{Context, bail};
 /// thread's taken in turn by its requests. With a thread per path every path has connections
 /// of its own, so a product that sells slowly holds up only its own buyers and sells less;
 /// with fewer threads each thread's requests go to its paths in turn, whichever connection
-/// sends them, and every path sells alike, the slow one holding everyone up. Without them, every request goes to
-/// the URL's path.
+/// sends them, and every path sells alike, the slow one holding everyone up. Without them,
+/// every request goes to the URL's path.
 ///
 /// Each request carries its buyer's token, signed here as the identity provider would (see
 /// [`TOKEN_LUA`]).

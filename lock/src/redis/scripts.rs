@@ -60,19 +60,15 @@ local function clock()
 end
 local function next_fence(fence_key, now)
   local last = redis.call('SET', fence_key, now, 'GET')
-  if not last then
+  if not last or (counted(last) and above(now, last)) then
     return now
   end
+  -- Not a count, or at the clock or past it (taken twice in one microsecond, or raised):
+  -- put back, and counted on from there if it can be.
+  redis.call('SET', fence_key, last)
   if not counted(last) then
-    redis.call('SET', fence_key, last)
     return nil, 'holds no count'
   end
-  if above(now, last) then
-    return now
-  end
-  -- At the clock or past it (taken twice in one microsecond, or raised): put back, and
-  -- counted on from there.
-  redis.call('SET', fence_key, last)
   if not above(MAX, last) then
     return nil, 'is at its maximum'
   end
