@@ -9,7 +9,11 @@ pub struct Token(String);
 impl Token {
     /// A fresh token.
     pub fn new() -> Self {
-        Self(hex::encode(rand::random::<[u8; 16]>()))
+        // Into a buffer of its own size: one allocation, no character-by-character growth.
+        let mut hex = [0u8; 32];
+        hex::encode_to_slice(rand::random::<[u8; 16]>(), &mut hex)
+            .expect("32 bytes hold 16 in hex");
+        Self(std::str::from_utf8(&hex).expect("hex is ASCII").to_owned())
     }
 
     /// The token as stored in the backend (for backends).

@@ -94,7 +94,7 @@ pub(crate) async fn rounds(
                 ("distlock", &mut ours)
             };
             println!(
-                "round {round}: {name} cycles/s {rate:.0}, client cpu {cpu_us:.1} us/cycle, redis cpu {server_us:.1} us/cycle"
+                "round {round}: {name} cycles/s {rate:.0} ({cycles_in} cycles), client cpu {cpu_us:.1} us/cycle, redis cpu {server_us:.1} us/cycle"
             );
             samples.rate.push(rate);
             samples.client_cpu.push(cpu_us);

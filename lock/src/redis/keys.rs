@@ -21,9 +21,16 @@ pub fn fence_key(key: &str) -> Result<String> {
     companion(key, "fence")
 }
 
-/// Whether `key` can be a lock key on Redis (see [`fence_key`]), without building anything.
+/// Whether `key` can be a lock key on Redis (see [`fence_key`]), without building anything:
+/// every call checks its key, and this costs no allocation.
 pub(crate) fn check(key: &str) -> Result<()> {
-    fence_key(key).map(drop)
+    match refusal(key) {
+        None => Ok(()),
+        Some(reason) => Err(Error::InvalidKey {
+            key: key.to_owned(),
+            reason,
+        }),
+    }
 }
 
 /// The pub/sub channel on which the release of lock `key` is announced
@@ -37,40 +44,48 @@ pub fn release_channel(key: &str) -> Result<String> {
 
 /// `key` with `:<suffix>`, wrapped in a hash tag when the key has none, so both hash alike.
 fn companion(key: &str, suffix: &str) -> Result<String> {
+    check(key)?;
+    let tagged = hash_tag(key) != key;
+    let mut name = String::with_capacity(key.len() + suffix.len() + 3);
+    if tagged {
+        name.push_str(key);
+    } else {
+        name.push('{');
+        name.push_str(key);
+        name.push('}');
+    }
+    name.push(':');
+    name.push_str(suffix);
+    debug_assert_eq!(hash_tag(&name), hash_tag(key));
+    Ok(name)
+}
+
+/// Why `key` cannot be a lock key on Redis, if it cannot.
+fn refusal(key: &str) -> Option<&'static str> {
     if key.is_empty() {
-        return Err(Error::InvalidKey {
-            key: key.to_owned(),
-            reason: "the key is empty",
-        });
+        return Some("the key is empty");
     }
     // `{x}:fence` is the fence counter of lock `x`: taken as a lock key, it would hold a
     // token where the counter is, and lock `x` could never be taken again.
     if key.ends_with(":fence") || key.ends_with(":released") {
-        return Err(Error::InvalidKey {
-            key: key.to_owned(),
-            reason: "it ends like a fence key or a release channel (`:fence`, `:released`)",
-        });
+        return Some("it ends like a fence key or a release channel (`:fence`, `:released`)");
     }
+    let tag = hash_tag(key);
     // `{x}` (a key that is nothing but a hash tag) would get `{x}:fence`, which is also the
-    // fence key of the plain key `x`: two locks sharing one counter and one channel.
-    if key.len() > 2 && key == format!("{{{}}}", hash_tag(key)) {
-        return Err(Error::InvalidKey {
-            key: key.to_owned(),
-            reason: "a key that is only a hash tag ({x}) would share its fence key with the key x; put something outside the braces, such as {x}:lock",
-        });
+    // fence key of the plain key `x`: two locks sharing one counter and one channel. Its tag
+    // is everything between its first and last characters.
+    if key.starts_with('{') && key.ends_with('}') && tag.len() + 2 == key.len() {
+        return Some(
+            "a key that is only a hash tag ({x}) would share its fence key with the key x; put something outside the braces, such as {x}:lock",
+        );
     }
-    let name = if hash_tag(key) == key {
-        format!("{{{key}}}:{suffix}")
-    } else {
-        format!("{key}:{suffix}")
-    };
-    if hash_tag(&name) != hash_tag(key) {
-        return Err(Error::InvalidKey {
-            key: key.to_owned(),
-            reason: "its fence key cannot share its cluster slot; use a hash tag such as {name}",
-        });
+    // A key with no hash tag of its own is wrapped in one, `{key}:fence`, which Redis hashes
+    // on `key` only if `key` holds no `}` (the tag would end there: `a}b` gives `{a}b}:fence`,
+    // hashed on `a`). A key with a tag keeps it, suffix and all.
+    if tag == key && key.contains('}') {
+        return Some("its fence key cannot share its cluster slot; use a hash tag such as {name}");
     }
-    Ok(name)
+    None
 }
 
 /// The part of `key` that Redis Cluster hashes to choose a slot.
@@ -154,6 +169,47 @@ mod tests {
         }
         // A tag with something beside it is a key like any other.
         assert_eq!(fence_key("{x}:lock").unwrap(), "{x}:lock:fence");
+    }
+
+    /// The rule as first written: build the fence key, and accept the key if the two hash
+    /// alike (and it is neither a companion's name nor only a hash tag).
+    fn accepted_by_building(key: &str) -> bool {
+        if key.is_empty() || key.ends_with(":fence") || key.ends_with(":released") {
+            return false;
+        }
+        if key.len() > 2 && key == format!("{{{}}}", hash_tag(key)) {
+            return false;
+        }
+        let name = if hash_tag(key) == key {
+            format!("{{{key}}}:fence")
+        } else {
+            format!("{key}:fence")
+        };
+        hash_tag(&name) == hash_tag(key)
+    }
+
+    #[test]
+    fn the_check_that_builds_nothing_accepts_exactly_the_keys_whose_fence_shares_their_slot() {
+        // Every key of up to six characters from `{`, `}`, `a` and `:`, and a few longer ones.
+        let mut keys = vec![String::new()];
+        let mut last = vec![String::new()];
+        for _ in 0..6 {
+            last = last
+                .iter()
+                .flat_map(|k| ['{', '}', 'a', ':'].map(|c| format!("{k}{c}")))
+                .collect();
+            keys.extend(last.iter().cloned());
+        }
+        keys.extend(["a:fence", "{a}:released", "{{a}}", "{a}}", "}{a}"].map(String::from));
+        for key in &keys {
+            let accepted = accepted_by_building(key);
+            assert_eq!(check(key).is_ok(), accepted, "{key:?}");
+            assert_eq!(fence_key(key).is_ok(), accepted, "{key:?}");
+            if let Ok(fence) = fence_key(key) {
+                assert_eq!(hash_tag(&fence), hash_tag(key), "{key:?}");
+                assert_eq!(hash_tag(&release_channel(key).unwrap()), hash_tag(key));
+            }
+        }
     }
 
     #[test]
