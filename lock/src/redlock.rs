@@ -198,6 +198,17 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Redlock<C> {
     }
 }
 
+/// Whether a node's error is its own answer, a refusal (an error reply of a script, or a
+/// generic `ERR`), rather than the node being unreachable or unavailable (I/O, a timeout,
+/// `LOADING`, `READONLY`, `MASTERDOWN`...).
+fn is_refusal(error: &redis::RedisError) -> bool {
+    matches!(
+        error.kind(),
+        redis::ErrorKind::Extension
+            | redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+    )
+}
+
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
     fn check_key(&self, key: &str) -> Result<()> {
         crate::redis::check_key(key)
@@ -276,14 +287,21 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
         let mut granted = Vec::new();
         let mut expires_in: Option<Duration> = None;
         let mut failed = 0;
-        for answer in &answers {
+        // The first refusal a node answered (the acquire script's error: a fence counter
+        // that no fence can follow), to tell the caller why if no majority grants.
+        let mut refusal = None;
+        for answer in answers {
             match answer {
-                Some(Ok((1, fence))) => granted.push(parse_fence(fence)?),
+                Some(Ok((1, fence))) => granted.push(parse_fence(&fence)?),
                 Some(Ok((_, pttl))) => {
                     if let Ok(ms) = pttl.parse::<u64>() {
                         let left = Duration::from_millis(ms);
                         expires_in = Some(expires_in.map_or(left, |e| e.min(left)));
                     }
+                }
+                Some(Err(error)) if is_refusal(&error) => {
+                    failed += 1;
+                    refusal.get_or_insert(error);
                 }
                 _ => failed += 1,
             }
@@ -300,7 +318,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
         self.unlock(key, token).await.ok();
         let reachable = self.nodes.len() - failed;
         if reachable < self.quorum() {
-            return Err(self.no_quorum(key, reachable));
+            return Err(match refusal {
+                Some(error) => error.into(),
+                None => self.no_quorum(key, reachable),
+            });
         }
         Ok(Attempt::Held { expires_in })
     }

@@ -116,6 +116,43 @@ async fn with_a_majority_down_acquire_fails_with_a_clear_error() {
     assert_eq!(get(&mut cluster.conns()[1].clone(), "k").await, None);
 }
 
+/// Masters that answer but refuse (a fence counter no fence can follow) are named for what
+/// they said, not counted as unreachable: the caller learns why, as from one Redis.
+#[tokio::test]
+async fn a_majority_that_refuses_says_why_and_leaves_nothing() {
+    // Arrange: two masters of three hold a fence counter that is not a count.
+    let masters = RedlockHarness::start(3).await;
+    let locker = redlock(&masters, ms(5_000));
+    let fence_key = distlock::redis::fence_key("lock_sale_1").unwrap();
+    for conn in &masters.conns()[..2] {
+        redis::cmd("SET")
+            .arg(&fence_key)
+            .arg("not a count")
+            .exec_async(&mut conn.clone())
+            .await
+            .unwrap();
+    }
+
+    // Act
+    let outcome = timeout(Duration::from_secs(30), locker.acquire("lock_sale_1"))
+        .await
+        .unwrap();
+
+    // Assert: the refusal's own words, at once (waiting would not help), and no key left.
+    match outcome {
+        Err(error @ Error::Backend { .. }) => {
+            assert!(error.to_string().contains("holds no count"), "{error}");
+        }
+        other => panic!(
+            "expected the masters' refusal, got {:?}",
+            other.map(|g| g.token().expose().to_owned())
+        ),
+    }
+    for conn in masters.conns() {
+        assert_eq!(get(&mut conn.clone(), "lock_sale_1").await, None);
+    }
+}
+
 #[tokio::test]
 async fn a_lost_minority_does_not_let_a_second_holder_in() {
     // One node held by someone else: we still get the other two, and the third party

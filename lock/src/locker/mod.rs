@@ -125,7 +125,8 @@ impl<B: Backend> Locker<B> {
     ///
     /// # Errors
     /// [`Error::Held`] when another owner holds the lock; [`Error::InvalidKey`] for an empty
-    /// key; [`Error::Backend`] when it cannot be reached;
+    /// key; [`Error::Backend`] when it cannot be reached, or refuses (a fence counter that no
+    /// fence can follow; on Redlock, when the masters that refuse leave no majority);
     /// [`Error::NoQuorum`] from Redlock; [`Error::Aborted`] when the attempt's task ended
     /// without an answer (a panic in the backend).
     ///
