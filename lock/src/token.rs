@@ -9,7 +9,8 @@ pub struct Token(String);
 impl Token {
     /// A fresh token.
     pub fn new() -> Self {
-        // Into a buffer of its own size: one allocation, no character-by-character growth.
+        // Written into a buffer of its size, then copied once (`hex::encode` pushes it onto a
+        // `String` one character at a time).
         let mut hex = [0u8; 32];
         hex::encode_to_slice(rand::random::<[u8; 16]>(), &mut hex)
             .expect("32 bytes hold 16 in hex");
@@ -57,6 +58,12 @@ mod tests {
         let (a, b) = (Token::new(), Token::new());
         assert_ne!(a, b);
         assert_eq!(a.as_str().len(), 32);
+        assert!(
+            a.as_str()
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            "not lowercase hex"
+        );
         let shown = format!("{a:?}");
         assert!(!shown.contains(a.as_str()), "{shown}");
     }

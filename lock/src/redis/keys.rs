@@ -15,14 +15,16 @@ use crate::error::{Error, Result};
 /// already carries a hash tag (`{user:7}:cart`) keeps it: its fence key is `{user:7}:cart:fence`.
 ///
 /// # Errors
-/// [`Error::InvalidKey`] when the key is empty or when no fence key can share its slot (a key
-/// with a stray `}` and no hash tag of its own, such as `a}b`).
+/// [`Error::InvalidKey`] when the key is empty; when it ends like a fence key or a release
+/// channel (`:fence`, `:released`); when it is nothing but a hash tag (`{x}`, whose fence key
+/// would be that of `x`); or when no fence key can share its slot (a key with a stray `}` and
+/// no hash tag of its own, such as `a}b`).
 pub fn fence_key(key: &str) -> Result<String> {
     companion(key, "fence")
 }
 
-/// Whether `key` can be a lock key on Redis (see [`fence_key`]), without building anything:
-/// every call checks its key, and this costs no allocation.
+/// Whether `key` can be a lock key on Redis (see [`fence_key`]), without building its fence
+/// key: every call checks its key, and a key that passes costs no allocation.
 pub(crate) fn check(key: &str) -> Result<()> {
     match refusal(key) {
         None => Ok(()),
@@ -171,26 +173,35 @@ mod tests {
         assert_eq!(fence_key("{x}:lock").unwrap(), "{x}:lock:fence");
     }
 
-    /// The rule as first written: build the fence key, and accept the key if the two hash
-    /// alike (and it is neither a companion's name nor only a hash tag).
-    fn accepted_by_building(key: &str) -> bool {
-        if key.is_empty() || key.ends_with(":fence") || key.ends_with(":released") {
-            return false;
+    /// The rule as first written: build the fence key and compare the two hash tags (after
+    /// the checks for a companion's name and for a key that is only a hash tag); the reason
+    /// of the first check that refuses.
+    fn refusal_by_building(key: &str) -> Option<&'static str> {
+        if key.is_empty() {
+            return Some("the key is empty");
+        }
+        if key.ends_with(":fence") || key.ends_with(":released") {
+            return Some("it ends like a fence key or a release channel (`:fence`, `:released`)");
         }
         if key.len() > 2 && key == format!("{{{}}}", hash_tag(key)) {
-            return false;
+            return Some(
+                "a key that is only a hash tag ({x}) would share its fence key with the key x; put something outside the braces, such as {x}:lock",
+            );
         }
         let name = if hash_tag(key) == key {
             format!("{{{key}}}:fence")
         } else {
             format!("{key}:fence")
         };
-        hash_tag(&name) == hash_tag(key)
+        (hash_tag(&name) != hash_tag(key))
+            .then_some("its fence key cannot share its cluster slot; use a hash tag such as {name}")
     }
 
     #[test]
-    fn the_check_that_builds_nothing_accepts_exactly_the_keys_whose_fence_shares_their_slot() {
-        // Every key of up to six characters from `{`, `}`, `a` and `:`, and a few longer ones.
+    fn the_check_that_builds_nothing_refuses_what_building_refused_and_says_the_same() {
+        // Every key of up to six characters from `{`, `}`, `a` and `:`; keys that two rules
+        // refuse (the first rule's reason is the one given); keys with characters of several
+        // bytes.
         let mut keys = vec![String::new()];
         let mut last = vec![String::new()];
         for _ in 0..6 {
@@ -200,14 +211,31 @@ mod tests {
                 .collect();
             keys.extend(last.iter().cloned());
         }
-        keys.extend(["a:fence", "{a}:released", "{{a}}", "{a}}", "}{a}"].map(String::from));
+        keys.extend(
+            [
+                "a}:fence",
+                "}:released",
+                "{}:fence",
+                "{a}:fence",
+                "é}b",
+                "{é}",
+                "{é}x",
+                "é{b}",
+                "}é",
+            ]
+            .map(String::from),
+        );
         for key in &keys {
-            let accepted = accepted_by_building(key);
-            assert_eq!(check(key).is_ok(), accepted, "{key:?}");
-            assert_eq!(fence_key(key).is_ok(), accepted, "{key:?}");
-            if let Ok(fence) = fence_key(key) {
-                assert_eq!(hash_tag(&fence), hash_tag(key), "{key:?}");
-                assert_eq!(hash_tag(&release_channel(key).unwrap()), hash_tag(key));
+            assert_eq!(refusal(key), refusal_by_building(key), "{key:?}");
+            match fence_key(key) {
+                Ok(fence) => {
+                    assert_eq!(hash_tag(&fence), hash_tag(key), "{key:?}");
+                    assert_eq!(hash_tag(&release_channel(key).unwrap()), hash_tag(key));
+                }
+                Err(Error::InvalidKey { reason, .. }) => {
+                    assert_eq!(Some(reason), refusal_by_building(key), "{key:?}")
+                }
+                Err(other) => panic!("{key:?}: {other}"),
             }
         }
     }
