@@ -55,7 +55,7 @@ use crate::error::{Error, Result};
 use crate::fence::Fence;
 use crate::options::LockOptions;
 use crate::redis::scripts::{
-    ACQUIRE, ADVANCE_FENCE, FORCE_UNLOCK, INSPECT, RAISE_FENCE, RELEASE, RENEW,
+    ACQUIRE, ADVANCE_FENCE, FORCE_UNLOCK, INSPECT, RAISE_FENCE, RELEASE, RENEW, is_refusal,
 };
 use crate::redis::{check_versions, fence_key, parse_fence, release_channel};
 use crate::token::Token;
@@ -198,17 +198,6 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Redlock<C> {
     }
 }
 
-/// Whether a node's error is its own answer, a refusal (an error reply of a script, or a
-/// generic `ERR`), rather than the node being unreachable or unavailable (I/O, a timeout,
-/// `LOADING`, `READONLY`, `MASTERDOWN`...).
-fn is_refusal(error: &redis::RedisError) -> bool {
-    matches!(
-        error.kind(),
-        redis::ErrorKind::Extension
-            | redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
-    )
-}
-
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
     fn check_key(&self, key: &str) -> Result<()> {
         crate::redis::check_key(key)
@@ -286,10 +275,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
             .await;
         let mut granted = Vec::new();
         let mut expires_in: Option<Duration> = None;
-        let mut failed = 0;
-        // The first refusal a node answered (the acquire script's error: a fence counter
-        // that no fence can follow), to tell the caller why if no majority grants.
-        let mut refusal = None;
+        let mut unreachable = 0;
+        // Masters that answered with the acquire script's refusal (a fence counter that no
+        // fence can follow), and the first of their answers.
+        let (mut refused, mut refusal) = (0, None);
         for answer in answers {
             match answer {
                 Some(Ok((1, fence))) => granted.push(parse_fence(&fence)?),
@@ -300,10 +289,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
                     }
                 }
                 Some(Err(error)) if is_refusal(&error) => {
-                    failed += 1;
+                    refused += 1;
                     refusal.get_or_insert(error);
                 }
-                _ => failed += 1,
+                _ => unreachable += 1,
             }
         }
         if granted.len() >= self.quorum() && Instant::now() < valid_until {
@@ -316,12 +305,18 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
             }
         }
         self.unlock(key, token).await.ok();
-        let reachable = self.nodes.len() - failed;
+        // The refusal is the answer when it decided the outcome: had the masters that
+        // refused granted, a majority would have. Otherwise too few answered (`NoQuorum`),
+        // or another owner holds it.
+        if let Some(error) = refusal
+            && granted.len() < self.quorum()
+            && granted.len() + refused >= self.quorum()
+        {
+            return Err(error.into());
+        }
+        let reachable = self.nodes.len() - unreachable;
         if reachable < self.quorum() {
-            return Err(match refusal {
-                Some(error) => error.into(),
-                None => self.no_quorum(key, reachable),
-            });
+            return Err(self.no_quorum(key, reachable));
         }
         Ok(Attempt::Held { expires_in })
     }

@@ -138,10 +138,13 @@ async fn a_majority_that_refuses_says_why_and_leaves_nothing() {
         .await
         .unwrap();
 
-    // Assert: the refusal's own words, at once (waiting would not help), and no key left.
+    // Assert: the refusal's own words (not a wait until the 10 s deadline), and no key
+    // left; the counters are as they were.
     match outcome {
         Err(error @ Error::Backend { .. }) => {
             assert!(error.to_string().contains("holds no count"), "{error}");
+            let redis = error.backend_source::<redis::RedisError>().unwrap();
+            assert_eq!(redis.code(), Some("FENCE"), "{redis:?}");
         }
         other => panic!(
             "expected the masters' refusal, got {:?}",
@@ -151,6 +154,53 @@ async fn a_majority_that_refuses_says_why_and_leaves_nothing() {
     for conn in masters.conns() {
         assert_eq!(get(&mut conn.clone(), "lock_sale_1").await, None);
     }
+    for conn in &masters.conns()[..2] {
+        assert_eq!(
+            get(&mut conn.clone(), &fence_key).await.as_deref(),
+            Some("not a count")
+        );
+    }
+}
+
+/// A refusal that could not have changed the outcome does not hide it: with a majority down,
+/// the one master left refusing still makes it `NoQuorum`.
+#[tokio::test]
+async fn a_refusal_beside_a_majority_down_is_still_no_quorum() {
+    // Arrange: two masters of three down; the third's fence counter is not a count.
+    let mut masters = RedlockHarness::start(3).await;
+    let fence_key = distlock::redis::fence_key("lock_sale_1").unwrap();
+    redis::cmd("SET")
+        .arg(&fence_key)
+        .arg("not a count")
+        .exec_async(&mut masters.conns()[2].clone())
+        .await
+        .unwrap();
+    masters.servers()[0].kill();
+    masters.servers()[1].kill();
+    let locker = redlock(&masters, ms(5_000));
+
+    // Act
+    let outcome = timeout(Duration::from_secs(30), locker.acquire("lock_sale_1"))
+        .await
+        .unwrap();
+
+    // Assert
+    assert!(
+        matches!(
+            outcome,
+            Err(Error::NoQuorum {
+                reachable: 1,
+                needed: 2,
+                ..
+            })
+        ),
+        "expected NoQuorum, got {:?}",
+        outcome.map(|g| g.token().expose().to_owned())
+    );
+    assert_eq!(
+        get(&mut masters.conns()[2].clone(), "lock_sale_1").await,
+        None
+    );
 }
 
 #[tokio::test]

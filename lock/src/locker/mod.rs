@@ -126,8 +126,9 @@ impl<B: Backend> Locker<B> {
     /// # Errors
     /// [`Error::Held`] when another owner holds the lock; [`Error::InvalidKey`] for an empty
     /// key; [`Error::Backend`] when it cannot be reached, or refuses (a fence counter that no
-    /// fence can follow; on Redlock, when the masters that refuse leave no majority);
-    /// [`Error::NoQuorum`] from Redlock; [`Error::Aborted`] when the attempt's task ended
+    /// fence can follow; on Redlock, the first master's refusal, when the masters that refused
+    /// would have made a majority with those that granted); [`Error::NoQuorum`] from Redlock
+    /// when too few masters answer; [`Error::Aborted`] when the attempt's task ended
     /// without an answer (a panic in the backend).
     ///
     /// # Cancel safety
@@ -165,8 +166,9 @@ impl<B: Backend> Locker<B> {
     ///
     /// # Errors
     /// [`Error::Timeout`] when the deadline passes; [`Error::InvalidKey`] for an empty key;
-    /// [`Error::Backend`] at once when it cannot be reached
-    /// (waiting would not help); [`Error::NoQuorum`] from Redlock; [`Error::Aborted`] as
+    /// [`Error::Backend`] at once when it cannot be reached or refuses, as for
+    /// [`try_acquire`](Self::try_acquire) (waiting would not help); [`Error::NoQuorum`] from
+    /// Redlock when too few masters answer; [`Error::Aborted`] as
     /// for [`try_acquire`](Self::try_acquire); [`Error::Unsupported`] for a wait outside a
     /// tokio runtime (it needs its timers).
     ///

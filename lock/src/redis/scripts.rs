@@ -7,6 +7,11 @@
 //! "gone" (the guard then reports it released while its lease runs), and a fence advance
 //! hands out one more fence.
 //!
+//! A script that refuses (a fence counter that no fence can follow, a fence past the largest)
+//! answers an error reply whose code is [`REFUSAL`], so that a caller can tell a refusal from
+//! a server that cannot serve (`BUSY`, `OOM`, `LOADING`, ...): Redlock names a refusal for
+//! what it is, and counts the others as a master out of reach.
+//!
 //! Fences never pass through a Lua number: Lua's numbers are doubles, exact only below 2^53,
 //! and a fence may be any positive `i64`. They are read with `GET`, compared as decimal
 //! strings ([`COMMON`]'s `above`), and returned as strings; Redis's own `INCR` does the
@@ -15,6 +20,15 @@
 use std::sync::LazyLock;
 
 use redis::Script;
+
+/// The code of every refusal a script answers (`FENCE the fence counter of ... holds no
+/// count`).
+pub(crate) const REFUSAL: &str = "FENCE";
+
+/// Whether `error` is a script's refusal ([`REFUSAL`]) rather than a server that cannot serve.
+pub(crate) fn is_refusal(error: &redis::RedisError) -> bool {
+    error.code() == Some(REFUSAL)
+}
 
 /// Helpers put in front of the scripts that handle fences.
 ///
@@ -116,7 +130,7 @@ end
 local fence, why = next_fence(KEYS[2], clock())
 if not fence then
   redis.call('DEL', KEYS[1])
-  return redis.error_reply('the fence counter of ' .. KEYS[1] .. ' ' .. why)
+  return redis.error_reply('FENCE the fence counter of ' .. KEYS[1] .. ' ' .. why)
 end
 return {1, fence}
 ",
@@ -175,18 +189,18 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return false
 end
 if not above(MAX, ARGV[2]) then
-  return redis.error_reply('no fence can follow ' .. ARGV[2])
+  return redis.error_reply('FENCE no fence can follow ' .. ARGV[2])
 end
 local current = redis.call('GET', KEYS[2]) or '0'
 if not counted(current) then
-  return redis.error_reply('the fence counter of ' .. KEYS[1] .. ' holds no count')
+  return redis.error_reply('FENCE the fence counter of ' .. KEYS[1] .. ' holds no count')
 end
 if above(ARGV[2], current) then
   redis.call('SET', KEYS[2], ARGV[2])
 end
 local fence, why = next_fence(KEYS[2], clock())
 if not fence then
-  return redis.error_reply('the fence counter of ' .. KEYS[1] .. ' ' .. why)
+  return redis.error_reply('FENCE the fence counter of ' .. KEYS[1] .. ' ' .. why)
 end
 return fence
 ",
@@ -205,11 +219,11 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 if above(ARGV[2], MAX) then
-  return redis.error_reply('no fence can be above the largest')
+  return redis.error_reply('FENCE no fence can be above the largest')
 end
 local current = redis.call('GET', KEYS[2]) or '0'
 if not counted(current) then
-  return redis.error_reply('the fence counter of ' .. KEYS[1] .. ' holds no count')
+  return redis.error_reply('FENCE the fence counter of ' .. KEYS[1] .. ' holds no count')
 end
 if above(ARGV[2], current) then
   redis.call('SET', KEYS[2], ARGV[2])
