@@ -412,13 +412,33 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
                 }
             })
             .await;
-        let mut fences = Vec::new();
-        for answer in &answers {
-            if let Some(Ok(Some(fence))) = answer {
-                fences.push(parse_fence(fence)?);
+        let (mut fences, mut reachable) = (Vec::new(), 0);
+        // Masters that answered with the script's refusal (a fence counter that no fence can
+        // follow), and the first of their answers: reachable, but no fence.
+        let (mut refused, mut refusal) = (0, None);
+        for answer in answers {
+            match answer {
+                Some(Ok(fence)) => {
+                    reachable += 1;
+                    if let Some(fence) = fence {
+                        fences.push(parse_fence(&fence)?);
+                    }
+                }
+                Some(Err(error)) if is_refusal(&error) => {
+                    reachable += 1;
+                    refused += 1;
+                    refusal.get_or_insert(error);
+                }
+                _ => {}
             }
         }
-        let reachable = answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count();
+        // As in `try_lock`: the refusal is the answer when it decided the outcome.
+        if let Some(error) = refusal
+            && fences.len() < self.quorum()
+            && fences.len() + refused >= self.quorum()
+        {
+            return Err(error.into());
+        }
         if reachable < self.quorum() {
             // Too few answered to know whether we still hold it: not the same as stale.
             return Err(self.no_quorum(key, reachable));

@@ -162,6 +162,45 @@ async fn a_majority_that_refuses_says_why_and_leaves_nothing() {
     }
 }
 
+/// A holder whose fence counters a majority of masters refuse to count on is told why by
+/// `advance_fence`, as by the acquire, not that too few masters answered.
+#[tokio::test]
+async fn advance_fence_names_a_majoritys_refusal() {
+    // Arrange: a holder; then two masters of three find their fence counter holds no count.
+    let masters = RedlockHarness::start(3).await;
+    let locker = redlock(&masters, ms(5_000));
+    let guard = locker.try_acquire("lock_sale_1").await.unwrap();
+    let fence_key = distlock::redis::fence_key("lock_sale_1").unwrap();
+    for conn in &masters.conns()[..2] {
+        redis::cmd("SET")
+            .arg(&fence_key)
+            .arg("not a count")
+            .exec_async(&mut conn.clone())
+            .await
+            .unwrap();
+    }
+
+    // Act
+    let advanced = guard.advance_fence(guard.fence()).await;
+
+    // Assert: the refusal's words and code; the counters left as they were.
+    match advanced {
+        Err(error @ Error::Backend { .. }) => {
+            assert!(error.to_string().contains("holds no count"), "{error}");
+            let redis = error.backend_source::<redis::RedisError>().unwrap();
+            assert_eq!(redis.code(), Some("FENCE"), "{redis:?}");
+        }
+        other => panic!("expected the masters' refusal, got {other:?}"),
+    }
+    for conn in &masters.conns()[..2] {
+        assert_eq!(
+            get(&mut conn.clone(), &fence_key).await.as_deref(),
+            Some("not a count")
+        );
+    }
+    assert!(guard.release().await.unwrap().was_held());
+}
+
 /// A refusal that could not have changed the outcome does not hide it: with a majority down,
 /// the one master left refusing still makes it `NoQuorum`.
 #[tokio::test]

@@ -81,7 +81,10 @@ impl<B: Backend> LockGuard<B> {
     /// # Errors
     /// [`Error::NotHeld`] when the lock no longer holds this guard's token;
     /// [`Error::InvalidFence`] when `seen` is [`Fence::MAX`] or above (no fence can follow
-    /// it); [`Error::Backend`] when it cannot be reached.
+    /// it); [`Error::Backend`] when it cannot be reached, or refuses (a fence counter that
+    /// holds no count; on Redlock, the first master's refusal, when the masters that refused
+    /// would have made a majority with those that answered a fence);
+    /// [`Error::NoQuorum`] (Redlock) when too few masters answer.
     ///
     /// # Cancel safety
     /// Cancel safe: if dropped, the counter may have been raised, which only ever
