@@ -1,21 +1,19 @@
-//! What the holder knows about its lease, and the watchdog that keeps it alive.
+//! What the holder knows about its lease.
 //!
 //! The [`Lease`] is shared by the guard and the watchdog: the deadline until which the lock
 //! is known to be ours, whether it has been lost and why, and how often it was renewed.
 //! "Lost" is final: once anyone sees the deadline pass, or the backend says the lock is gone
 //! or taken, [`Lease::is_held`] stays `false` and a renewal that lands later changes nothing.
 //!
-//! The watchdog is one tokio task per held lock. It renews by token, so it can never extend
-//! a lock another owner holds, and it is aborted before the release runs, so it never renews
-//! after unlock. It is the same task for every [`Backend`].
+//! The watchdog that renews it is in `watchdog`; [`renew`] is the one renewal both it and
+//! `LockGuard::extend` send.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep, sleep_until, timeout};
+use tokio::time::{Instant, sleep_until};
 
 use crate::backend::{Backend, Renewal};
 use crate::token::Token;
@@ -230,75 +228,6 @@ pub(crate) async fn wait_lost(lease: Arc<Lease>) -> LockLost {
         tokio::select! {
             () = changed => {}
             () = sleep_until(lease.until()) => {}
-        }
-    }
-}
-
-/// What the watchdog needs to renew one lock.
-pub(crate) struct Watchdog<B> {
-    pub(crate) backend: Arc<B>,
-    pub(crate) key: String,
-    pub(crate) token: Token,
-    pub(crate) every: Duration,
-    /// How many replicas each renewal waits for, and how long (`LockOptions::wait_for_replicas`).
-    pub(crate) replicas: Option<(u32, Duration)>,
-    /// When the acquire command was sent: the first renewal is due `every` after it.
-    pub(crate) first_sent: Instant,
-    pub(crate) lease: Arc<Lease>,
-}
-
-/// A failed renewal is retried this often until the lease runs out.
-const RETRY_AFTER_ERROR: Duration = Duration::from_millis(50);
-
-impl<B: Backend> Watchdog<B> {
-    pub(crate) fn spawn(self) -> JoinHandle<()> {
-        tokio::spawn(self.run())
-    }
-
-    async fn run(self) {
-        let mut last_sent = self.first_sent;
-        loop {
-            // TIMING: renewing every `ttl / 3` leaves two thirds of a lease for a renewal to
-            // reach the backend, for the runtime to schedule this task, and for retries after
-            // an error. Renewals are due `every` after the previous one was *sent* (the
-            // lease counts from then), however long its answer took. A process paused for
-            // longer (GC-like stall, SIGSTOP) loses the lock; fencing, not this task,
-            // protects the data then.
-            sleep_until(last_sent + self.every).await;
-            loop {
-                if !self.lease.is_held() {
-                    return;
-                }
-                let _renewing = self.lease.renewing.lock().await;
-                let sent = Instant::now();
-                last_sent = sent;
-                let left = self.lease.until().saturating_duration_since(sent);
-                match timeout(
-                    left,
-                    renew(
-                        &*self.backend,
-                        &self.key,
-                        &self.token,
-                        &self.lease,
-                        sent,
-                        self.replicas,
-                    ),
-                )
-                .await
-                {
-                    Ok(Ok(Renewal::Renewed)) => break,
-                    Ok(Ok(_gone_or_taken)) => return,
-                    Ok(Err(error)) => {
-                        drop(_renewing);
-                        tracing::warn!(key = %self.key, %error, "lock renewal failed; retrying");
-                        let left = self.lease.until().saturating_duration_since(Instant::now());
-                        sleep(RETRY_AFTER_ERROR.min(left)).await;
-                    }
-                    // The lease ran out while the renewal was in flight; the next turn of
-                    // the loop records it.
-                    Err(_elapsed) => {}
-                }
-            }
         }
     }
 }

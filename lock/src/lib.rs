@@ -8,12 +8,14 @@
 //!    backend's [`Protocol`](backend::Protocol): `poll_until_free` (one attempt, then a pause
 //!    a release announcement cuts short, `signals.rs`) or `wait_in_line` (ZooKeeper, etcd).
 //! 3. `locker/attempt.rs`: one attempt in a task of its own, and the hold it becomes: the
-//!    lease and the watchdog (`lease.rs`).
+//!    lease (`lease.rs`) and the watchdog, put in the locker's timetable to start if the
+//!    hold lasts until shortly before its first renewal (`watchdog.rs`).
 //! 4. `backend.rs`: the [`Backend`] trait, the steps a store runs; then one store:
 //!    `redis/mod.rs` with its Lua in `redis/scripts.rs` and its key names in `redis/keys.rs`.
-//! 5. `guard/mod.rs`: [`LockGuard`]; its `release` goes to `guard/hold.rs`, which stops the
-//!    watchdog, runs the backend's `unlock` and says how the lock ended
-//!    (`guard/outcome.rs`); dropped unreleased, `hold.rs` releases in the background.
+//! 5. `guard/mod.rs`: [`LockGuard`]; its `release` goes to `guard/hold.rs`, which takes the
+//!    watchdog out of the timetable (or stops it, if it started), runs the backend's
+//!    `unlock` and says how the lock ended (`guard/outcome.rs`); dropped unreleased,
+//!    `hold.rs` releases in the background.
 //!
 //! Then, as needed: `fence.rs` ([`Fence`]), `owner.rs` and `guard/owner_table.rs`
 //! (reentrancy), `options.rs`, `error.rs`, and the other stores: `redlock.rs`,
@@ -37,7 +39,7 @@
 //!    every acquisition, and release is a Lua compare-and-delete: only the token's holder
 //!    can delete the key ([`LockGuard::release`] says whether it was still ours:
 //!    [`ReleaseOutcome`]).
-//! 3. **The work outlives the lease.** Here a watchdog task renews the lease (a Lua
+//! 3. **The work outlives the lease.** Here a watchdog renews the lease (a Lua
 //!    compare-and-pexpire) every `ttl / 3` while the guard lives, and tells the holder when
 //!    renewal fails ([`LockGuard::is_held`], [`LockGuard::lost`]). Renewal cannot help a
 //!    process that is paused longer than the lease; for that, every acquisition carries a
@@ -68,7 +70,9 @@
 //!   `waiting`: the local turns; `signals`: the pub/sub subscription [`ReleaseSignals`].
 //! - `guard/`: [`LockGuard`]; `hold` (one acquisition, its release, the drop fallback),
 //!   `outcome` ([`ReleaseOutcome`]), `owner_table`, `fenced` ([`FencedGuard`]).
-//! - `lease`: the watchdog task and the lost signal ([`LockLost`]).
+//! - `lease`: what the holder knows of its lease, one renewal, and the lost signal
+//!   ([`LockLost`]); `watchdog`: the task that renews a hold that lasts, started from a
+//!   timetable shortly before the first renewal is due (a short hold starts none).
 //! - `owner`: [`Owner`], the explicit identity behind reentrancy.
 //! - `backend`: the [`Backend`] trait and what its steps answer. The stores: `redis/`,
 //!   `sentinel`, `redlock`, `postgres`, `zookeeper`, `etcd`; `keys`: the key checks of the
@@ -76,9 +80,9 @@
 //! - Leaves: `fence` ([`Fence`]), `options` ([`LockOptions`]), `token`, `retry` (backoff and
 //!   deadlines), `error` ([`enum@Error`]).
 //!
-//! Dependencies point one way, with no cycle: `owner` → `locker` → `guard` → `lease` →
-//! `backend` → `fence`; the stores know nothing of lockers and guards, and the guard nothing
-//! of the locker. The wait names one store module, `redis`, for a key's release channel
+//! Dependencies point one way, with no cycle: `owner` → `locker` → `guard` → `watchdog` →
+//! `lease` → `backend` → `fence`; the stores know nothing of lockers and guards, and the
+//! guard nothing of the locker. The wait names one store module, `redis`, for a key's release channel
 //! (release signals are Redis pub/sub).
 //!
 //! # Example
@@ -170,6 +174,7 @@ pub mod sentinel;
 mod signals;
 mod token;
 mod waiting;
+mod watchdog;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 

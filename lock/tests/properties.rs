@@ -434,7 +434,8 @@ async fn a_dropped_guard_releases_the_lock<H: Harness>(h: H) {
 }
 
 async fn a_dropped_guard_stops_its_watchdog<H: Harness>(h: H) {
-    // Arrange: a lease renewed every 300 ms, dropped without release.
+    // Arrange: a lease renewed every 300 ms, held until its watchdog has started and
+    // renewed once, then dropped without release.
     let key = h.key("drop-watchdog");
     let locker = locker(
         h.backend().await,
@@ -442,6 +443,13 @@ async fn a_dropped_guard_stops_its_watchdog<H: Harness>(h: H) {
     );
     let guard = locker.try_acquire(&key).await.unwrap();
     let token = guard.token().expose().to_owned();
+    timeout(Duration::from_secs(10), async {
+        while guard.renewals() == 0 {
+            sleep(ms(20)).await;
+        }
+    })
+    .await
+    .expect("the watchdog never renewed");
 
     // Act
     drop(guard);

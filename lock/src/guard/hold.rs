@@ -5,14 +5,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
-
 use crate::backend::{Backend, Unlock};
 use crate::error::Result;
 use crate::guard::outcome::ReleaseOutcome;
 use crate::lease::{Lease, LockLost};
 use crate::token::Token;
 use crate::waiting::LocalKey;
+use crate::watchdog::Ticket;
 
 /// One acquisition of one key: shared by every guard of a reentrant owner.
 pub(crate) struct Hold<B: Backend> {
@@ -25,8 +24,9 @@ pub(crate) struct Hold<B: Backend> {
     pub(crate) fence: AtomicU64,
     /// Written by the watchdog; read by `is_held` and `lost`.
     pub(crate) lease: Arc<Lease>,
-    /// Aborted before release: no renewal after unlock.
-    pub(crate) watchdog: Option<JoinHandle<()>>,
+    /// The watchdog's place in its timetable, cancelled before release: no renewal after
+    /// unlock.
+    pub(crate) watchdog: Option<Ticket<B>>,
     /// With [`ReleaseSignals`](crate::ReleaseSignals): the key's local state, whose waiter
     /// is woken as soon as our release has been sent.
     pub(crate) local: Option<Arc<LocalKey>>,
@@ -43,7 +43,7 @@ pub(crate) struct Hold<B: Backend> {
 impl<B: Backend> Hold<B> {
     fn stop_watchdog(&self) {
         if let Some(watchdog) = &self.watchdog {
-            watchdog.abort();
+            watchdog.cancel();
         }
     }
 

@@ -16,11 +16,12 @@ use crate::backend::{Attempt, Backend};
 use crate::error::{Error, Result};
 use crate::fence::Fence;
 use crate::guard::{Hold, release_in_background};
-use crate::lease::{Lease, Watchdog};
+use crate::lease::Lease;
 use crate::locker::Locker;
 use crate::options::LockOptions;
 use crate::token::Token;
 use crate::waiting::LocalKey;
+use crate::watchdog::Watchdog;
 
 /// What one acquire attempt came to: `T` taken, or the key held by another owner (an
 /// answer, not an error).
@@ -157,8 +158,8 @@ impl<B: Backend> Locker<B> {
             hold.lease
                 .set_replicas(self.backend.wait_for_replicas(wanted, within).await?);
         }
-        hold.watchdog = renew_interval.map(|every| {
-            Watchdog {
+        if let (Some(every), Some(runtime)) = (renew_interval, runtime) {
+            let watchdog = Watchdog {
                 backend: Arc::clone(&self.backend),
                 key: hold.key.clone(),
                 token: hold.token.clone(),
@@ -166,9 +167,9 @@ impl<B: Backend> Locker<B> {
                 replicas: hold.replicas,
                 first_sent: sent,
                 lease: Arc::clone(&hold.lease),
-            }
-            .spawn()
-        });
+            };
+            hold.watchdog = Some(self.watchdogs.schedule(&runtime, watchdog));
+        }
         Ok(hold)
     }
 

@@ -15,6 +15,7 @@ use crate::lease::LockLost;
 use crate::options::LockOptions;
 use crate::signals::ReleaseSignals;
 use crate::waiting::Waiting;
+use crate::watchdog::Watchdogs;
 use attempt::Attempted;
 
 /// Takes locks on one [`Backend`]: a Redis connection (also behind Sentinel, or a Redis
@@ -30,6 +31,9 @@ pub struct Locker<B: Backend> {
     options: Arc<LockOptions>,
     /// With [`ReleaseSignals`]: wake-ups on release, and a fair turn per key in this process.
     waiting: Option<Arc<Waiting>>,
+    /// The watchdogs of its holds, spawned only for a hold that lasts until shortly before
+    /// its first renewal.
+    watchdogs: Arc<Watchdogs<B>>,
 }
 
 impl<B: Backend> Clone for Locker<B> {
@@ -38,6 +42,7 @@ impl<B: Backend> Clone for Locker<B> {
             backend: Arc::clone(&self.backend),
             options: Arc::clone(&self.options),
             waiting: self.waiting.clone(),
+            watchdogs: Arc::clone(&self.watchdogs),
         }
     }
 }
@@ -74,6 +79,7 @@ impl<B: Backend> Locker<B> {
             backend: Arc::new(backend),
             options: Arc::new(options),
             waiting: None,
+            watchdogs: Arc::new(Watchdogs::new()),
         })
     }
 
