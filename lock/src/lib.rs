@@ -82,8 +82,8 @@
 //!
 //! Dependencies point one way, with no cycle: `owner` → `locker` → `guard` → `watchdog` →
 //! `lease` → `backend` → `fence`; the stores know nothing of lockers and guards, and the
-//! guard nothing of the locker. The wait names one store module, `redis`, for a key's release channel
-//! (release signals are Redis pub/sub).
+//! guard nothing of the locker. The wait names one store module, `redis`, for a key's
+//! release channel (release signals are Redis pub/sub).
 //!
 //! # Example
 //! ```no_run

@@ -198,6 +198,29 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Redlock<C> {
     }
 }
 
+/// The masters that answered a script's refusal (a fence counter that no fence can follow),
+/// and the first of their answers.
+#[derive(Default)]
+struct Refusals {
+    count: usize,
+    first: Option<redis::RedisError>,
+}
+
+impl Refusals {
+    fn add(&mut self, error: redis::RedisError) {
+        self.count += 1;
+        self.first.get_or_insert(error);
+    }
+
+    /// The refusal, when it decided the outcome: fewer than `quorum` masters `agreed` (granted
+    /// the lock, or answered a fence), and had those that refused agreed, a majority would
+    /// have.
+    fn decided(self, agreed: usize, quorum: usize) -> Option<Error> {
+        let first = self.first?;
+        (agreed < quorum && agreed + self.count >= quorum).then(|| first.into())
+    }
+}
+
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
     fn check_key(&self, key: &str) -> Result<()> {
         crate::redis::check_key(key)
@@ -276,9 +299,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
         let mut granted = Vec::new();
         let mut expires_in: Option<Duration> = None;
         let mut unreachable = 0;
-        // Masters that answered with the acquire script's refusal (a fence counter that no
-        // fence can follow), and the first of their answers.
-        let (mut refused, mut refusal) = (0, None);
+        let mut refusals = Refusals::default();
         for answer in answers {
             match answer {
                 Some(Ok((1, fence))) => granted.push(parse_fence(&fence)?),
@@ -288,10 +309,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
                         expires_in = Some(expires_in.map_or(left, |e| e.min(left)));
                     }
                 }
-                Some(Err(error)) if is_refusal(&error) => {
-                    refused += 1;
-                    refusal.get_or_insert(error);
-                }
+                Some(Err(error)) if is_refusal(&error) => refusals.add(error),
                 _ => unreachable += 1,
             }
         }
@@ -305,15 +323,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
             }
         }
         self.unlock(key, token).await.ok();
-        // The refusal is the answer when it decided the outcome: had the masters that
-        // refused granted, a majority would have. Otherwise too few answered (`NoQuorum`),
-        // or another owner holds it.
-        if let Some(error) = refusal
-            && granted.len() < self.quorum()
-            && granted.len() + refused >= self.quorum()
-        {
-            return Err(error.into());
+        if let Some(error) = refusals.decided(granted.len(), self.quorum()) {
+            return Err(error);
         }
+        // Otherwise too few answered (`NoQuorum`), or another owner holds it.
         let reachable = self.nodes.len() - unreachable;
         if reachable < self.quorum() {
             return Err(self.no_quorum(key, reachable));
@@ -413,9 +426,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
             })
             .await;
         let (mut fences, mut reachable) = (Vec::new(), 0);
-        // Masters that answered with the script's refusal (a fence counter that no fence can
-        // follow), and the first of their answers: reachable, but no fence.
-        let (mut refused, mut refusal) = (0, None);
+        let mut refusals = Refusals::default();
         for answer in answers {
             match answer {
                 Some(Ok(fence)) => {
@@ -424,20 +435,16 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Backend for Redlock<C> {
                         fences.push(parse_fence(&fence)?);
                     }
                 }
+                // Reachable, but no fence.
                 Some(Err(error)) if is_refusal(&error) => {
                     reachable += 1;
-                    refused += 1;
-                    refusal.get_or_insert(error);
+                    refusals.add(error);
                 }
                 _ => {}
             }
         }
-        // As in `try_lock`: the refusal is the answer when it decided the outcome.
-        if let Some(error) = refusal
-            && fences.len() < self.quorum()
-            && fences.len() + refused >= self.quorum()
-        {
-            return Err(error.into());
+        if let Some(error) = refusals.decided(fences.len(), self.quorum()) {
+            return Err(error);
         }
         if reachable < self.quorum() {
             // Too few answered to know whether we still hold it: not the same as stale.

@@ -116,6 +116,43 @@ async fn with_a_majority_down_acquire_fails_with_a_clear_error() {
     assert_eq!(get(&mut cluster.conns()[1].clone(), "k").await, None);
 }
 
+/// What the refusal tests below write where a fence counter should be.
+const NOT_A_COUNT: &str = "not a count";
+
+/// Put something that is not a count in `fence_key` on each of `conns`.
+async fn spoil_fence_counters(conns: &[ConnectionManager], fence_key: &str) {
+    for conn in conns {
+        redis::cmd("SET")
+            .arg(fence_key)
+            .arg(NOT_A_COUNT)
+            .exec_async(&mut conn.clone())
+            .await
+            .unwrap();
+    }
+}
+
+/// The counters `spoil_fence_counters` wrote are as it left them.
+async fn assert_still_spoiled(conns: &[ConnectionManager], fence_key: &str) {
+    for conn in conns {
+        assert_eq!(
+            get(&mut conn.clone(), fence_key).await.as_deref(),
+            Some(NOT_A_COUNT)
+        );
+    }
+}
+
+/// `outcome` is the masters' refusal: their own words, and the `FENCE` code.
+fn assert_refusal<T: std::fmt::Debug>(outcome: distlock::Result<T>) {
+    match outcome {
+        Err(error @ Error::Backend { .. }) => {
+            assert!(error.to_string().contains("holds no count"), "{error}");
+            let redis = error.backend_source::<redis::RedisError>().unwrap();
+            assert_eq!(redis.code(), Some("FENCE"), "{redis:?}");
+        }
+        other => panic!("expected the masters' refusal, got {other:?}"),
+    }
+}
+
 /// Masters that answer but refuse (a fence counter no fence can follow) are named for what
 /// they said, not counted as unreachable: the caller learns why, as from one Redis.
 #[tokio::test]
@@ -124,14 +161,7 @@ async fn a_majority_that_refuses_says_why_and_leaves_nothing() {
     let masters = RedlockHarness::start(3).await;
     let locker = redlock(&masters, ms(5_000));
     let fence_key = distlock::redis::fence_key("lock_sale_1").unwrap();
-    for conn in &masters.conns()[..2] {
-        redis::cmd("SET")
-            .arg(&fence_key)
-            .arg("not a count")
-            .exec_async(&mut conn.clone())
-            .await
-            .unwrap();
-    }
+    spoil_fence_counters(&masters.conns()[..2], &fence_key).await;
 
     // Act
     let outcome = timeout(Duration::from_secs(30), locker.acquire("lock_sale_1"))
@@ -140,26 +170,11 @@ async fn a_majority_that_refuses_says_why_and_leaves_nothing() {
 
     // Assert: the refusal's own words (not a wait until the 10 s deadline), and no key
     // left; the counters are as they were.
-    match outcome {
-        Err(error @ Error::Backend { .. }) => {
-            assert!(error.to_string().contains("holds no count"), "{error}");
-            let redis = error.backend_source::<redis::RedisError>().unwrap();
-            assert_eq!(redis.code(), Some("FENCE"), "{redis:?}");
-        }
-        other => panic!(
-            "expected the masters' refusal, got {:?}",
-            other.map(|g| g.token().expose().to_owned())
-        ),
-    }
+    assert_refusal(outcome.map(|g| g.token().expose().to_owned()));
     for conn in masters.conns() {
         assert_eq!(get(&mut conn.clone(), "lock_sale_1").await, None);
     }
-    for conn in &masters.conns()[..2] {
-        assert_eq!(
-            get(&mut conn.clone(), &fence_key).await.as_deref(),
-            Some("not a count")
-        );
-    }
+    assert_still_spoiled(&masters.conns()[..2], &fence_key).await;
 }
 
 /// A holder whose fence counters a majority of masters refuse to count on is told why by
@@ -171,33 +186,14 @@ async fn advance_fence_names_a_majoritys_refusal() {
     let locker = redlock(&masters, ms(5_000));
     let guard = locker.try_acquire("lock_sale_1").await.unwrap();
     let fence_key = distlock::redis::fence_key("lock_sale_1").unwrap();
-    for conn in &masters.conns()[..2] {
-        redis::cmd("SET")
-            .arg(&fence_key)
-            .arg("not a count")
-            .exec_async(&mut conn.clone())
-            .await
-            .unwrap();
-    }
+    spoil_fence_counters(&masters.conns()[..2], &fence_key).await;
 
     // Act
     let advanced = guard.advance_fence(guard.fence()).await;
 
     // Assert: the refusal's words and code; the counters left as they were.
-    match advanced {
-        Err(error @ Error::Backend { .. }) => {
-            assert!(error.to_string().contains("holds no count"), "{error}");
-            let redis = error.backend_source::<redis::RedisError>().unwrap();
-            assert_eq!(redis.code(), Some("FENCE"), "{redis:?}");
-        }
-        other => panic!("expected the masters' refusal, got {other:?}"),
-    }
-    for conn in &masters.conns()[..2] {
-        assert_eq!(
-            get(&mut conn.clone(), &fence_key).await.as_deref(),
-            Some("not a count")
-        );
-    }
+    assert_refusal(advanced);
+    assert_still_spoiled(&masters.conns()[..2], &fence_key).await;
     assert!(guard.release().await.unwrap().was_held());
 }
 
@@ -208,12 +204,7 @@ async fn a_refusal_beside_a_majority_down_is_still_no_quorum() {
     // Arrange: two masters of three down; the third's fence counter is not a count.
     let mut masters = RedlockHarness::start(3).await;
     let fence_key = distlock::redis::fence_key("lock_sale_1").unwrap();
-    redis::cmd("SET")
-        .arg(&fence_key)
-        .arg("not a count")
-        .exec_async(&mut masters.conns()[2].clone())
-        .await
-        .unwrap();
+    spoil_fence_counters(&masters.conns()[2..], &fence_key).await;
     masters.servers()[0].kill();
     masters.servers()[1].kill();
     let locker = redlock(&masters, ms(5_000));
